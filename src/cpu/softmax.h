@@ -12,7 +12,7 @@ void log_softmax(const float* x, int64_t rows, int64_t n, float* out);
 // Index of the first maximum of x[0, n) (torch.argmax semantics for finite inputs); -1 when n <= 0.
 int64_t argmax(const float* x, int64_t n);
 
-// Sum of x[0, n) in f32 over 8 interleaved partial sums (the order a vector unit would use).
+// Sum of x[0, n) in f32, blocked so the error grows slowly with n (softmax normalisers over a vocabulary).
 float sum_f32(const float* x, int64_t n);
 
 }  // namespace mxq
