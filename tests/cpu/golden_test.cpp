@@ -58,7 +58,8 @@ TEST_P(CpuGoldenRmsNorm, MatchesQwen3RMSNorm) {
   rms_norm(x.data(), static_cast<int64_t>(x.size()) / dim, dim, w.data(), j["eps"].get<float>(), out.data());
   EXPECT_LE(test::max_abs_diff(out, doubles(j["out"])), 2e-6);
 }
-INSTANTIATE_TEST_SUITE_P(CpuGoldenRmsNorm, CpuGoldenRmsNorm, ::testing::ValuesIn(cases_of("rms_norm")), golden_name);
+INSTANTIATE_TEST_SUITE_P(CpuGoldenRmsNorm, CpuGoldenRmsNorm, ::testing::ValuesIn(cases_of("rms_norm")),
+                         golden_name);
 
 class CpuGoldenRope : public ::testing::TestWithParam<GoldenCase> {};
 TEST_P(CpuGoldenRope, MatchesQwen3RotaryEmbedding) {
@@ -66,8 +67,8 @@ TEST_P(CpuGoldenRope, MatchesQwen3RotaryEmbedding) {
   ASSERT_FALSE(j.is_null()) << "tests/golden/cpu/cpu_ops.json missing or unreadable";
   std::vector<float> x = floats(j["x"]);
   const std::vector<int64_t> pos = j["positions"].get<std::vector<int64_t>>();
-  ASSERT_TRUE(rope(x.data(), j["tokens"].get<int64_t>(), j["heads"].get<int64_t>(), j["head_dim"].get<int64_t>(),
-                   pos.data(), j["theta"].get<float>()));
+  ASSERT_TRUE(rope(x.data(), j["tokens"].get<int64_t>(), j["heads"].get<int64_t>(),
+                   j["head_dim"].get<int64_t>(), pos.data(), j["theta"].get<float>()));
   // note: torch's f32 sin/cos and pow differ from correctly rounded ones by an ulp; at position 4095 an
   // ulp of inv_freq moves the angle by ~2.5e-4 * 2^-23 rad, far below this bound.
   EXPECT_LE(test::max_abs_diff(x, doubles(j["out"])), 1e-5);
@@ -80,8 +81,8 @@ TEST_P(CpuGoldenAttention, MatchesEagerAttentionForward) {
   ASSERT_FALSE(j.is_null()) << "tests/golden/cpu/cpu_ops.json missing or unreadable";
   std::vector<float> q = floats(j["q"]), k = floats(j["k"]), v = floats(j["v"]), out(q.size());
   ASSERT_TRUE(attention(q.data(), j["tokens"].get<int64_t>(), j["q_heads"].get<int64_t>(), k.data(), v.data(),
-                        j["seq_len"].get<int64_t>(), j["kv_heads"].get<int64_t>(), j["head_dim"].get<int64_t>(),
-                        out.data()));
+                        j["seq_len"].get<int64_t>(), j["kv_heads"].get<int64_t>(),
+                        j["head_dim"].get<int64_t>(), out.data()));
   EXPECT_LE(test::max_abs_diff(out, doubles(j["out"])), 1e-5);
 }
 INSTANTIATE_TEST_SUITE_P(CpuGoldenAttention, CpuGoldenAttention, ::testing::ValuesIn(cases_of("attention")),
