@@ -14,6 +14,7 @@ Deterministic; run from anywhere: python3 tests/golden/make_tokenizer_golden.py
 """
 import json
 import pathlib
+import random
 import sysconfig
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -57,6 +58,25 @@ def bulk_cases():
         data = (STDLIB / rel).read_bytes()[begin:begin + size].decode("utf-8", errors="ignore")
         cases["bulk_" + rel.replace("/", "_").replace(".py", "")] = data
     return cases
+
+
+# Code points where regex engines and normalizers tend to disagree: Unicode spaces and line breaks (U+0085,
+# U+2028), case-folding oddities ('ſ' and the Kelvin sign after an apostrophe), combining marks, digits of other
+# scripts, unassigned and private-use code points, noncharacters, tag characters, ZWJ sequences, and pieces of
+# special tokens.
+FUZZ_POOL = (list("aZ09 \t\n\r'\"<>|_-.,;!?/\\") + ["'s", "'ſ", "'\u212a", "'LL", " '", "\r\n", "  ", "\n\n"]
+             + list("\u0085\u00a0\u1680\u2000\u2009\u200b\u2028\u2029\u202f\u205f\u3000\ufeff\u000b\u000c\u001c")
+             + list("\u0301\u0308\u0323\u093c\u0e31\u302a\u20dd") + list("éÅßſ\u212a\u212bΩω\u1e9bǅ")
+             + list("٣߂३໓༣၃０𝟘²½ⅷ〇") + list("中文한국語ひカ") + list("\u0378\ue000\uffff\ufffe\U000e0041\U0001f600")
+             + ["\U0001f468\u200d\U0001f469", "\U0001f1fa\U0001f1f8", "\U0001d573"]
+             + ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|endoftext|>", "<|im_", "|>", "<|sp|>", "sp|",
+                "<|user|>", "★star", "ÿé"])
+
+
+def fuzz_cases():
+    rng = random.Random(20261129)
+    return {f"fuzz_{i:02d}": "".join(rng.choice(FUZZ_POOL) for _ in range(rng.randint(20, 120)))
+            for i in range(32)}
 
 
 def gpt2_style_tokenizer():
@@ -193,7 +213,7 @@ def chat_cases():
 
 
 def dump(path, obj):
-    path.write_text(json.dumps(obj, ensure_ascii=True, separators=(",", ":")) + "\n")
+    path.write_text(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
 
 
 def main():
@@ -201,7 +221,7 @@ def main():
     qwen = Tokenizer.from_file(str(ROOT / "models/default/tokenizer.json"))
     gpt2, gpt2_text = gpt2_style_tokenizer()
     (OUT / "gpt2_style.tokenizer.json").write_text(gpt2_text + "\n", encoding="utf-8")
-    texts = {**TEXT_CASES, **bulk_cases()}
+    texts = {**TEXT_CASES, **bulk_cases(), **fuzz_cases()}
     dump(OUT / "texts.json", texts)
     for name, tok in (("qwen_default", qwen), ("gpt2_style", gpt2)):
         dump(OUT / f"{name}.encode.json", encode_cases(tok, texts))
