@@ -32,8 +32,8 @@ inline __m256 f16x8(const uint8_t* p) {
 // an f16 NaN. This replaces a 256-entry gather LUT: vgatherdps is microcoded and ~4x slower here.
 inline void e4m3x16(const uint8_t* p, __m256* lo, __m256* hi) {
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i nan = _mm256_cvtepi8_epi16(_mm_cmpeq_epi8(_mm_and_si128(bytes, _mm_set1_epi8(0x7F)),
-                                                          _mm_set1_epi8(0x7F)));
+  const __m256i nan =
+      _mm256_cvtepi8_epi16(_mm_cmpeq_epi8(_mm_and_si128(bytes, _mm_set1_epi8(0x7F)), _mm_set1_epi8(0x7F)));
   const __m256i c = _mm256_cvtepu8_epi16(bytes);
   const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8);
   const __m256i body = _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7F)), 7);
@@ -44,8 +44,8 @@ inline void e4m3x16(const uint8_t* p, __m256* lo, __m256* hi) {
 }
 // note: an E5M2 code is exactly the high byte of the f16 with the same value, so F16C converts it exactly.
 inline void e5m2x16(const uint8_t* p, __m256* lo, __m256* hi) {
-  const __m256i h = _mm256_slli_epi16(
-      _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 8);
+  const __m256i h =
+      _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 8);
   *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
   *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
@@ -143,9 +143,10 @@ float block_scale(const WeightView& w, int64_t row, int64_t k) {
 template <Format kElement>
 void blocks_to_f32(const WeightView& w, const uint8_t* values, int64_t row, int64_t k0, int64_t blocks,
                    float* out) {
-  constexpr int64_t kBitsPerBlock = kBlock * (kElement == Format::kE2M1 ? 4 : kElement == Format::kF32 ? 32
-                                                : kElement == Format::kBF16 || kElement == Format::kF16 ? 16
-                                                                                                        : 8);
+  constexpr int64_t kBitsPerBlock = kBlock * (kElement == Format::kE2M1                               ? 4
+                                              : kElement == Format::kF32                              ? 32
+                                              : kElement == Format::kBF16 || kElement == Format::kF16 ? 16
+                                                                                                      : 8);
   const uint8_t* p = values + k0 * (kBitsPerBlock / kBlock) / 8;
   const FormatTraits& t = traits(w.format);
   if (t.scale == ScaleKind::kE8M0) {

@@ -30,9 +30,8 @@ void apply_top_k_top_p(std::vector<float>& logits, int64_t top_k, float top_p) {
   const auto n = static_cast<int64_t>(logits.size());
   std::vector<int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return logits[a] < logits[b] || (logits[a] == logits[b] && a > b);
-  });
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return logits[a] < logits[b] || (logits[a] == logits[b] && a > b); });
   std::vector<float> sorted(logits.size());
   for (int64_t i = 0; i < n; ++i) sorted[i] = logits[order[i]];
   if (top_k > 0 && top_k < n) {
@@ -59,7 +58,8 @@ int32_t draw(const std::vector<float>& logits, std::mt19937_64& rng) {
   const float m = *std::max_element(logits.begin(), logits.end());
   std::vector<double> weights(logits.size());
   double total = 0.0;
-  for (size_t i = 0; i < logits.size(); ++i) total += weights[i] = std::exp(static_cast<double>(logits[i] - m));
+  for (size_t i = 0; i < logits.size(); ++i)
+    total += weights[i] = std::exp(static_cast<double>(logits[i] - m));
   const double target = static_cast<double>(rng() >> 11) * 0x1p-53 * total;
   double cumulative = 0.0;
   int32_t last_kept = 0;
@@ -81,16 +81,19 @@ Status check_sampling_params(const SamplingParams& p, int64_t vocab) {
     return fail("sampling: temperature must be a finite number >= 0, got {}", p.temperature);
   if (p.top_k < -1) return fail("sampling: top_k must be -1, 0 (off) or positive, got {}", p.top_k);
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) return fail("sampling: top_p must be in (0, 1], got {}", p.top_p);
-  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return fail("sampling: min_p must be in [0, 1], got {}", p.min_p);
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f))
+    return fail("sampling: min_p must be in [0, 1], got {}", p.min_p);
   if (p.num_logprobs < 0 || p.num_logprobs > vocab)
     return fail("sampling: logprobs must be in [0, {}], got {}", vocab, p.num_logprobs);
   return {};
 }
 
-Result<SampledToken> sample(const float* logits, int64_t vocab, const SamplingParams& p, std::mt19937_64& rng) {
+Result<SampledToken> sample(const float* logits, int64_t vocab, const SamplingParams& p,
+                            std::mt19937_64& rng) {
   if (auto ok = check_sampling_params(p, vocab); !ok) return tl::unexpected(ok.error());
   for (int64_t i = 0; i < vocab; ++i)
-    if (std::isnan(logits[i]) || logits[i] == INFINITY) return fail("sampling: logit of token {} is {}", i, logits[i]);
+    if (std::isnan(logits[i]) || logits[i] == INFINITY)
+      return fail("sampling: logit of token {} is {}", i, logits[i]);
   if (*std::max_element(logits, logits + vocab) == kMasked) return fail("sampling: every logit is -inf");
   std::vector<float> raw_logprobs(static_cast<size_t>(vocab));
   log_softmax(logits, 1, vocab, raw_logprobs.data());

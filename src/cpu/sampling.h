@@ -34,9 +34,9 @@ struct SampledToken {
 // outside [0, vocab]).
 Status check_sampling_params(const SamplingParams& params, int64_t vocab);
 
-// Picks one token from logits[0, vocab); refuses NaN or +inf logits and a row that is all -inf. Same logits, params and rng state -> same token. Greedy draws
-// nothing from rng; every other mode draws exactly one 64-bit number.
-// note: the order is vLLM's: logits / temperature, then min-p, top-k, top-p, then one draw.
+// Picks one token from logits[0, vocab); refuses NaN or +inf logits and a row that is all -inf. Same logits,
+// params and rng state -> same token. Greedy draws nothing from rng; every other mode draws exactly one
+// 64-bit number. note: the order is vLLM's: logits / temperature, then min-p, top-k, top-p, then one draw.
 Result<SampledToken> sample(const float* logits, int64_t vocab, const SamplingParams& params,
                             std::mt19937_64& rng);
 

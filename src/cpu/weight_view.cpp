@@ -21,10 +21,12 @@ bool cpu_linear_supports(Format f) {
 Status check_weight_view(const WeightView& w, std::string_view what) {
   const FormatTraits& t = traits(w.format);
   if (!cpu_linear_supports(w.format))
-    return fail("{}: format {} is not a weight format the CPU backend reads (expected one of bf16, f16, "
-                "f32, e4m3, e5m2, mxfp8, mxfp4, fp8-b128)",
-                what, t.name);
-  if (w.rows < 0 || w.cols < 0) return fail("{}: shape [{}, {}] has a negative dimension", what, w.rows, w.cols);
+    return fail(
+        "{}: format {} is not a weight format the CPU backend reads (expected one of bf16, f16, "
+        "f32, e4m3, e5m2, mxfp8, mxfp4, fp8-b128)",
+        what, t.name);
+  if (w.rows < 0 || w.cols < 0)
+    return fail("{}: shape [{}, {}] has a negative dimension", what, w.rows, w.cols);
   if (t.scale == ScaleKind::kE8M0 && w.cols % t.block_cols != 0)
     return fail("{}: {} needs K to be a multiple of {}, got K = {}", what, t.name, t.block_cols, w.cols);
   if (w.rows > 0 && w.cols > 0) {

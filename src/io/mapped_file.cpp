@@ -50,6 +50,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     fd_ = std::exchange(other.fd_, -1);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    mtime_ns_ = other.mtime_ns_;
   }
   return *this;
 }

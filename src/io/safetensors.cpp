@@ -304,6 +304,14 @@ Result<SafetensorsHeader> parse_header(std::string_view json_text, uint64_t file
   const uint64_t data_size = file_size - out.data_offset;
 
   if (Status s = check_utf8(json_text, label); !s) return tl::unexpected(s.error());
+  // note: nlohmann's lexer takes a raw NUL for the end of input (so "{}\0junk" would pass) and skips a
+  // leading UTF-8 BOM; JSON allows neither (a NUL inside a string must be escaped) and the reference refuses both.
+  if (const size_t nul = json_text.find('\0'); nul != std::string_view::npos) {
+    return fail("{}: header has a raw NUL at byte {}, expected none", label, 8 + nul);
+  }
+  if (json_text.starts_with("\xef\xbb\xbf")) {
+    return fail("{}: header starts with a UTF-8 byte-order mark, expected '{{' or whitespace", label);
+  }
   HeaderSax sax(label);
   bool ok = false;
   try {

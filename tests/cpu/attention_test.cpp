@@ -31,7 +31,8 @@ std::vector<double> reference_attention(const AttentionCase& c, const std::vecto
       for (int64_t j = 0; j <= pos; ++j) {
         double d = 0;
         for (int64_t e = 0; e < c.head_dim; ++e)
-          d += static_cast<double>(q[(t * c.q_heads + h) * c.head_dim + e]) * k[(j * c.kv_heads + g) * c.head_dim + e];
+          d += static_cast<double>(q[(t * c.q_heads + h) * c.head_dim + e]) *
+               k[(j * c.kv_heads + g) * c.head_dim + e];
         s[j] = d / std::sqrt(static_cast<double>(c.head_dim));
         m = std::max(m, s[j]);
       }
@@ -60,18 +61,18 @@ TEST_P(CpuAttention, MatchesCausalGqaInF64) {
 }
 
 // T = 1 (decode) and T > 1 (prefill, chunked prefill with T < S), GQA ratios 1, 2, 4 and 8.
-INSTANTIATE_TEST_SUITE_P(
-    CpuAttention, CpuAttention,
-    ::testing::Values(AttentionCase{1, 1, 2, 2, 16}, AttentionCase{1, 37, 4, 4, 64},
-                      AttentionCase{1, 300, 8, 4, 128}, AttentionCase{1, 129, 16, 4, 128},
-                      AttentionCase{7, 7, 4, 2, 32}, AttentionCase{5, 40, 4, 1, 64},
-                      AttentionCase{64, 64, 8, 2, 128}, AttentionCase{33, 100, 16, 2, 64},
-                      AttentionCase{3, 10, 8, 8, 8}),
-    [](const ::testing::TestParamInfo<AttentionCase>& i) {
-      const AttentionCase& c = i.param;
-      return "T" + std::to_string(c.tokens) + "_S" + std::to_string(c.seq_len) + "_Hq" + std::to_string(c.q_heads) +
-             "_Hkv" + std::to_string(c.kv_heads) + "_D" + std::to_string(c.head_dim);
-    });
+INSTANTIATE_TEST_SUITE_P(CpuAttention, CpuAttention,
+                         ::testing::Values(AttentionCase{1, 1, 2, 2, 16}, AttentionCase{1, 37, 4, 4, 64},
+                                           AttentionCase{1, 300, 8, 4, 128},
+                                           AttentionCase{1, 129, 16, 4, 128}, AttentionCase{7, 7, 4, 2, 32},
+                                           AttentionCase{5, 40, 4, 1, 64}, AttentionCase{64, 64, 8, 2, 128},
+                                           AttentionCase{33, 100, 16, 2, 64}, AttentionCase{3, 10, 8, 8, 8}),
+                         [](const ::testing::TestParamInfo<AttentionCase>& i) {
+                           const AttentionCase& c = i.param;
+                           return "T" + std::to_string(c.tokens) + "_S" + std::to_string(c.seq_len) + "_Hq" +
+                                  std::to_string(c.q_heads) + "_Hkv" + std::to_string(c.kv_heads) + "_D" +
+                                  std::to_string(c.head_dim);
+                         });
 
 // A query must not see the future: changing keys/values after its position leaves its output unchanged.
 TEST(CpuAttention, FutureKeysDoNotLeakIntoEarlierQueries) {
@@ -88,9 +89,13 @@ TEST(CpuAttention, FutureKeysDoNotLeakIntoEarlierQueries) {
 
 TEST(CpuAttention, RefusesBadHeadGroupingAndShortCacheByName) {
   std::vector<float> buf(1024, 1.0f), out(1024);
-  EXPECT_NE(attention(buf.data(), 1, 6, buf.data(), buf.data(), 4, 4, 8, out.data()).error().message.find("multiple"),
+  EXPECT_NE(attention(buf.data(), 1, 6, buf.data(), buf.data(), 4, 4, 8, out.data())
+                .error()
+                .message.find("multiple"),
             std::string::npos);
-  EXPECT_NE(attention(buf.data(), 5, 2, buf.data(), buf.data(), 4, 2, 8, out.data()).error().message.find("KV cache"),
+  EXPECT_NE(attention(buf.data(), 5, 2, buf.data(), buf.data(), 4, 2, 8, out.data())
+                .error()
+                .message.find("KV cache"),
             std::string::npos);
 }
 

@@ -45,9 +45,11 @@ TEST_P(CpuEmbedding, GathersDecodedRowsExactly) {
   for (int32_t& id : ids) id = static_cast<int32_t>(rng() % c.vocab);
   ids.back() = static_cast<int32_t>(c.vocab - 1);
   std::vector<float> out(c.count * c.dim);
-  ASSERT_TRUE(embedding(ids.data(), c.count, WeightView{c.format, c.vocab, c.dim, table.data(), nullptr}, out.data()));
+  ASSERT_TRUE(embedding(ids.data(), c.count, WeightView{c.format, c.vocab, c.dim, table.data(), nullptr},
+                        out.data()));
   for (int64_t i = 0; i < c.count; ++i)
-    EXPECT_EQ(0, std::memcmp(&out[i * c.dim], &decoded[ids[i] * c.dim], c.dim * sizeof(float))) << "id " << ids[i];
+    EXPECT_EQ(0, std::memcmp(&out[i * c.dim], &decoded[ids[i] * c.dim], c.dim * sizeof(float)))
+        << "id " << ids[i];
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuEmbedding, CpuEmbedding,
@@ -56,8 +58,9 @@ INSTANTIATE_TEST_SUITE_P(CpuEmbedding, CpuEmbedding,
                                            EmbeddingCase{Format::kF32, 500, 96, 64},
                                            EmbeddingCase{Format::kF32, 3, 7, 5}),
                          [](const ::testing::TestParamInfo<EmbeddingCase>& i) {
-                           return std::string(traits(i.param.format).name) + "_V" + std::to_string(i.param.vocab) +
-                                  "_D" + std::to_string(i.param.dim) + "_n" + std::to_string(i.param.count);
+                           return std::string(traits(i.param.format).name) + "_V" +
+                                  std::to_string(i.param.vocab) + "_D" + std::to_string(i.param.dim) + "_n" +
+                                  std::to_string(i.param.count);
                          });
 
 // covers H-07 (token id >= vocab or < 0 reaching the model: refused, no out-of-bounds read)

@@ -33,7 +33,7 @@ struct RandomWeight {
 uint8_t random_code(Format element, std::mt19937_64& rng) {
   for (;;) {
     const auto c = static_cast<uint8_t>(rng());
-    if (element == Format::kE4M3 && (c & 0x7F) == 0x7F) continue;      // NaN codes
+    if (element == Format::kE4M3 && (c & 0x7F) == 0x7F) continue;         // NaN codes
     if (element == Format::kE5M2 && ((c >> 2) & 0x1F) == 0x1F) continue;  // inf / NaN codes
     return c;
   }
@@ -177,7 +177,7 @@ std::vector<LinearCase> linear_cases() {
   // a 1-row FP8-B128 block; K = 300 / 611 leave a ragged 32-block and a short 128 block.
   const Nk mx_shapes[] = {{1, 32}, {5, 96}, {130, 544}, {257, 1056}};
   const Nk any_shapes[] = {{1, 7}, {5, 96}, {130, 300}, {257, 611}};
-  const Format formats[] = {Format::kBF16, Format::kF16,  Format::kF32,   Format::kE4M3,
+  const Format formats[] = {Format::kBF16, Format::kF16,   Format::kF32,   Format::kE4M3,
                             Format::kE5M2, Format::kMXFP8, Format::kMXFP4, Format::kFP8_B128};
   int i = 0;
   for (Format f : formats) {
@@ -231,7 +231,8 @@ INSTANTIATE_TEST_SUITE_P(
         RefusalCase{"bare e2m1", {Format::kE2M1, 2, 32, kBytes, nullptr}, "format e2m1"},
         RefusalCase{"bare e8m0", {Format::kE8M0, 2, 32, kBytes, nullptr}, "format e8m0"},
         RefusalCase{"mxfp8 no scales", {Format::kMXFP8, 2, 32, kBytes, nullptr}, "needs a scales plane"},
-        RefusalCase{"fp8-b128 no scales", {Format::kFP8_B128, 2, 32, kBytes, nullptr}, "needs a scales plane"},
+        RefusalCase{
+            "fp8-b128 no scales", {Format::kFP8_B128, 2, 32, kBytes, nullptr}, "needs a scales plane"},
         RefusalCase{"negative rows", {Format::kBF16, -1, 32, kBytes, nullptr}, "negative dimension"}),
     [](const ::testing::TestParamInfo<RefusalCase>& info) { return "case" + std::to_string(info.index); });
 

@@ -32,7 +32,8 @@ TEST_P(CpuMoeRouter, TopKOfF64SoftmaxWithLowerIndexFirstOnTies) {
     for (float& l : logits) l = static_cast<float>(rng() % c.tie_groups) * 0.25f;  // many exact ties
   std::vector<int32_t> ids(c.tokens * c.top_k);
   std::vector<float> weights(ids.size());
-  ASSERT_TRUE(moe_router(logits.data(), c.tokens, c.experts, c.top_k, c.norm_topk_prob, ids.data(), weights.data()));
+  ASSERT_TRUE(
+      moe_router(logits.data(), c.tokens, c.experts, c.top_k, c.norm_topk_prob, ids.data(), weights.data()));
   for (int64_t t = 0; t < c.tokens; ++t) {
     const float* l = logits.data() + t * c.experts;
     // Reference order: stable sort by logit descending; ties stay in index order.
@@ -68,7 +69,8 @@ TEST(CpuMoeRouter, RefusesTopKOutsideTheExpertCountByName) {
   const float logits[4] = {1, 2, 3, 4};
   int32_t ids[8];
   float w[8];
-  EXPECT_NE(moe_router(logits, 1, 4, 5, true, ids, w).error().message.find("num_experts_per_tok"), std::string::npos);
+  EXPECT_NE(moe_router(logits, 1, 4, 5, true, ids, w).error().message.find("num_experts_per_tok"),
+            std::string::npos);
   EXPECT_FALSE(moe_router(logits, 1, 4, 0, true, ids, w));
 }
 

@@ -14,7 +14,9 @@ struct NormCase {
   int64_t rows, dim;
   float eps;
 };
-void PrintTo(const NormCase& c, std::ostream* os) { *os << "rows=" << c.rows << " dim=" << c.dim << " eps=" << c.eps; }
+void PrintTo(const NormCase& c, std::ostream* os) {
+  *os << "rows=" << c.rows << " dim=" << c.dim << " eps=" << c.eps;
+}
 
 std::vector<double> reference_norm(const std::vector<float>& x, int64_t rows, int64_t dim,
                                    const std::vector<float>& w, double eps) {
@@ -60,7 +62,8 @@ TEST_P(CpuRmsNorm, PerHeadNormSharesWeightAcrossHeads) {
   const NormCase& c = GetParam();
   const int64_t heads = 3;
   std::mt19937_64 rng(c.rows * 41 + c.dim);
-  std::vector<float> x = test::random_floats(rng, c.rows * heads * c.dim), w = test::random_floats(rng, c.dim);
+  std::vector<float> x = test::random_floats(rng, c.rows * heads * c.dim),
+                     w = test::random_floats(rng, c.dim);
   const std::vector<double> want = reference_norm(x, c.rows * heads, c.dim, w, c.eps);
   head_rms_norm(x.data(), c.rows, heads, c.dim, w.data(), c.eps);
   EXPECT_LE(test::nmse(x, want), 1e-12);
@@ -72,8 +75,8 @@ INSTANTIATE_TEST_SUITE_P(CpuRmsNorm, CpuRmsNorm,
                                            NormCase{17, 2560, 1e-6f}, NormCase{64, 4096, 1e-5f},
                                            NormCase{5, 333, 1e-2f}),
                          [](const ::testing::TestParamInfo<NormCase>& i) {
-                           return "rows" + std::to_string(i.param.rows) + "_dim" + std::to_string(i.param.dim) +
-                                  "_case" + std::to_string(i.index);
+                           return "rows" + std::to_string(i.param.rows) + "_dim" +
+                                  std::to_string(i.param.dim) + "_case" + std::to_string(i.index);
                          });
 
 }  // namespace

@@ -69,15 +69,16 @@ INSTANTIATE_TEST_SUITE_P(CpuRope, CpuRope,
                                            RopeCase{17, 2, 128, 1000000.0f, 30000},
                                            RopeCase{64, 2, 16, 500000.0f, 7}),
                          [](const ::testing::TestParamInfo<RopeCase>& i) {
-                           return "T" + std::to_string(i.param.tokens) + "_H" + std::to_string(i.param.heads) +
-                                  "_D" + std::to_string(i.param.head_dim) + "_pos" +
-                                  std::to_string(i.param.first_position);
+                           return "T" + std::to_string(i.param.tokens) + "_H" +
+                                  std::to_string(i.param.heads) + "_D" + std::to_string(i.param.head_dim) +
+                                  "_pos" + std::to_string(i.param.first_position);
                          });
 
 TEST(CpuRope, RefusesOddHeadDimThetaAndNegativePositionByName) {
   std::vector<float> x(16, 1.0f);
   const int64_t pos = 0, neg = -1;
-  EXPECT_NE(rope(x.data(), 1, 1, 3, &pos, 1e4f).error().message.find("head_dim must be even"), std::string::npos);
+  EXPECT_NE(rope(x.data(), 1, 1, 3, &pos, 1e4f).error().message.find("head_dim must be even"),
+            std::string::npos);
   EXPECT_NE(rope(x.data(), 1, 1, 4, &pos, NAN).error().message.find("rope_theta"), std::string::npos);
   EXPECT_NE(rope(x.data(), 1, 1, 4, &neg, 1e4f).error().message.find("negative"), std::string::npos);
 }

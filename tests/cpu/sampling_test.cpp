@@ -20,7 +20,8 @@ std::vector<float> logits_of(const std::vector<double>& probs) {
   return l;
 }
 
-std::set<int32_t> observed_ids(const std::vector<float>& logits, const SamplingParams& p, int draws, uint64_t seed) {
+std::set<int32_t> observed_ids(const std::vector<float>& logits, const SamplingParams& p, int draws,
+                               uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::set<int32_t> seen;
   for (int i = 0; i < draws; ++i) {
@@ -75,7 +76,9 @@ struct TemperatureCase {
   float temperature;
   uint64_t seed;
 };
-void PrintTo(const TemperatureCase& c, std::ostream* os) { *os << "T=" << c.temperature << " seed=" << c.seed; }
+void PrintTo(const TemperatureCase& c, std::ostream* os) {
+  *os << "T=" << c.temperature << " seed=" << c.seed;
+}
 
 class CpuSamplingGreedy : public ::testing::TestWithParam<TemperatureCase> {};
 
@@ -196,18 +199,19 @@ TEST_P(CpuSamplingRefuses, ByFieldName) {
   EXPECT_NE(t.error().message.find(c.field), std::string::npos) << t.error().message;
 }
 
-INSTANTIATE_TEST_SUITE_P(CpuSamplingRefuses, CpuSamplingRefuses,
-                         ::testing::Values(BadParamsCase{"temperature_nan", {NAN, 0, 1.0f, 0.0f, 0}, "temperature"},
-                                           BadParamsCase{"temperature_neg", {-1.0f, 0, 1.0f, 0.0f, 0}, "temperature"},
-                                           BadParamsCase{"temperature_inf", {INFINITY, 0, 1.0f, 0.0f, 0}, "temperature"},
-                                           BadParamsCase{"top_k_minus2", {1.0f, -2, 1.0f, 0.0f, 0}, "top_k"},
-                                           BadParamsCase{"top_p_zero", {1.0f, 0, 0.0f, 0.0f, 0}, "top_p"},
-                                           BadParamsCase{"top_p_nan", {1.0f, 0, NAN, 0.0f, 0}, "top_p"},
-                                           BadParamsCase{"top_p_big", {1.0f, 0, 1.5f, 0.0f, 0}, "top_p"},
-                                           BadParamsCase{"min_p_neg", {1.0f, 0, 1.0f, -0.1f, 0}, "min_p"},
-                                           BadParamsCase{"logprobs_big", {1.0f, 0, 1.0f, 0.0f, 4}, "logprobs"},
-                                           BadParamsCase{"logprobs_neg", {1.0f, 0, 1.0f, 0.0f, -1}, "logprobs"}),
-                         [](const ::testing::TestParamInfo<BadParamsCase>& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    CpuSamplingRefuses, CpuSamplingRefuses,
+    ::testing::Values(BadParamsCase{"temperature_nan", {NAN, 0, 1.0f, 0.0f, 0}, "temperature"},
+                      BadParamsCase{"temperature_neg", {-1.0f, 0, 1.0f, 0.0f, 0}, "temperature"},
+                      BadParamsCase{"temperature_inf", {INFINITY, 0, 1.0f, 0.0f, 0}, "temperature"},
+                      BadParamsCase{"top_k_minus2", {1.0f, -2, 1.0f, 0.0f, 0}, "top_k"},
+                      BadParamsCase{"top_p_zero", {1.0f, 0, 0.0f, 0.0f, 0}, "top_p"},
+                      BadParamsCase{"top_p_nan", {1.0f, 0, NAN, 0.0f, 0}, "top_p"},
+                      BadParamsCase{"top_p_big", {1.0f, 0, 1.5f, 0.0f, 0}, "top_p"},
+                      BadParamsCase{"min_p_neg", {1.0f, 0, 1.0f, -0.1f, 0}, "min_p"},
+                      BadParamsCase{"logprobs_big", {1.0f, 0, 1.0f, 0.0f, 4}, "logprobs"},
+                      BadParamsCase{"logprobs_neg", {1.0f, 0, 1.0f, 0.0f, -1}, "logprobs"}),
+    [](const ::testing::TestParamInfo<BadParamsCase>& i) { return std::string(i.param.name); });
 
 TEST(CpuSampling, RefusesNanAndAllMaskedLogits) {
   std::mt19937_64 rng(1);

@@ -16,9 +16,12 @@ struct RowsCase {
   int64_t rows, n;
   float stddev;
 };
-void PrintTo(const RowsCase& c, std::ostream* os) { *os << "rows=" << c.rows << " n=" << c.n << " sd=" << c.stddev; }
+void PrintTo(const RowsCase& c, std::ostream* os) {
+  *os << "rows=" << c.rows << " n=" << c.n << " sd=" << c.stddev;
+}
 std::string rows_name(const ::testing::TestParamInfo<RowsCase>& i) {
-  return "rows" + std::to_string(i.param.rows) + "_n" + std::to_string(i.param.n) + "_case" + std::to_string(i.index);
+  return "rows" + std::to_string(i.param.rows) + "_n" + std::to_string(i.param.n) + "_case" +
+         std::to_string(i.index);
 }
 
 class CpuSoftmax : public ::testing::TestWithParam<RowsCase> {};
@@ -45,8 +48,8 @@ TEST_P(CpuSoftmax, SoftmaxAndLogSoftmaxMatchF64) {
 
 // note: stddev 30 makes logits of a peaked LM head; without the max subtraction exp would overflow.
 INSTANTIATE_TEST_SUITE_P(CpuSoftmax, CpuSoftmax,
-                         ::testing::Values(RowsCase{1, 1, 1.0f}, RowsCase{3, 7, 1.0f}, RowsCase{2, 151936, 4.0f},
-                                           RowsCase{4, 1000, 30.0f}),
+                         ::testing::Values(RowsCase{1, 1, 1.0f}, RowsCase{3, 7, 1.0f},
+                                           RowsCase{2, 151936, 4.0f}, RowsCase{4, 1000, 30.0f}),
                          rows_name);
 
 TEST(CpuSoftmax, ArgmaxTakesTheFirstMaximum) {
@@ -63,18 +66,20 @@ class CpuSwiglu : public ::testing::TestWithParam<RowsCase> {};
 TEST_P(CpuSwiglu, MatchesSiluTimesUp) {
   const RowsCase& c = GetParam();
   std::mt19937_64 rng(c.n * 3 + 1);
-  std::vector<float> gate = test::random_floats(rng, c.rows * c.n, c.stddev), up = test::random_floats(rng, gate.size());
+  std::vector<float> gate = test::random_floats(rng, c.rows * c.n, c.stddev),
+                     up = test::random_floats(rng, gate.size());
   std::vector<float> out(gate.size());
   std::vector<double> want(gate.size());
-  for (size_t i = 0; i < gate.size(); ++i) want[i] = gate[i] / (1.0 + std::exp(-static_cast<double>(gate[i]))) * up[i];
+  for (size_t i = 0; i < gate.size(); ++i)
+    want[i] = gate[i] / (1.0 + std::exp(-static_cast<double>(gate[i]))) * up[i];
   swiglu(gate.data(), up.data(), static_cast<int64_t>(gate.size()), out.data());
   EXPECT_LE(test::nmse(out, want), 1e-12);
   for (float v : out) EXPECT_TRUE(std::isfinite(v));
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuSwiglu, CpuSwiglu,
-                         ::testing::Values(RowsCase{1, 1, 1.0f}, RowsCase{3, 768, 1.0f}, RowsCase{17, 3072, 4.0f},
-                                           RowsCase{2, 999, 100.0f}),
+                         ::testing::Values(RowsCase{1, 1, 1.0f}, RowsCase{3, 768, 1.0f},
+                                           RowsCase{17, 3072, 4.0f}, RowsCase{2, 999, 100.0f}),
                          rows_name);
 
 }  // namespace

@@ -16,6 +16,10 @@ Every checkpoint here is written by a tool other than mxq, so mxq's readers are 
                      weight_scale_inv = amax/448 multiplier), cast with torch; Qwen3-FP8 style
                      modules_to_not_convert
 
+Also writes ckpt/config_cases.json: config.json variants (transformers 4.x and 5.x spellings) with the
+values transformers itself resolves from them (head_dim, RoPE, experts, which layers are sparse), the oracle
+for tests/io/config_test.cpp.
+
 Run from the repository root: python3 tests/golden/make_checkpoints.py
 """
 import json
@@ -181,6 +185,41 @@ def write_fp8_block(src, name):
                       "weight_block_size": [128, 128], "modules_to_not_convert": not_converted})
 
 
+# ---- config.json variants and what transformers makes of them ---------------------------------------------
+def config_cases(dense_dir, moe_dir):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    dense = json.load(open(os.path.join(dense_dir, "config.json")))
+    moe = json.load(open(os.path.join(moe_dir, "config.json")))
+    legacy = {k: v for k, v in dense.items() if k not in ("rope_parameters", "head_dim", "dtype")}
+    legacy.update(rope_theta=1000000.0, torch_dtype="bfloat16", transformers_version="4.51.0")
+    yarn = dict(legacy, rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128})
+    moe4 = {k: v for k, v in moe.items() if k not in ("num_local_experts", "head_dim")}
+    moe4.update(num_experts=4, num_hidden_layers=4, decoder_sparse_step=2, mlp_only_layers=[1],
+                layer_types=["full_attention"] * 4)
+    cases = {"dense-5x": dense, "moe-5x": moe, "dense-4x-legacy-rope": legacy, "dense-4x-yarn": yarn,
+             "moe-4x-sparse-step": moe4}
+    out = []
+    for name, cfg in cases.items():
+        hf = AutoConfig.for_model(**cfg)
+        model = AutoModelForCausalLM.from_config(hf)
+        layers = model.model.layers
+        attn = layers[0].self_attn
+        eos = hf.eos_token_id
+        out.append({
+            "name": name, "config": cfg,
+            "expect": {
+                "head_dim": attn.head_dim,
+                "rope_theta": hf.rope_parameters["rope_theta"],
+                "rope_type": hf.rope_parameters["rope_type"],
+                "num_experts": getattr(hf, "num_experts", 0) or 0,
+                "sparse_layers": [i for i, l in enumerate(layers) if type(l.mlp).__name__.endswith("SparseMoeBlock")],
+                "eos_token_ids": eos if isinstance(eos, list) else ([] if eos is None else [eos]),
+            }})
+    with open(os.path.join(OUT, "config_cases.json"), "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     dense = fresh("qwen3-dense-bf16")
@@ -192,6 +231,7 @@ def main():
     write_compressed_tensors("ct-mxfp8", "MXFP8A16", "mxfp8-quantized")
     write_compressed_tensors("ct-mxfp4", "MXFP4A16", "mxfp4-pack-quantized")
     write_fp8_block(dense, "fp8-b128")
+    config_cases(dense, moe)
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT}: {total} bytes")
 
