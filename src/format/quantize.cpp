@@ -77,7 +77,10 @@ Status quantize_mx(const uint8_t* x, int64_t rows, int64_t cols, uint8_t* values
           out[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
       } else {
         uint8_t* out = values + first;
-        for (int i = 0; i < kMxBlock; ++i) out[i] = detail::encode_e4m3(buf[i] * mul);
+        // note: compressed-tensors adds its (zero) zero-point after scaling, so under rule ct an input of -0
+        // becomes +0 (0x00); negative values that round to zero still give 0x80.
+        constexpr float kZeroPoint = Rule == ScaleRule::kCt ? 0.0f : -0.0f;
+        for (int i = 0; i < kMxBlock; ++i) out[i] = detail::encode_e4m3(buf[i] * mul + kZeroPoint);
       }
     }
   }
