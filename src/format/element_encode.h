@@ -4,6 +4,7 @@
 // branches) and no value is rounded twice (N-09).
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 
@@ -11,6 +12,12 @@ namespace mxq::detail {
 
 inline constexpr uint32_t kF32AbsMask = 0x7FFFFFFFu;
 inline constexpr uint32_t kF32InfBits = 0x7F800000u;
+
+// cond ? a : b as a bit blend: a ternary here becomes control flow that GCC's -O2 vectorizer rejects.
+inline uint32_t select(bool cond, uint32_t a, uint32_t b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(cond);
+  return (a & mask) | (b & ~mask);
+}
 
 // Shared RNE on the normal range of a small float format: drop `shift` mantissa bits of |x| with round to
 // nearest even and move the exponent from bias 127 to `bias`. Exponent carries fall out of the integer add.
@@ -34,12 +41,9 @@ inline uint8_t encode_e4m3(float x) {
   const uint32_t bits = std::bit_cast<uint32_t>(x), a = bits & kF32AbsMask;
   const uint32_t sign = (bits >> 24) & 0x80u;
   // note: 0x3C800000 = 2^-6, the smallest normal E4M3; 0x46800000 = 2^14, whose ulp is 2^-9.
-  const uint32_t normal = round_normal<20, 7>(a);
+  const uint32_t normal = std::min(round_normal<20, 7>(a), 0x7Eu);  // note: 0x7E = 448; past the 464 tie saturates
   const uint32_t sub = round_subnormal<0x46800000u>(a);
-  uint32_t code = a < 0x3C800000u ? sub : normal;
-  code = code > 0x7Eu ? 0x7Eu : code;  // note: 0x7E = 448; anything past the 464 tie saturates
-  code = a > kF32InfBits ? 0x7Fu : code;
-  return static_cast<uint8_t>(code | sign);
+  return static_cast<uint8_t>(select(a < 0x3C800000u, sub, select(a > kF32InfBits, 0x7Fu, normal)) | sign);
 }
 
 // E5M2: RNE, saturating to +-57344 (inf too), NaN -> 0x7F|sign.
@@ -47,12 +51,9 @@ inline uint8_t encode_e5m2(float x) {
   const uint32_t bits = std::bit_cast<uint32_t>(x), a = bits & kF32AbsMask;
   const uint32_t sign = (bits >> 24) & 0x80u;
   // note: 0x38800000 = 2^-14, the smallest normal E5M2; 0x43000000 = 2^7, whose ulp is 2^-16.
-  const uint32_t normal = round_normal<21, 15>(a);
+  const uint32_t normal = std::min(round_normal<21, 15>(a), 0x7Bu);  // note: 0x7B = 57344
   const uint32_t sub = round_subnormal<0x43000000u>(a);
-  uint32_t code = a < 0x38800000u ? sub : normal;
-  code = code > 0x7Bu ? 0x7Bu : code;  // note: 0x7B = 57344
-  code = a > kF32InfBits ? 0x7Fu : code;
-  return static_cast<uint8_t>(code | sign);
+  return static_cast<uint8_t>(select(a < 0x38800000u, sub, select(a > kF32InfBits, 0x7Fu, normal)) | sign);
 }
 
 // E2M1 magnitude code 0..7 of |x| (already scaled), RNE with ties to the even code, saturating at 6.

@@ -7,6 +7,7 @@
 #include <cassert>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "format/codec.h"
@@ -53,6 +54,38 @@ Status nan_block(std::string_view name, int64_t br, int64_t bc, int64_t r0, int6
   return fail("{}: block ({}, {}) holds NaN/Inf (rows {}..{}, cols {}..{})", name, br, bc, r0, r1 - 1, c0, c1 - 1);
 }
 
+// f32 bits of max |x| over n raw source elements, by an integer max on the source's own bits (no widening),
+// 32 elements at a time through a local array so the loop vectorizes.
+template <Format Src>
+inline uint32_t source_amax_bits(const uint8_t* p, int64_t n) {
+  using Bits = std::conditional_t<Src == Format::kF32, uint32_t, uint16_t>;
+  constexpr Bits kAbs = Src == Format::kF32 ? detail::kF32AbsMask : 0x7FFFu;
+  Bits m = 0;
+  for (int64_t i = 0; i < n; i += kMxBlock) {
+    Bits chunk[kMxBlock] = {};
+    std::memcpy(chunk, p + i * sizeof(Bits), static_cast<size_t>(std::min<int64_t>(kMxBlock, n - i)) * sizeof(Bits));
+    for (int k = 0; k < kMxBlock; ++k) m = std::max(m, static_cast<Bits>(chunk[k] & kAbs));
+  }
+  if constexpr (Src == Format::kF32) return m;
+  else return std::bit_cast<uint32_t>(Src == Format::kBF16 ? bf16_to_f32(m) : f16_to_f32(m));
+}
+
+// E4M3 codes of x * mul for a run of n source elements (a 128-wide block or a short final one): whole
+// 32-element chunks through fixed-trip-count loops on local arrays (vectorized), the ragged tail one by one.
+template <Format Src>
+inline void encode_e4m3_run(const uint8_t* p, int64_t n, float mul, uint8_t* out) {
+  alignas(32) float chunk[kMxBlock];
+  int64_t i = 0;
+  for (; i + kMxBlock <= n; i += kMxBlock) {
+    uint8_t codes[kMxBlock];
+    load_f32<Src>(p + i * src_bytes<Src>(), kMxBlock, chunk);
+    for (int k = 0; k < kMxBlock; ++k) codes[k] = detail::encode_e4m3(chunk[k] * mul);
+    std::memcpy(out + i, codes, kMxBlock);
+  }
+  load_f32<Src>(p + i * src_bytes<Src>(), n - i, chunk);
+  for (int64_t k = 0; k < n - i; ++k) out[i + k] = detail::encode_e4m3(chunk[k] * mul);
+}
+
 template <Format Src, ScaleRule Rule, bool kFp4>
 Status quantize_mx(const uint8_t* x, int64_t rows, int64_t cols, uint8_t* values, uint8_t* scales,
                    std::string_view name) {
@@ -76,11 +109,14 @@ Status quantize_mx(const uint8_t* x, int64_t rows, int64_t cols, uint8_t* values
         for (int i = 0; i < kMxBlock / 2; ++i)
           out[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
       } else {
-        uint8_t* out = values + first;
+        // note: codes go to a local array first: a store through uint8_t* may alias `buf`, and the alias
+        // check it would need keeps GCC's -O2 (very-cheap) vectorizer off the loop.
+        uint8_t codes[kMxBlock];
         // note: compressed-tensors adds its (zero) zero-point after scaling, so under rule ct an input of -0
         // becomes +0 (0x00); negative values that round to zero still give 0x80.
         constexpr float kZeroPoint = Rule == ScaleRule::kCt ? 0.0f : -0.0f;
-        for (int i = 0; i < kMxBlock; ++i) out[i] = detail::encode_e4m3(buf[i] * mul + kZeroPoint);
+        for (int i = 0; i < kMxBlock; ++i) codes[i] = detail::encode_e4m3(buf[i] * mul + kZeroPoint);
+        std::memcpy(values + first, codes, kMxBlock);
       }
     }
   }
@@ -90,18 +126,16 @@ Status quantize_mx(const uint8_t* x, int64_t rows, int64_t cols, uint8_t* values
 template <Format Src>
 Status quantize_b128(const uint8_t* x, int64_t rows, int64_t cols, uint8_t* values, uint8_t* scales,
                      std::string_view name) {
-  const int64_t col_blocks = cdiv(cols, kB128);
-  std::vector<float> row(static_cast<size_t>(cols));
+  const int64_t col_blocks = cdiv(cols, kB128), row_bytes = cols * src_bytes<Src>();
   std::vector<uint32_t> amax(static_cast<size_t>(col_blocks));
   std::vector<float> mul(static_cast<size_t>(col_blocks));
   for (int64_t r0 = 0; r0 < rows; r0 += kB128) {
     const int64_t r1 = std::min(rows, r0 + kB128), stripe = r0 / kB128;
     std::fill(amax.begin(), amax.end(), 0u);
     for (int64_t r = r0; r < r1; ++r) {
-      load_f32<Src>(x + r * cols * src_bytes<Src>(), cols, row.data());
       for (int64_t cb = 0; cb < col_blocks; ++cb) {
         const int64_t c0 = cb * kB128, n = std::min(cols - c0, int64_t{kB128});  // short final block
-        amax[cb] = std::max(amax[cb], amax_bits(row.data() + c0, n));
+        amax[cb] = std::max(amax[cb], source_amax_bits<Src>(x + r * row_bytes + c0 * src_bytes<Src>(), n));
       }
     }
     for (int64_t cb = 0; cb < col_blocks; ++cb) {
@@ -113,13 +147,10 @@ Status quantize_b128(const uint8_t* x, int64_t rows, int64_t cols, uint8_t* valu
       std::memcpy(scales + (stripe * col_blocks + cb) * 4, &scale_inv, 4);
     }
     for (int64_t r = r0; r < r1; ++r) {
-      load_f32<Src>(x + r * cols * src_bytes<Src>(), cols, row.data());
-      uint8_t* out = values + r * cols;
       for (int64_t cb = 0; cb < col_blocks; ++cb) {
         const int64_t c0 = cb * kB128, n = std::min(cols - c0, int64_t{kB128});
-        const float m = mul[cb];
         // note: x * RN(448 / amax') rounded to f32, then to E4M3: the reference's own two roundings.
-        for (int64_t i = 0; i < n; ++i) out[c0 + i] = detail::encode_e4m3(row[c0 + i] * m);
+        encode_e4m3_run<Src>(x + r * row_bytes + c0 * src_bytes<Src>(), n, mul[cb], values + r * cols + c0);
       }
     }
   }
