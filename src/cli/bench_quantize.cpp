@@ -1,6 +1,6 @@
 // mxq bench quantize: CPU block-quantizer throughput per format / scale rule / input dtype, on 1 thread and
-// on --threads (wall time; 1 thread also in CPU time), against a memcpy of the same input bytes as the ceiling (the quantizer reads the input once
-// and writes ~1/2..1/4 of it, so a memcpy's read rate bounds it).
+// on --threads (wall time; 1 thread also in CPU time), against a memcpy of the same input bytes as the
+// ceiling (the quantizer reads the input once and writes ~1/2..1/4 of it, so a memcpy's read rate bounds it).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -31,7 +31,7 @@ struct Case {
   Format fmt;
   ScaleRule rule;
 };
-constexpr Case kCases[] = {{Format::kMXFP8, ScaleRule::kCeil}, {Format::kMXFP8, ScaleRule::kOcp},
+constexpr Case kCases[] = {{Format::kMXFP8, ScaleRule::kCeil},  {Format::kMXFP8, ScaleRule::kOcp},
                            {Format::kMXFP8, ScaleRule::kFloor}, {Format::kMXFP8, ScaleRule::kCt},
                            {Format::kMXFP4, ScaleRule::kCt},    {Format::kFP8_B128, ScaleRule::kCeil}};
 
@@ -41,7 +41,8 @@ std::vector<uint8_t> random_input(Format src, int64_t n, uint64_t seed) {
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
   for (int64_t i = 0; i < n; ++i) {
     s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    const float mag = std::ldexp(1.0f + static_cast<float>(s & 0xFFFFFF) / 16777216.0f, static_cast<int>((s >> 24) % 16) - 12);
+    const float mag = std::ldexp(1.0f + static_cast<float>(s & 0xFFFFFF) / 16777216.0f,
+                                 static_cast<int>((s >> 24) % 16) - 12);
     const float v = (s >> 63) ? -mag : mag;
     if (src == Format::kF32) {
       std::memcpy(out.data() + 4 * i, &v, 4);
@@ -73,15 +74,17 @@ Timing best_of(int reps, F&& run) {
     const double c0 = thread_cpu_ms();
     const auto t0 = std::chrono::steady_clock::now();
     run();
-    best.wall_ms = std::min(best.wall_ms, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    best.wall_ms =
+        std::min(best.wall_ms,
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     best.cpu_ms = std::min(best.cpu_ms, thread_cpu_ms() - c0);
   }
   return best;
 }
 
 // Splits rows across `threads` in 128-row multiples (FP8-B128 stripes; harmless for MX) and quantizes.
-Status quantize_threaded(const Case& c, Format src, const std::vector<uint8_t>& x, const Options& o, int threads,
-                         std::vector<uint8_t>& values, std::vector<uint8_t>& scales) {
+Status quantize_threaded(const Case& c, Format src, const std::vector<uint8_t>& x, const Options& o,
+                         int threads, std::vector<uint8_t>& values, std::vector<uint8_t>& scales) {
   const int64_t elem = src == Format::kF32 ? 4 : 2;
   if (threads == 1)  // on the calling thread, so its CPU time is the quantizer's
     return quantize(c.fmt, c.rule, src, x.data(), o.rows, o.cols, values.data(), scales.data(), "bench");
@@ -95,8 +98,7 @@ Status quantize_threaded(const Case& c, Format src, const std::vector<uint8_t>& 
       // note: r0 is a multiple of 128, so scales_bytes(fmt, r0, cols) is where row r0's scales start
       status[t] = quantize(c.fmt, c.rule, src, x.data() + r0 * o.cols * elem, r1 - r0, o.cols,
                            values.data() + values_bytes(c.fmt, r0, o.cols),
-                           scales.data() + scales_bytes(c.fmt, r0, o.cols),
-                           "bench");
+                           scales.data() + scales_bytes(c.fmt, r0, o.cols), "bench");
     });
   }
   for (auto& th : pool) th.join();
@@ -111,26 +113,31 @@ int run_bench(const Options& o) {
     return kExitBadInput;
   }
   if (o.rows <= 0 || o.cols <= 0 || o.cols % 32 != 0 || o.threads <= 0 || o.reps <= 0) {
-    fmt::print(stderr, "mxq bench quantize: need rows > 0, cols > 0 with cols % 32 == 0, threads > 0 (got {} x {}, "
-               "{} threads)\n", o.rows, o.cols, o.threads);
+    fmt::print(stderr,
+               "mxq bench quantize: need rows > 0, cols > 0 with cols % 32 == 0, threads > 0 (got {} x {}, "
+               "{} threads)\n",
+               o.rows, o.cols, o.threads);
     return kExitBadInput;
   }
-  fmt::print("mxq bench quantize: [{} x {}], {} threads, best of {}; GB/s = input bytes / time\n", o.rows, o.cols,
-             o.threads, o.reps);
-  fmt::print("{:<9} {:<6} {:<5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n", "format", "rule", "src", "1t ms",
-             "1t GB/s", "cpu ms", "cpu GB/s", "%memcpy", "Tt ms", "Tt GB/s");
+  fmt::print("mxq bench quantize: [{} x {}], {} threads, best of {}; GB/s = input bytes / time\n", o.rows,
+             o.cols, o.threads, o.reps);
+  fmt::print("{:<9} {:<6} {:<5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n", "format", "rule", "src",
+             "1t ms", "1t GB/s", "cpu ms", "cpu GB/s", "%memcpy", "Tt ms", "Tt GB/s");
   for (Format src : {Format::kBF16, Format::kF32}) {
     const std::vector<uint8_t> x = random_input(src, o.rows * o.cols, src == Format::kBF16 ? 1 : 2);
     const double gb = static_cast<double>(x.size()) / 1e9;
     std::vector<uint8_t> copy(x.size());
     const Timing mc = best_of(o.reps, [&] { std::memcpy(copy.data(), x.data(), x.size()); });
-    fmt::print("{:<9} {:<6} {:<5} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8}\n", "memcpy", "-", traits(src).name,
-               mc.wall_ms, gb / (mc.wall_ms / 1e3), mc.cpu_ms, gb / (mc.cpu_ms / 1e3), "100%");
+    fmt::print("{:<9} {:<6} {:<5} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8}\n", "memcpy", "-",
+               traits(src).name, mc.wall_ms, gb / (mc.wall_ms / 1e3), mc.cpu_ms, gb / (mc.cpu_ms / 1e3),
+               "100%");
     for (const Case& c : kCases) {
-      std::vector<uint8_t> values(values_bytes(c.fmt, o.rows, o.cols)), scales(scales_bytes(c.fmt, o.rows, o.cols));
+      std::vector<uint8_t> values(values_bytes(c.fmt, o.rows, o.cols)),
+          scales(scales_bytes(c.fmt, o.rows, o.cols));
       Status st;
       const Timing one = best_of(o.reps, [&] { st = quantize_threaded(c, src, x, o, 1, values, scales); });
-      const Timing all = best_of(o.reps, [&] { st = quantize_threaded(c, src, x, o, o.threads, values, scales); });
+      const Timing all =
+          best_of(o.reps, [&] { st = quantize_threaded(c, src, x, o, o.threads, values, scales); });
       if (!st) {
         fmt::print(stderr, "mxq bench quantize: {}\n", st.error().message);
         return 1;
@@ -139,8 +146,8 @@ int run_bench(const Options& o) {
       // note: %memcpy compares CPU times, the fairest ceiling on a shared machine
       fmt::print("{:<9} {:<6} {:<5} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>7.0f}% {:>8.2f} {:>8.2f}\n",
                  traits(c.fmt).name, mx ? scale_rule_name(c.rule) : "-", traits(src).name, one.wall_ms,
-                 gb / (one.wall_ms / 1e3), one.cpu_ms, gb / (one.cpu_ms / 1e3), 100.0 * mc.cpu_ms / one.cpu_ms,
-                 all.wall_ms, gb / (all.wall_ms / 1e3));
+                 gb / (one.wall_ms / 1e3), one.cpu_ms, gb / (one.cpu_ms / 1e3),
+                 100.0 * mc.cpu_ms / one.cpu_ms, all.wall_ms, gb / (all.wall_ms / 1e3));
     }
   }
   return 0;
@@ -150,7 +157,8 @@ int run_bench(const Options& o) {
 
 void add_bench_quantize(CLI::App& bench, int& exit_code) {
   auto opts = std::make_shared<Options>();
-  auto* cmd = bench.add_subcommand("quantize", "CPU block quantizer throughput (MXFP8 rules, MXFP4, FP8-B128)");
+  auto* cmd =
+      bench.add_subcommand("quantize", "CPU block quantizer throughput (MXFP8 rules, MXFP4, FP8-B128)");
   cmd->add_option("--device", opts->device, "Device to run on (cpu)");
   cmd->add_option("--rows", opts->rows, "Rows N of the [N, K] input")->capture_default_str();
   cmd->add_option("--cols", opts->cols, "Columns K (a multiple of 32)")->capture_default_str();

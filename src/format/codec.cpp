@@ -27,6 +27,8 @@ uint16_t f32_to_f16(float x) {
 uint8_t f32_to_e4m3(float x) { return detail::encode_e4m3(x); }
 uint8_t f32_to_e5m2(float x) { return detail::encode_e5m2(x); }
 uint8_t f32_to_e2m1(float x) { return detail::encode_e2m1_signed(x, x); }
-uint8_t f32_to_e8m0(float x) { return detail::encode_e8m0_ceil(std::bit_cast<uint32_t>(x) & detail::kF32AbsMask); }
+uint8_t f32_to_e8m0(float x) {
+  return detail::encode_e8m0_ceil(std::bit_cast<uint32_t>(x) & detail::kF32AbsMask);
+}
 
 }  // namespace mxq

@@ -24,7 +24,8 @@ inline uint32_t select(bool cond, uint32_t a, uint32_t b) {
 template <int kShift, int kBias>
 inline uint32_t round_normal(uint32_t abs_bits) {
   const uint32_t lsb = (abs_bits >> kShift) & 1u;
-  return (abs_bits - (static_cast<uint32_t>(127 - kBias) << 23) + ((1u << (kShift - 1)) - 1u) + lsb) >> kShift;
+  return (abs_bits - (static_cast<uint32_t>(127 - kBias) << 23) + ((1u << (kShift - 1)) - 1u) + lsb) >>
+         kShift;
 }
 
 // note: subnormals by one f32 add: |x| + C, with ulp(C) equal to the target's subnormal step, rounds |x| to
@@ -41,7 +42,8 @@ inline uint8_t encode_e4m3(float x) {
   const uint32_t bits = std::bit_cast<uint32_t>(x), a = bits & kF32AbsMask;
   const uint32_t sign = (bits >> 24) & 0x80u;
   // note: 0x3C800000 = 2^-6, the smallest normal E4M3; 0x46800000 = 2^14, whose ulp is 2^-9.
-  const uint32_t normal = std::min(round_normal<20, 7>(a), 0x7Eu);  // note: 0x7E = 448; past the 464 tie saturates
+  const uint32_t normal =
+      std::min(round_normal<20, 7>(a), 0x7Eu);  // note: 0x7E = 448; past the 464 tie saturates
   const uint32_t sub = round_subnormal<0x46800000u>(a);
   return static_cast<uint8_t>(select(a < 0x3C800000u, sub, select(a > kF32InfBits, 0x7Fu, normal)) | sign);
 }

@@ -50,8 +50,10 @@ inline uint32_t amax_bits(const float* x, int64_t n) {
   return m;
 }
 
-Status nan_block(std::string_view name, int64_t br, int64_t bc, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-  return fail("{}: block ({}, {}) holds NaN/Inf (rows {}..{}, cols {}..{})", name, br, bc, r0, r1 - 1, c0, c1 - 1);
+Status nan_block(std::string_view name, int64_t br, int64_t bc, int64_t r0, int64_t r1, int64_t c0,
+                 int64_t c1) {
+  return fail("{}: block ({}, {}) holds NaN/Inf (rows {}..{}, cols {}..{})", name, br, bc, r0, r1 - 1, c0,
+              c1 - 1);
 }
 
 // f32 bits of max |x| over n raw source elements, by an integer max on the source's own bits (no widening),
@@ -63,11 +65,14 @@ inline uint32_t source_amax_bits(const uint8_t* p, int64_t n) {
   Bits m = 0;
   for (int64_t i = 0; i < n; i += kMxBlock) {
     Bits chunk[kMxBlock] = {};
-    std::memcpy(chunk, p + i * sizeof(Bits), static_cast<size_t>(std::min<int64_t>(kMxBlock, n - i)) * sizeof(Bits));
+    std::memcpy(chunk, p + i * sizeof(Bits),
+                static_cast<size_t>(std::min<int64_t>(kMxBlock, n - i)) * sizeof(Bits));
     for (int k = 0; k < kMxBlock; ++k) m = std::max(m, static_cast<Bits>(chunk[k] & kAbs));
   }
-  if constexpr (Src == Format::kF32) return m;
-  else return std::bit_cast<uint32_t>(Src == Format::kBF16 ? bf16_to_f32(m) : f16_to_f32(m));
+  if constexpr (Src == Format::kF32)
+    return m;
+  else
+    return std::bit_cast<uint32_t>(Src == Format::kBF16 ? bf16_to_f32(m) : f16_to_f32(m));
 }
 
 // E4M3 codes of x * mul for a run of n source elements (a 128-wide block or a short final one): whole
@@ -158,10 +163,11 @@ Status quantize_b128(const uint8_t* x, int64_t rows, int64_t cols, uint8_t* valu
 }
 
 template <Format Src>
-Status quantize_from(Format fmt, ScaleRule rule, const uint8_t* x, int64_t rows, int64_t cols, uint8_t* values,
-                     uint8_t* scales, std::string_view name) {
+Status quantize_from(Format fmt, ScaleRule rule, const uint8_t* x, int64_t rows, int64_t cols,
+                     uint8_t* values, uint8_t* scales, std::string_view name) {
   if (fmt == Format::kFP8_B128) return quantize_b128<Src>(x, rows, cols, values, scales, name);
-  if (fmt == Format::kMXFP4) return quantize_mx<Src, ScaleRule::kCt, true>(x, rows, cols, values, scales, name);
+  if (fmt == Format::kMXFP4)
+    return quantize_mx<Src, ScaleRule::kCt, true>(x, rows, cols, values, scales, name);
   switch (rule) {
     case ScaleRule::kCeil:
       return quantize_mx<Src, ScaleRule::kCeil, false>(x, rows, cols, values, scales, name);
@@ -192,10 +198,12 @@ Status quantize(Format fmt, ScaleRule rule, Format src, const void* x, int64_t r
   if (fmt != Format::kMXFP8 && fmt != Format::kMXFP4 && fmt != Format::kFP8_B128)
     return fail("{}: cannot quantize to {} (expected mxfp8, mxfp4 or fp8-b128)", tensor_name, fname);
   if (src != Format::kBF16 && src != Format::kF16 && src != Format::kF32)
-    return fail("{}: cannot quantize from {} to {} (expected a bf16, f16 or f32 source)", tensor_name, sname, fname);
+    return fail("{}: cannot quantize from {} to {} (expected a bf16, f16 or f32 source)", tensor_name, sname,
+                fname);
   if (fmt == Format::kMXFP4 && rule != ScaleRule::kCt)
     return fail("{}: mxfp4 supports scale rule ct only (got {})", tensor_name, scale_rule_name(rule));
-  if (rows < 0 || cols < 0) return fail("{}: shape [{}, {}] has a negative dimension", tensor_name, rows, cols);
+  if (rows < 0 || cols < 0)
+    return fail("{}: shape [{}, {}] has a negative dimension", tensor_name, rows, cols);
   if (fmt != Format::kFP8_B128 && cols % kMxBlock != 0)
     return fail("{}: {} needs cols % 32 == 0 (got cols {})", tensor_name, fname, cols);
   if (cols != 0 && rows > std::numeric_limits<int64_t>::max() / 4 / cols)

@@ -1,8 +1,8 @@
 #include "format/scale_rule.h"
 
-#include "format/element_encode.h"
-
 #include <array>
+
+#include "format/element_encode.h"
 
 namespace mxq {
 

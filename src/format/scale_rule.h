@@ -51,7 +51,8 @@ inline uint8_t mx_scale_from_bits(ScaleRule rule, MxElement el, uint32_t amax_bi
 // 2^(127-b) as f32 for every byte b < 255: the exact multiplier that maps a block onto its elements.
 // note: b = 254 gives 2^-127, an f32 subnormal, still exact; b = 255 (NaN) is never produced.
 inline float mx_inv_scale(uint8_t b) {
-  return b == 254 ? std::bit_cast<float>(0x00400000u) : std::bit_cast<float>(static_cast<uint32_t>(254 - b) << 23);
+  return b == 254 ? std::bit_cast<float>(0x00400000u)
+                  : std::bit_cast<float>(static_cast<uint32_t>(254 - b) << 23);
 }
 
 }  // namespace mxq::detail

@@ -1,11 +1,12 @@
 // Element codecs: exhaustive decode against torch's tables, encode∘decode identity, encode sweeps against
 // torch / compressed-tensors, and the spec's saturation, tie, zero and NaN cases.
+#include "format/codec.h"
+
 #include <gtest/gtest.h>
 
 #include <bit>
 #include <cmath>
 
-#include "format/codec.h"
 #include "golden_npy.h"
 
 namespace mxq {
@@ -37,8 +38,10 @@ TEST_P(DecodeAll, MatchesTorchTable) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Codec, DecodeAll,
-                         ::testing::Values(DecodeCase{"e4m3", 256, e4m3_to_f32}, DecodeCase{"e5m2", 256, e5m2_to_f32},
-                                           DecodeCase{"e2m1", 16, e2m1_to_f32}, DecodeCase{"e8m0", 256, e8m0_to_f32}),
+                         ::testing::Values(DecodeCase{"e4m3", 256, e4m3_to_f32},
+                                           DecodeCase{"e5m2", 256, e5m2_to_f32},
+                                           DecodeCase{"e2m1", 16, e2m1_to_f32},
+                                           DecodeCase{"e8m0", 256, e8m0_to_f32}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // covers N-01, N-02: NaN codes, and encode(decode(c)) == c for every other code
@@ -116,13 +119,16 @@ TEST_P(EncodeSweep, MatchesTorch) {
   EXPECT_EQ(bad, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Codec, EncodeSweep,
-    ::testing::Values(SweepCase{"e4m3", "encode_e4m3_in", "encode_e4m3_out", 1, [](float x) -> uint32_t { return f32_to_e4m3(x); }},
-                      SweepCase{"e5m2", "encode_e5m2_in", "encode_e5m2_out", 1, [](float x) -> uint32_t { return f32_to_e5m2(x); }},
-                      SweepCase{"bf16", "encode_16_in", "encode_bf16_out", 2, [](float x) -> uint32_t { return f32_to_bf16(x); }},
-                      SweepCase{"f16", "encode_16_in", "encode_f16_out", 2, [](float x) -> uint32_t { return f32_to_f16(x); }}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Codec, EncodeSweep,
+                         ::testing::Values(SweepCase{"e4m3", "encode_e4m3_in", "encode_e4m3_out", 1,
+                                                     [](float x) -> uint32_t { return f32_to_e4m3(x); }},
+                                           SweepCase{"e5m2", "encode_e5m2_in", "encode_e5m2_out", 1,
+                                                     [](float x) -> uint32_t { return f32_to_e5m2(x); }},
+                                           SweepCase{"bf16", "encode_16_in", "encode_bf16_out", 2,
+                                                     [](float x) -> uint32_t { return f32_to_bf16(x); }},
+                                           SweepCase{"f16", "encode_16_in", "encode_f16_out", 2,
+                                                     [](float x) -> uint32_t { return f32_to_f16(x); }}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // covers N-07, N-08: compressed-tensors' cast_to_fp4 + pack_fp4_to_uint8 on the E2M1 sweep
 TEST(Codec, E2M1SweepMatchesCompressedTensors) {
@@ -144,33 +150,38 @@ void PrintTo(const HandCase& c, std::ostream* os) { *os << c.x << " -> 0x" << st
 class E4M3Hand : public ::testing::TestWithParam<HandCase> {};
 // covers N-06 (overflow saturates, formats.md), N-07 (400 at exp 8, subnormal midpoints), N-09
 TEST_P(E4M3Hand, Encodes) { EXPECT_EQ(f32_to_e4m3(GetParam().x), GetParam().want); }
-INSTANTIATE_TEST_SUITE_P(
-    Codec, E4M3Hand,
-    ::testing::Values(HandCase{449.0f, 0x7E}, HandCase{464.0f, 0x7E}, HandCase{465.0f, 0x7E}, HandCase{485.0f, 0x7E},
-                      HandCase{1e6f, 0x7E}, HandCase{INFINITY, 0x7E}, HandCase{-INFINITY, 0xFE},
-                      HandCase{-1e6f, 0xFE}, HandCase{NAN, 0x7F}, HandCase{-NAN, 0xFF}, HandCase{-0.0f, 0x80},
-                      HandCase{-1e-9f, 0x80}, HandCase{400.0f, 0x7C}, HandCase{0x1p-10f, 0x00},
-                      HandCase{0x3p-10f, 0x02}, HandCase{0x1p-149f, 0x00}, HandCase{0x1.1p0f, 0x38},
-                      HandCase{0x1.100002p0f, 0x39}, HandCase{0x1.10001p0f, 0x39}));
+INSTANTIATE_TEST_SUITE_P(Codec, E4M3Hand,
+                         ::testing::Values(HandCase{449.0f, 0x7E}, HandCase{464.0f, 0x7E},
+                                           HandCase{465.0f, 0x7E}, HandCase{485.0f, 0x7E},
+                                           HandCase{1e6f, 0x7E}, HandCase{INFINITY, 0x7E},
+                                           HandCase{-INFINITY, 0xFE}, HandCase{-1e6f, 0xFE},
+                                           HandCase{NAN, 0x7F}, HandCase{-NAN, 0xFF}, HandCase{-0.0f, 0x80},
+                                           HandCase{-1e-9f, 0x80}, HandCase{400.0f, 0x7C},
+                                           HandCase{0x1p-10f, 0x00}, HandCase{0x3p-10f, 0x02},
+                                           HandCase{0x1p-149f, 0x00}, HandCase{0x1.1p0f, 0x38},
+                                           HandCase{0x1.100002p0f, 0x39}, HandCase{0x1.10001p0f, 0x39}));
 
 class E5M2Hand : public ::testing::TestWithParam<HandCase> {};
 // covers N-06 for E5M2: RNE saturating at 57344 (formats.md), NaN keeps its sign
 TEST_P(E5M2Hand, Encodes) { EXPECT_EQ(f32_to_e5m2(GetParam().x), GetParam().want); }
 INSTANTIATE_TEST_SUITE_P(Codec, E5M2Hand,
-                         ::testing::Values(HandCase{57344.0f, 0x7B}, HandCase{61440.0f, 0x7B}, HandCase{1e9f, 0x7B},
-                                           HandCase{INFINITY, 0x7B}, HandCase{-INFINITY, 0xFB}, HandCase{NAN, 0x7F},
-                                           HandCase{-0.0f, 0x80}, HandCase{0x1p-17f, 0x00}, HandCase{0x3p-17f, 0x02}));
+                         ::testing::Values(HandCase{57344.0f, 0x7B}, HandCase{61440.0f, 0x7B},
+                                           HandCase{1e9f, 0x7B}, HandCase{INFINITY, 0x7B},
+                                           HandCase{-INFINITY, 0xFB}, HandCase{NAN, 0x7F},
+                                           HandCase{-0.0f, 0x80}, HandCase{0x1p-17f, 0x00},
+                                           HandCase{0x3p-17f, 0x02}));
 
 class E2M1Hand : public ::testing::TestWithParam<HandCase> {};
 // covers N-07 (ties to the even code), N-06 (saturation at 6), the -0 rule of formats.md
 TEST_P(E2M1Hand, Encodes) { EXPECT_EQ(f32_to_e2m1(GetParam().x), GetParam().want); }
-INSTANTIATE_TEST_SUITE_P(
-    Codec, E2M1Hand,
-    ::testing::Values(HandCase{0.25f, 0}, HandCase{0.75f, 2}, HandCase{1.25f, 2}, HandCase{1.75f, 4},
-                      HandCase{2.5f, 4}, HandCase{3.5f, 6}, HandCase{5.0f, 6}, HandCase{5.0001f, 7},
-                      HandCase{100.0f, 7}, HandCase{INFINITY, 7}, HandCase{0.0f, 0}, HandCase{-0.0f, 0},
-                      HandCase{-0.1f, 8}, HandCase{-0.25f, 8}, HandCase{-0.3f, 9}, HandCase{-6.0f, 15},
-                      HandCase{0x1p-149f, 0}, HandCase{-0x1p-149f, 8}));
+INSTANTIATE_TEST_SUITE_P(Codec, E2M1Hand,
+                         ::testing::Values(HandCase{0.25f, 0}, HandCase{0.75f, 2}, HandCase{1.25f, 2},
+                                           HandCase{1.75f, 4}, HandCase{2.5f, 4}, HandCase{3.5f, 6},
+                                           HandCase{5.0f, 6}, HandCase{5.0001f, 7}, HandCase{100.0f, 7},
+                                           HandCase{INFINITY, 7}, HandCase{0.0f, 0}, HandCase{-0.0f, 0},
+                                           HandCase{-0.1f, 8}, HandCase{-0.25f, 8}, HandCase{-0.3f, 9},
+                                           HandCase{-6.0f, 15}, HandCase{0x1p-149f, 0},
+                                           HandCase{-0x1p-149f, 8}));
 
 }  // namespace
 }  // namespace mxq
