@@ -339,11 +339,6 @@ TEST(ScaleRule, ParseAndName) {
   EXPECT_EQ(default_scale_rule(Format::kMXFP4), ScaleRule::kCt);
 }
 
-}  // namespace
-}  // namespace mxq
-
-namespace mxq {
-namespace {
 
 struct SplitCase {
   Format fmt;
@@ -383,6 +378,24 @@ INSTANTIATE_TEST_SUITE_P(Quantize, RowSplit,
                                            SplitCase{Format::kMXFP4, 5, 64, 1},
                                            SplitCase{Format::kFP8_B128, 300, 200, 128},
                                            SplitCase{Format::kFP8_B128, 257, 129, 256}));
+
+
+// covers N-10 for 16-bit sources: f16 inf (0x7C00) and a bf16 NaN payload are found by the integer amax
+TEST(Quantize, RefusesNanInf16BitSources) {
+  for (Format fmt : {Format::kMXFP8, Format::kMXFP4, Format::kFP8_B128}) {
+    for (auto [src, bad] :
+         {std::pair{Format::kF16, uint16_t{0x7C00}}, std::pair{Format::kBF16, uint16_t{0xFFC1}}}) {
+      std::vector<uint16_t> x(3 * 64, 0x3C00);
+      x[2 * 64 + 40] = bad;
+      std::vector<uint8_t> values(3 * 64), scales(64);
+      const Status st =
+          quantize(fmt, default_scale_rule(fmt), src, x.data(), 3, 64, values.data(), scales.data(), "w");
+      ASSERT_FALSE(st) << traits(fmt).name << " " << traits(src).name;
+      const char* where = fmt == Format::kFP8_B128 ? "block (0, 0)" : "block (2, 1)";
+      EXPECT_NE(st.error().message.find(where), std::string::npos) << st.error().message;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace mxq
