@@ -9,6 +9,7 @@ void add_bench(CLI::App& app, int& exit_code) {
   auto* bench = app.add_subcommand("bench", "Measure throughput of mxq kernels");
   bench->require_subcommand(1);
   add_bench_quantize(*bench, exit_code);
+  add_bench_decode(*bench, exit_code);
 }
 
 }  // namespace mxq::cli

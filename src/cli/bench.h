@@ -6,5 +6,6 @@
 namespace mxq::cli {
 
 void add_bench_quantize(CLI::App& bench, int& exit_code);  // bench_quantize.cpp
+void add_bench_decode(CLI::App& bench, int& exit_code);    // bench_decode.cpp
 
 }  // namespace mxq::cli

@@ -1,0 +1,163 @@
+// mxq bench decode: prompt processing (pp: one forward over N prompt tokens) and token generation (tg: N
+// single-token forwards through the KV cache) of a whole model, in a llama-bench-style table.
+// note: speed of light. tg reads every active weight byte once per token, so its ceiling is memory bandwidth:
+// the table prints the weight bytes streamed per second beside a memcpy measured in the same run. pp is
+// compute-bound and prints GFLOP/s (2 x active params per token).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "cli/bench.h"
+#include "cli/commands.h"
+#include "engine/default_model.h"
+#include "engine/kv_cache.h"
+#include "model/cpu_backend.h"
+#include "model/load_model.h"
+#include "model/qwen3.h"
+
+namespace mxq::cli {
+namespace {
+
+struct DecodeOptions {
+  std::string device = "cpu", model, quantization;
+  int64_t pp = 128, tg = 32;
+  int reps = 3, threads = 0;
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Host memcpy bandwidth (read + write bytes per second) over a buffer far larger than the caches.
+double memcpy_gbps() {
+  const size_t n = size_t{256} << 20;
+  std::vector<uint8_t> a(n, 1), b(n, 0);
+  double best = 1e300;
+  for (int r = 0; r < 3; ++r) {
+    const double t0 = now_s();
+    std::memcpy(b.data(), a.data(), n);
+    best = std::min(best, now_s() - t0);
+  }
+  return 2.0 * static_cast<double>(n) / best / 1e9;
+}
+
+// Parameters and bytes one token touches: routed experts count top_k / num_experts of their bytes; the
+// embedding table counts one row unless it doubles as lm_head.
+struct Footprint {
+  double params = 0, bytes = 0, active_params = 0, active_bytes = 0;
+};
+Footprint footprint(const LoadedModel& m) {
+  Footprint f;
+  const ModelConfig& c = m.config;
+  for (const auto& [name, t] : m.store.tensors()) {
+    double n = 1;
+    for (int64_t d : t.shape) n *= static_cast<double>(d);
+    const double bytes = static_cast<double>(t.values.size() + t.scales.size());
+    f.params += n;
+    f.bytes += bytes;
+    double share = 1;
+    if (name.find(".mlp.experts.") != std::string::npos)
+      share = static_cast<double>(c.num_experts_per_tok) / static_cast<double>(c.num_experts);
+    if (name == "model.embed_tokens.weight" && !c.tie_word_embeddings)
+      share = 1.0 / static_cast<double>(c.vocab_size);
+    f.active_params += n * share;
+    f.active_bytes += bytes * share;
+  }
+  return f;
+}
+
+int run_decode(const DecodeOptions& o) {
+  auto bad = [](const std::string& msg) {
+    fmt::print(stderr, "mxq bench decode: {}\n", msg);
+    return kExitBadInput;
+  };
+  if (o.device != "cpu") return bad(fmt::format("--device {}: only cpu is built", o.device));
+  if (o.pp < 1 || o.tg < 1 || o.reps < 1) return bad("--pp, --tg and --reps must be >= 1");
+  const bool default_model = o.model.empty();
+  const std::string dir = default_model ? default_model_dir() : o.model;
+  LoadOptions load;
+  load.threads = o.threads;
+  const std::string q = o.quantization.empty()
+                            ? (default_model ? std::string(traits(kDefaultModelQuantization).name) : "none")
+                            : o.quantization;
+  if (q != "none") {
+    auto f = parse_format(q);
+    if (!f) return bad(fmt::format("--quantization {}: expected none, mxfp8, mxfp4 or fp8-b128", q));
+    load.quantization = *f;
+  }
+  auto m = load_model(dir, load);
+  if (!m) return bad(m.error().message);
+  auto backend = make_cpu_backend(o.threads);
+  auto qwen = Qwen3Model::create(m->config, m->store, *backend);
+  if (!qwen) return bad(qwen.error().message);
+  const ModelConfig& c = m->config;
+  if (o.pp > c.max_position_embeddings || o.tg > c.max_position_embeddings)
+    return bad(fmt::format("--pp / --tg beyond the context of {} positions", c.max_position_embeddings));
+
+  std::mt19937 rng(0);
+  std::vector<int32_t> prompt(static_cast<size_t>(o.pp));
+  for (auto& id : prompt) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab_size));
+  std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+  double pp_s = 1e300, tg_s = 1e300;
+  for (int r = 0; r < o.reps; ++r) {
+    auto kv = KvCache::create(*backend, c, o.pp);
+    if (!kv) return bad(kv.error().message);
+    const double t0 = now_s();
+    if (auto st = qwen->forward(prompt, kv->sequence(), logits.data()); !st) return bad(st.error().message);
+    pp_s = std::min(pp_s, now_s() - t0);
+  }
+  for (int r = 0; r < o.reps; ++r) {
+    auto kv = KvCache::create(*backend, c, o.tg);
+    if (!kv) return bad(kv.error().message);
+    int32_t id = prompt[0];
+    const double t0 = now_s();
+    for (int64_t i = 0; i < o.tg; ++i) {
+      if (auto st = qwen->forward(std::span(&id, 1), kv->sequence(), logits.data()); !st)
+        return bad(st.error().message);
+      id = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    }
+    tg_s = std::min(tg_s, now_s() - t0);
+  }
+  const Footprint f = footprint(*m);
+  const double bw = memcpy_gbps();
+  const double pp_tps = static_cast<double>(o.pp) / pp_s, tg_tps = static_cast<double>(o.tg) / tg_s;
+  const std::string name = std::filesystem::path(dir).filename().string();
+  const std::string fmt_name(traits(m->linear_format).name);
+  fmt::print("| {:<16} | {:>8} | {:>8} | {:>10} | {:>6} | {:>10} | {:>34} |\n", "model", "format", "params",
+             "size", "test", "tok/s", "speed of light");
+  fmt::print("|{:-<18}|{:->10}|{:->10}|{:->12}|{:->8}|{:->12}|{:->36}|\n", "", "", "", "", "", "", "");
+  const std::string params = fmt::format("{:.2f} M", f.params / 1e6),
+                    size = fmt::format("{:.2f} MiB", f.bytes / 1048576.0);
+  fmt::print("| {:<16} | {:>8} | {:>8} | {:>10} | {:>6} | {:>10.2f} | {:>34} |\n", name, fmt_name, params,
+             size, fmt::format("pp{}", o.pp), pp_tps,
+             fmt::format("{:.1f} GFLOP/s", 2 * f.active_params * pp_tps / 1e9));
+  const double tg_gbps = f.active_bytes * tg_tps / 1e9;
+  fmt::print("| {:<16} | {:>8} | {:>8} | {:>10} | {:>6} | {:>10.2f} | {:>34} |\n", name, fmt_name, params,
+             size, fmt::format("tg{}", o.tg), tg_tps,
+             fmt::format("{:.2f} GB/s = {:.0f}% of memcpy {:.1f}", tg_gbps, 100 * tg_gbps / bw, bw));
+  fmt::print("threads: {}, best of {} (wall time)\n",
+             o.threads > 0 ? o.threads : static_cast<int>(default_pool().threads()), o.reps);
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_decode(CLI::App& bench, int& exit_code) {
+  auto o = std::make_shared<DecodeOptions>();
+  auto* cmd = bench.add_subcommand("decode", "Whole-model prompt processing (pp) and generation (tg) tok/s");
+  cmd->add_option("--device", o->device, "cpu (cuda: not built yet)")->capture_default_str();
+  cmd->add_option("--model", o->model, "Checkpoint directory (default: models/default as MXFP8)");
+  cmd->add_option("--quantization", o->quantization, "none, mxfp8, mxfp4, fp8-b128");
+  cmd->add_option("--pp", o->pp, "Prompt tokens")->capture_default_str();
+  cmd->add_option("--tg", o->tg, "Generated tokens")->capture_default_str();
+  cmd->add_option("--reps", o->reps, "Repetitions (best is reported)")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads (0 = all)");
+  cmd->callback([o, &exit_code] { exit_code = run_decode(*o); });
+}
+
+}  // namespace mxq::cli

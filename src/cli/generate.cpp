@@ -1,0 +1,198 @@
+// mxq generate: load a checkpoint (optionally quantizing it online), run one prompt, stream the text or print
+// one JSON object. Without --model it runs the embedded default model (models/default) quantized to MXFP8.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "engine/default_model.h"
+#include "engine/generator.h"
+#include "io/chat_template.h"
+#include "io/tokenizer.h"
+#include "model/cpu_backend.h"
+#include "model/load_model.h"
+
+namespace mxq::cli {
+namespace {
+
+struct GenerateOptions {
+  std::string prompt_positional, prompt, prompt_ids, model, quantization, device = "auto";
+  int64_t max_new_tokens = 64;
+  float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
+  int64_t top_k = 0, top_logprobs = 0;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;
+  bool ignore_eos = false, chat = false, json = false;
+  int threads = 0;
+};
+
+Result<std::vector<int32_t>> parse_ids(const std::string& list) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v < INT32_MIN || v > INT32_MAX)
+      return fail("--prompt-ids: '{}' is not a token id", item);
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) return fail("--prompt-ids: empty list");
+  return ids;
+}
+
+nlohmann::json logprobs_json(const Generation& g) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const SampledToken& t : g.tokens) {
+    nlohmann::json top = nlohmann::json::array();
+    for (const TokenLogprob& a : t.top_logprobs) top.push_back({{"token_id", a.id}, {"logprob", a.logprob}});
+    out.push_back({{"token_id", t.id}, {"logprob", t.logprob}, {"top_logprobs", top}});
+  }
+  return out;
+}
+
+// Returns the exit code; errors are one line on stderr.
+int run_generate(const GenerateOptions& o) {
+  auto bad = [](const Error& e) {
+    fmt::print(stderr, "mxq generate: {}\n", e.message);
+    return kExitBadInput;
+  };
+  if (o.device == "cuda") return bad({"--device cuda: the CUDA engine is not built yet (use --device cpu)"});
+  if (o.device != "cpu" && o.device != "auto")
+    return bad({fmt::format("--device {}: expected cpu, cuda or auto", o.device)});
+  const std::string dir = o.model.empty() ? default_model_dir() : o.model;
+  LoadOptions load;
+  load.threads = o.threads;
+  // note: the embedded default model runs as MXFP8 unless told otherwise; a given --model runs as stored.
+  const std::string q = o.quantization.empty()
+                            ? (o.model.empty() ? std::string(traits(kDefaultModelQuantization).name) : "none")
+                            : o.quantization;
+  if (q != "none") {
+    auto f = parse_format(q);
+    if (!f) return bad({fmt::format("--quantization {}: expected none, mxfp8, mxfp4 or fp8-b128", q)});
+    load.quantization = *f;
+  }
+
+  const std::string text = o.prompt.empty() ? o.prompt_positional : o.prompt;
+  if (!o.prompt.empty() && !o.prompt_positional.empty())
+    return bad({"give the prompt once: PROMPT or --prompt"});
+  if (text.empty() == o.prompt_ids.empty())
+    return bad({"give exactly one of PROMPT / --prompt and --prompt-ids"});
+  if (o.chat && !o.prompt_ids.empty()) return bad({"--chat needs a text prompt, not --prompt-ids"});
+
+  std::optional<Tokenizer> tok;
+  const std::string tok_path = dir + "/tokenizer.json";
+  if (std::filesystem::exists(tok_path)) {
+    auto t = Tokenizer::load(tok_path);
+    if (!t) return bad(t.error());
+    tok = std::move(*t);
+  }
+  std::vector<int32_t> prompt;
+  if (!o.prompt_ids.empty()) {
+    auto ids = parse_ids(o.prompt_ids);
+    if (!ids) return bad(ids.error());
+    prompt = std::move(*ids);
+  } else {
+    if (!tok)
+      return bad(
+          {fmt::format("{}: no tokenizer.json, so a text prompt cannot be encoded (use --prompt-ids)", dir)});
+    std::string rendered = text;
+    if (o.chat) {
+      fmt::print(stderr, "{}\n", kChatTemplateNotice);
+      const ChatMessage msg{"user", text, std::nullopt};
+      auto r = render_qwen3_chat(std::span(&msg, 1), ChatOptions{true, std::nullopt});
+      if (!r) return bad(r.error());
+      rendered = std::move(*r);
+    }
+    // note: 1 MiB of prompt text bounds the tokenizer's work before the context check (H-11).
+    auto ids = tok->encode_checked(rendered, o.chat, size_t{1} << 20);
+    if (!ids) return bad(ids.error());
+    prompt = std::move(*ids);
+  }
+
+  auto model = load_model(dir, load);
+  if (!model) return bad(model.error());
+  auto backend = make_cpu_backend(o.threads);
+  auto qwen = Qwen3Model::create(model->config, model->store, *backend);
+  if (!qwen) return bad(qwen.error());
+  if (tok && tok->vocab_size() > model->config.vocab_size)
+    return bad({fmt::format("{}: tokenizer has {} ids, the model's vocab_size is {}", dir, tok->vocab_size(),
+                            model->config.vocab_size)});
+
+  GenerateParams p;
+  p.max_new_tokens = o.max_new_tokens;
+  p.sampling = SamplingParams{o.temperature, o.top_k, o.top_p, o.min_p, o.top_logprobs};
+  p.seed = o.seed;
+  p.stop = o.stop;
+  p.ignore_eos = o.ignore_eos;
+  Generator gen(*qwen, tok ? &*tok : nullptr);
+  const bool stream = !o.json;
+  auto g = gen.generate(prompt, p, [&](std::string_view piece) {
+    if (stream) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  });
+  if (!g) return bad(g.error());
+  if (o.json) {
+    nlohmann::json j{{"token_ids", g->token_ids},
+                     {"text", g->text},
+                     {"logprobs", logprobs_json(*g)},
+                     {"finish_reason", finish_reason_name(g->finish)},
+                     {"prompt_tokens", prompt.size()},
+                     {"model", dir},
+                     {"format", traits(model->linear_format).name}};
+    // note: replace keeps a token that decodes to invalid UTF-8 from throwing; decode already repairs it.
+    fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  } else {
+    if (!tok) fmt::print("{}", fmt::join(g->token_ids, " "));
+    fmt::print("\n");
+    const double tg =
+        g->decode_seconds > 0 ? static_cast<double>(g->token_ids.size() - 1) / g->decode_seconds : 0;
+    fmt::print(stderr, "[{} prompt + {} generated tokens, {} ({}), prefill {:.1f} ms, {:.1f} tok/s, {}]\n",
+               prompt.size(), g->token_ids.size(), dir, traits(model->linear_format).name,
+               g->prefill_seconds * 1e3, tg, finish_reason_name(g->finish));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<GenerateOptions>();
+  auto* cmd = app.add_subcommand("generate", "Generate text from a prompt (CPU engine)");
+  cmd->add_option("PROMPT", o->prompt_positional, "Prompt text");
+  cmd->add_option("--prompt", o->prompt, "Prompt text");
+  cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids");
+  cmd->add_option("--model", o->model, "Checkpoint directory (default: models/default as MXFP8)");
+  cmd->add_option("--quantization", o->quantization, "Quantize at load: none, mxfp8, mxfp4, fp8-b128");
+  cmd->add_option("--device", o->device, "cpu, cuda or auto (auto = cpu)");
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate at most")->capture_default_str();
+  cmd->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", o->top_k, "0 = off");
+  cmd->add_option("--top-p", o->top_p, "1 = off");
+  cmd->add_option("--min-p", o->min_p, "0 = off");
+  cmd->add_option("--seed", o->seed, "Sampling seed");
+  cmd->add_option("--stop", o->stop, "Stop string (repeatable)");
+  cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at EOS");
+  cmd->add_option("--top-logprobs", o->top_logprobs, "Alternatives reported per token (with --json)");
+  cmd->add_flag("--chat", o->chat, "Wrap the prompt in the Qwen3 chat template");
+  cmd->add_flag("--json", o->json, "Print one JSON object: token_ids, text, logprobs");
+  cmd->add_option("--threads", o->threads, "CPU threads (0 = all)");
+  cmd->callback([o, &exit_code] { exit_code = run_generate(*o); });
+}
+
+}  // namespace mxq::cli

@@ -1,0 +1,19 @@
+// The CPU implementation of the model ops (src/cpu/*): the oracle every other backend is checked against.
+#pragma once
+
+#include <memory>
+
+#include "cpu/parallel.h"
+#include "cpu/weight_view.h"
+#include "model/backend.h"
+
+namespace mxq {
+
+// `threads` = total parallelism (0 = one per hardware thread, the shared default pool).
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+
+// How the CPU ops see a live weight: one matrix of it (`expert` >= 0 picks one of a stacked [E, N, K]), or a
+// 1-D vector viewed as one row.
+WeightView weight_view(const QTensor& w, int64_t expert = -1);
+
+}  // namespace mxq

@@ -1,0 +1,67 @@
+// Qwen3ForCausalLM and Qwen3MoeForCausalLM: one forward for dense and MoE layers, written against the
+// Backend seam (model/backend.h) and reading its weights from a WeightStore by HF tensor name.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/error.h"
+#include "io/config.h"
+#include "model/backend.h"
+#include "model/weight_store.h"
+
+namespace mxq {
+
+// One sequence's KV cache as the forward sees it (the engine owns the memory).
+// note: per layer, K and V are [capacity, kv_heads, head_dim] f32 in backend memory, position-major, so the
+// attention op reads the first `length` entries as one contiguous cache.
+struct SequenceKv {
+  std::vector<float*> k, v;
+  int64_t capacity = 0;
+  int64_t length = 0;  // positions already written
+};
+
+class Qwen3Model {
+ public:
+  // Resolves every tensor the config needs in `store` (which must outlive the model, as must `backend`).
+  // Refuses by name: an unsupported architecture or rope_type, inconsistent head counts, a missing tensor.
+  static Result<Qwen3Model> create(const ModelConfig& config, const WeightStore& store, Backend& backend);
+
+  // Runs `ids` (the next tokens of the sequence, at positions kv.length ..) through the model, appends their
+  // K/V to `kv` and writes the logits of the last position to logits_host [vocab_size]. Refuses an empty
+  // batch, an id outside the vocabulary, or a cache without room for the tokens (naming the limit).
+  Status forward(std::span<const int32_t> ids, SequenceKv& kv, float* logits_host);
+
+  const ModelConfig& config() const { return config_; }
+  Backend& backend() const { return *backend_; }
+
+ private:
+  // The weights of one Qwen3DecoderLayer / Qwen3MoeDecoderLayer, by their HF module names.
+  struct DecoderLayer {
+    const QTensor *input_layernorm, *post_attention_layernorm;
+    const QTensor *q_proj, *k_proj, *v_proj, *o_proj, *q_norm, *k_norm;
+    const QTensor *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr, *o_bias = nullptr;
+    bool sparse = false;
+    // Qwen3MLP
+    const QTensor *gate_proj = nullptr, *up_proj = nullptr, *down_proj = nullptr;
+    // Qwen3MoeSparseMoeBlock: mlp.gate, then experts either stacked or one module per expert
+    const QTensor* router = nullptr;
+    const QTensor *gate_up_proj = nullptr, *experts_down_proj = nullptr;
+    std::vector<const QTensor*> expert_gate, expert_up, expert_down;
+  };
+  struct Scratch;
+
+  Qwen3Model(const ModelConfig& config, Backend& backend) : config_(config), backend_(&backend) {}
+  Status ensure_scratch(int64_t tokens);
+  Status mlp(const DecoderLayer& layer, int64_t tokens, const float* x, float* out);
+  Status sparse_moe_block(const DecoderLayer& layer, int64_t tokens, const float* x, float* out);
+
+  ModelConfig config_;
+  Backend* backend_;
+  const QTensor *embed_tokens_ = nullptr, *norm_ = nullptr, *lm_head_ = nullptr;
+  std::vector<DecoderLayer> layers_;
+  std::shared_ptr<Scratch> scratch_;
+};
+
+}  // namespace mxq

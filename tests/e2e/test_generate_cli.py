@@ -1,0 +1,63 @@
+"""mxq generate end to end: the real binary against transformers' greedy ids (tests/golden/model/cases.json),
+the embedded default model, and refusals (exit 2, one line on stderr)."""
+import json
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MXQ = ROOT / "build" / "mxq"
+GOLDEN = ROOT / "tests" / "golden"
+
+
+def generate(*args):
+    return subprocess.run([str(MXQ), "generate", *map(str, args)], capture_output=True, text=True, timeout=600)
+
+
+def golden_case(name):
+    cases = json.loads((GOLDEN / "model" / "cases.json").read_text())["cases"]
+    return next(c for c in cases if c["name"] == name)
+
+
+@pytest.mark.parametrize("case", ["qwen3-dense-f32", "qwen3-moe-bf16", "ct-mxfp4", "fp8-b128"])
+def test_json_greedy_ids_match_transformers(case):
+    c = golden_case(case)
+    run = c["runs"][0]
+    p = generate("--model", GOLDEN / c["checkpoint"], "--prompt-ids", ",".join(map(str, run["prompt"])),
+                 "--max-new-tokens", len(run["greedy"]), "--ignore-eos", "--top-logprobs", 2, "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert set(out) >= {"token_ids", "text", "logprobs"}
+    # free-running greedy: compare up to the oracle's first near-tie
+    n = next((i for i, m in enumerate(run["margins"]) if m < 1e-3), len(run["margins"]))
+    assert out["token_ids"][:n] == run["greedy"][:n]
+    assert len(out["logprobs"]) == len(out["token_ids"])
+    for lp in out["logprobs"]:
+        assert len(lp["top_logprobs"]) == 2 and lp["logprob"] <= 0
+        assert lp["top_logprobs"][0]["token_id"] == lp["token_id"]  # greedy picks the best raw logprob
+
+
+def test_default_model_runs_as_mxfp8_and_streams_the_same_text():
+    p = generate("Once upon a time", "--max-new-tokens", 12, "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["format"] == "mxfp8" and 1 <= len(out["token_ids"]) <= 12
+    s = generate("Once upon a time", "--max-new-tokens", 12)
+    assert s.returncode == 0, s.stderr
+    assert s.stdout.rstrip("\n") == out["text"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--device", "cuda", "hi"], "--device cuda"),
+    (["--prompt-ids", "1,4096"], "outside the vocabulary"),          # covers H-07
+    (["--prompt-ids", "1,x"], "'x' is not a token id"),
+    (["--temperature", "nan", "hi"], "temperature"),                  # covers H-06
+    (["--max-new-tokens", "100000", "hi"], "exceed the context"),     # covers H-04
+    (["--quantization", "nvfp4", "hi"], "--quantization nvfp4"),
+    (["--model", "/nonexistent", "--prompt-ids", "1"], "/nonexistent"),
+])
+def test_bad_input_exits_2_with_one_line(args, needle):
+    p = generate(*args)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert needle in p.stderr and p.stderr.count("\n") == 1, p.stderr

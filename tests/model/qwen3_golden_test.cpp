@@ -1,0 +1,123 @@
+// The CPU forward against transformers (tests/golden/make_model_golden.py): every scheme, dense and MoE,
+// per-expert and stacked experts, tied and untied lm_head, attention bias, mlp_only_layers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cpu/softmax.h"
+#include "engine/kv_cache.h"
+#include "model/cpu_backend.h"
+#include "model/load_model.h"
+#include "model/qwen3.h"
+
+namespace mxq {
+namespace {
+
+const std::string kGolden = MXQ_SOURCE_DIR "/tests/golden/";
+
+const nlohmann::json& golden() {
+  static const nlohmann::json j = [] {
+    std::ifstream in(kGolden + "model/cases.json");
+    return nlohmann::json::parse(in);
+  }();
+  return j;
+}
+
+struct GoldenCase {
+  std::string name, checkpoint, quantization;
+  size_t index;
+};
+void PrintTo(const GoldenCase& c, std::ostream* os) {
+  *os << c.name << " (" << c.checkpoint << (c.quantization.empty() ? "" : " --quantization " + c.quantization)
+      << ")";
+}
+
+std::vector<GoldenCase> golden_cases() {
+  std::vector<GoldenCase> out;
+  const auto& cases = golden()["cases"];
+  for (size_t i = 0; i < cases.size(); ++i)
+    out.push_back({cases[i]["name"], cases[i]["checkpoint"], cases[i]["quantization"], i});
+  return out;
+}
+
+// note: both sides compute in f32 on identical (dequantized) weights, so the difference is f32 summation
+// order only: ~1e-6 of the logit scale. The tolerance is per linear format: MXFP4's 4-bit weights make
+// larger per-element products, but the same order of error; 2e-5 leaves a 10x margin over what was measured.
+double logit_tolerance(Format f) {
+  switch (f) {
+    case Format::kF32:
+      return 1e-5;
+    default:
+      return 2e-5;
+  }
+}
+
+double max_abs_diff(const std::vector<float>& got, const nlohmann::json& want, double* scale) {
+  double d = 0, s = 1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    d = std::max(d, std::abs(static_cast<double>(got[i]) - want[i].get<double>()));
+    s = std::max(s, std::abs(want[i].get<double>()));
+  }
+  *scale = s;
+  return d;
+}
+
+class Qwen3Golden : public ::testing::TestWithParam<GoldenCase> {};
+
+TEST_P(Qwen3Golden, GreedyIdsAndLogitsMatchTransformers) {
+  const GoldenCase& c = GetParam();
+  const nlohmann::json& gc = golden()["cases"][c.index];
+  LoadOptions opt;
+  if (!c.quantization.empty()) {
+    auto f = parse_format(c.quantization);
+    ASSERT_TRUE(f) << f.error().message;
+    opt.quantization = *f;
+  }
+  auto model = load_model(kGolden + c.checkpoint, opt);
+  ASSERT_TRUE(model) << model.error().message;
+  auto backend = make_cpu_backend(2);
+  auto qwen = Qwen3Model::create(model->config, model->store, *backend);
+  ASSERT_TRUE(qwen) << qwen.error().message;
+  const double tol = logit_tolerance(model->linear_format);
+  const int64_t vocab = model->config.vocab_size;
+
+  for (const auto& run : gc["runs"]) {
+    const std::vector<int32_t> prompt = run["prompt"];
+    const std::vector<int32_t> greedy = run["greedy"];
+    const std::vector<double> margins = run["margins"];
+    auto kv = KvCache::create(*backend, model->config, static_cast<int64_t>(prompt.size() + greedy.size()));
+    ASSERT_TRUE(kv) << kv.error().message;
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    ASSERT_TRUE(qwen->forward(prompt, kv->sequence(), logits.data()));
+    double scale = 1;
+    EXPECT_LE(max_abs_diff(logits, run["prompt_logits"], &scale), tol * scale)
+        << "prompt logits, prompt of " << prompt.size() << " tokens";
+    // Teacher-forced greedy: each step feeds the oracle's token, so one near-tie cannot derail the rest;
+    // a step's argmax is compared whenever its top-2 margin is above the numeric noise.
+    int compared = 0;
+    for (size_t i = 0; i < greedy.size(); ++i) {
+      if (margins[i] > 10 * tol * scale) {
+        EXPECT_EQ(argmax(logits.data(), vocab), greedy[i]) << "greedy step " << i;
+        ++compared;
+      }
+      const int32_t next[1] = {greedy[i]};
+      ASSERT_TRUE(qwen->forward(next, kv->sequence(), logits.data()));
+    }
+    EXPECT_GE(compared, static_cast<int>(greedy.size()) - 2) << "too many near-ties to be a test";
+    EXPECT_LE(max_abs_diff(logits, run["final_logits"], &scale), tol * scale)
+        << "logits after " << greedy.size() << " cached steps";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Qwen3Golden, ::testing::ValuesIn(golden_cases()),
+                         [](const ::testing::TestParamInfo<GoldenCase>& i) {
+                           std::string n = i.param.name;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace mxq
