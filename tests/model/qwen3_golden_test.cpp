@@ -43,17 +43,10 @@ std::vector<GoldenCase> golden_cases() {
   return out;
 }
 
-// note: both sides compute in f32 on identical (dequantized) weights, so the difference is f32 summation
-// order only: ~1e-6 of the logit scale. The tolerance is per linear format: MXFP4's 4-bit weights make
-// larger per-element products, but the same order of error; 2e-5 leaves a 10x margin over what was measured.
-double logit_tolerance(Format f) {
-  switch (f) {
-    case Format::kF32:
-      return 1e-5;
-    default:
-      return 2e-5;
-  }
-}
+// note: both sides compute in f32 on identical weights (the oracle dequantizes the same bytes), so the
+// weight format does not enter the error: what is left is f32 summation order, measured at <= 1e-6 of the
+// logit scale for every case (worst_relative_logit_error in the XML output). 1e-5 is a 10x margin.
+constexpr double kLogitTolerance = 1e-5;
 
 double max_abs_diff(const std::vector<float>& got, const nlohmann::json& want, double* scale) {
   double d = 0, s = 1;
@@ -81,9 +74,10 @@ TEST_P(Qwen3Golden, GreedyIdsAndLogitsMatchTransformers) {
   auto backend = make_cpu_backend(2);
   auto qwen = Qwen3Model::create(model->config, model->store, *backend);
   ASSERT_TRUE(qwen) << qwen.error().message;
-  const double tol = logit_tolerance(model->linear_format);
+  const double tol = kLogitTolerance;
   const int64_t vocab = model->config.vocab_size;
 
+  double worst = 0;  // max |logit error| / logit scale over all runs, reported in the XML output
   for (const auto& run : gc["runs"]) {
     const std::vector<int32_t> prompt = run["prompt"];
     const std::vector<int32_t> greedy = run["greedy"];
@@ -93,7 +87,9 @@ TEST_P(Qwen3Golden, GreedyIdsAndLogitsMatchTransformers) {
     std::vector<float> logits(static_cast<size_t>(vocab));
     ASSERT_TRUE(qwen->forward(prompt, kv->sequence(), logits.data()));
     double scale = 1;
-    EXPECT_LE(max_abs_diff(logits, run["prompt_logits"], &scale), tol * scale)
+    const double prompt_err = max_abs_diff(logits, run["prompt_logits"], &scale);
+    worst = std::max(worst, prompt_err / scale);
+    EXPECT_LE(prompt_err, tol * scale)
         << "prompt logits, prompt of " << prompt.size() << " tokens";
     // Teacher-forced greedy: each step feeds the oracle's token, so one near-tie cannot derail the rest;
     // a step's argmax is compared whenever its top-2 margin is above the numeric noise.
@@ -107,9 +103,11 @@ TEST_P(Qwen3Golden, GreedyIdsAndLogitsMatchTransformers) {
       ASSERT_TRUE(qwen->forward(next, kv->sequence(), logits.data()));
     }
     EXPECT_GE(compared, static_cast<int>(greedy.size()) - 2) << "too many near-ties to be a test";
-    EXPECT_LE(max_abs_diff(logits, run["final_logits"], &scale), tol * scale)
-        << "logits after " << greedy.size() << " cached steps";
+    const double final_err = max_abs_diff(logits, run["final_logits"], &scale);
+    worst = std::max(worst, final_err / scale);
+    EXPECT_LE(final_err, tol * scale) << "logits after " << greedy.size() << " cached steps";
   }
+  RecordProperty("worst_relative_logit_error", fmt::format("{:.3g}", worst));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Qwen3Golden, ::testing::ValuesIn(golden_cases()),
