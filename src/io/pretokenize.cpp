@@ -1,9 +1,8 @@
 #include "io/pretokenize.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <fmt/format.h>
+#include <pcre2.h>
 
 #include <nlohmann/json.hpp>
 #include <span>
@@ -30,7 +29,8 @@ std::string class_items(char kind) {
     return out;
   }
   out = kind == 'L' ? "\\p{L}" : "\\p{N}";
-  for (const CodeRange& r : kind == 'L' ? std::span<const CodeRange>(kExtraLetters) : std::span<const CodeRange>(kExtraNumbers)) {
+  for (const CodeRange& r :
+       kind == 'L' ? std::span<const CodeRange>(kExtraLetters) : std::span<const CodeRange>(kExtraNumbers)) {
     out += hex_escape(r.lo) + "-" + hex_escape(r.hi);
   }
   return out;
@@ -106,7 +106,8 @@ Result<Regex> Regex::compile(std::string_view pattern, bool literal) {
   if (code == nullptr) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof(msg));
-    return fail("regex '{}' does not compile at offset {}: {}", pattern, err_off, reinterpret_cast<char*>(msg));
+    return fail("regex '{}' does not compile at offset {}: {}", pattern, err_off,
+                reinterpret_cast<char*>(msg));
   }
   // note: JIT failure (e.g. no executable memory) is not an input error; the interpreter gives equal results.
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
@@ -115,6 +116,7 @@ Result<Regex> Regex::compile(std::string_view pattern, bool literal) {
   return re;
 }
 
+// note: match data is per call (not per Regex) so one Tokenizer can encode from many threads at once.
 void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const {
   pcre2_code* code = as_code(code_);
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
@@ -152,17 +154,21 @@ Result<PreTokenizer> PreTokenizer::from_json(const nlohmann::json& j, std::strin
   for (size_t i = 0; i < steps.size(); ++i) {
     const auto& s = steps[i];
     const std::string st = s.is_object() ? s.value("type", "") : "";
-    if (have_byte_level) return fail("{}: pre_tokenizer step {} ({}) after ByteLevel is not supported", where, i, st);
+    if (have_byte_level)
+      return fail("{}: pre_tokenizer step {} ({}) after ByteLevel is not supported", where, i, st);
     if (st == "Split") {
       const std::string behavior = s.value("behavior", "");
       if (behavior != "Isolated") {
-        return fail("{}: pre_tokenizer Split behavior '{}' is not supported (expected Isolated)", where, behavior);
+        return fail("{}: pre_tokenizer Split behavior '{}' is not supported (expected Isolated)", where,
+                    behavior);
       }
-      if (s.value("invert", false)) return fail("{}: pre_tokenizer Split with invert=true is not supported", where);
+      if (s.value("invert", false))
+        return fail("{}: pre_tokenizer Split with invert=true is not supported", where);
       const auto& pat = s.contains("pattern") ? s["pattern"] : nlohmann::json();
       const bool literal = pat.is_object() && pat.contains("String") && pat["String"].is_string();
       const bool regex = pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string();
-      if (!literal && !regex) return fail("{}: pre_tokenizer Split needs a pattern {{Regex|String: text}}", where);
+      if (!literal && !regex)
+        return fail("{}: pre_tokenizer Split needs a pattern {{Regex|String: text}}", where);
       auto re = Regex::compile(pat[literal ? "String" : "Regex"].get<std::string>(), literal);
       if (!re) return fail_in(where, re.error());
       pt.splits_.push_back(std::move(*re));

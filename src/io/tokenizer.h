@@ -44,6 +44,7 @@ class Tokenizer {
   const std::string* token_bytes(int32_t id) const;
 
  private:
+  Tokenizer() = default;  // only load/from_json_text make one, so impl_ is never null
   struct Impl;
   std::shared_ptr<const Impl> impl_;  // immutable after load; copies share it (the BPE cache is locked)
 };

@@ -15,7 +15,7 @@ constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
 // note: second-byte ranges per lead byte are Unicode Table 3-7 (well-formed UTF-8); they exclude overlongs
 // (E0 80..9F, F0 80..8F), surrogates (ED A0..BF) and code points above U+10FFFF (F4 90..BF).
 struct LeadRule {
-  uint8_t count;  // continuation bytes that follow
+  uint8_t count;   // continuation bytes that follow
   uint8_t lo, hi;  // range of the first continuation byte
 };
 
@@ -33,7 +33,8 @@ LeadRule rule_for(uint8_t b) {
 // note: HF tokenizers normalizes with the unicode-normalization-alignments crate, whose tables are Unicode
 // 9.0: characters assigned later have no decomposition and combining class 0 there. ICU's filtered normalizer
 // over [:Age=9.0:] reproduces that (characters outside the set are left alone and end a reordering run);
-// checked equal to tokenizers' NFC on 1.1 M strings around every code point, where plain ICU NFC differs on 51.
+// checked equal to tokenizers' NFC on 1.1 M strings around every code point, where plain ICU NFC differs
+// on 51.
 const UNormalizer2* unicode9_nfc(UErrorCode* err) {
   static UErrorCode init_err = U_ZERO_ERROR;
   static const UNormalizer2* norm = [] {
@@ -83,6 +84,7 @@ size_t first_error(std::string_view s) {
 
 bool is_valid(std::string_view s) { return first_error(s) == s.size(); }
 
+// note: a valid prefix is copied in one append; most decoded text has no error at all.
 std::string lossy(std::string_view s) {
   size_t bad = first_error(s);
   if (bad == s.size()) return std::string(s);
@@ -113,19 +115,21 @@ Result<std::string> nfc(std::string_view s) {
   bool ascii = true;
   for (char c : s) ascii &= static_cast<uint8_t>(c) < 0x80;
   if (ascii) return std::string(s);  // note: ASCII is always NFC; skips two UTF-16 conversions
-  if (s.size() > static_cast<size_t>(INT32_MAX / 4)) return fail("NFC: text of {} bytes is too long", s.size());
+  if (s.size() > static_cast<size_t>(INT32_MAX / 4))
+    return fail("NFC: text of {} bytes is too long", s.size());
   UErrorCode err = U_ZERO_ERROR;
   const UNormalizer2* norm = unicode9_nfc(&err);
   if (U_FAILURE(err) || norm == nullptr) return fail("NFC: ICU has no NFC instance ({})", u_errorName(err));
   // note: UTF-16 never has more code units than the UTF-8 input has bytes.
   std::vector<UChar> src(s.size() + 1);
   int32_t src_len = 0;
-  u_strFromUTF8(src.data(), static_cast<int32_t>(src.size()), &src_len, s.data(), static_cast<int32_t>(s.size()),
-                &err);
+  u_strFromUTF8(src.data(), static_cast<int32_t>(src.size()), &src_len, s.data(),
+                static_cast<int32_t>(s.size()), &err);
   if (U_FAILURE(err)) return fail("NFC: input is not UTF-8 ({})", u_errorName(err));
   // note: NFC can grow text (a few compatibility-excluded characters decompose); ICU reports the size needed.
   std::vector<UChar> dst(static_cast<size_t>(src_len) * 2 + 16);
-  int32_t dst_len = unorm2_normalize(norm, src.data(), src_len, dst.data(), static_cast<int32_t>(dst.size()), &err);
+  int32_t dst_len =
+      unorm2_normalize(norm, src.data(), src_len, dst.data(), static_cast<int32_t>(dst.size()), &err);
   if (err == U_BUFFER_OVERFLOW_ERROR) {
     err = U_ZERO_ERROR;
     dst.resize(static_cast<size_t>(dst_len));
