@@ -99,7 +99,8 @@ void split_isolated(const Regex& re, std::string_view text, std::vector<std::pai
 Result<Regex> Regex::compile(std::string_view pattern, bool literal) {
   int err = 0;
   PCRE2_SIZE err_off = 0;
-  const uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0u);
+  // note: PCRE2 refuses UCP together with LITERAL; a literal needs no character classes anyway.
+  const uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   const std::string source = literal ? std::string(pattern) : to_onig_classes(pattern);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(), opts, &err,
                                    &err_off, nullptr);

@@ -7,6 +7,7 @@ Jinja template (taken from models/default/tokenizer_config.json). Writes into te
                              add_prefix_space=true, no normalizer, merges as "a b" strings, ignore_merges,
                              normalized and non-special added tokens), trained here with `tokenizers`
   texts.json                 the text cases: hand-written edge cases and slices of real text
+  split_literal.tokenizer.json  the same model behind NFC + Split(String) + ByteLevel(use_regex, no prefix space)
   <name>.encode.json         per text case: ids with special tokens parsed and not, and HF's decode of them
   <name>.decode.json         id sequences cut at invalid UTF-8 boundaries and their HF decode
   chat_qwen3.json            conversations, options and the rendered prompt
@@ -50,7 +51,7 @@ TEXT_CASES = {
     "control_chars": "\x00\x01\x02\x7f tab\tbell\x07 esc\x1b[0m",
     "punctuation": "!!!???...---___*** a.b,c;d:e (foo)[bar]{baz} @#$%^&* ''' \"\"\" `` ~~ ||",
     "url_email": "https://example.com/path?q=1&r=2#frag user@example.org C:\\Users\\x",
-    "long_space_run": " " * 300 + "x" + "\t" * 40 + "\n" * 30,
+    "long_space_run": " " * 300 + "x--y---z" + "\t" * 40 + "\n" * 30,
     "long_word": "a" * 1000 + " " + "ab" * 300 + " " + "xyz" * 200,
     "mixed_case": "HelloWorld HTTPServer getHTTPResponseCode snake_case_name CONSTANT_VALUE",
 }
@@ -103,6 +104,18 @@ def gpt2_style_tokenizer():
     j = json.loads(tok.to_str())
     j["model"]["merges"] = [" ".join(m) for m in j["model"]["merges"]]  # the legacy "a b" form
     j["model"]["ignore_merges"] = True
+    text = json.dumps(j, ensure_ascii=False, separators=(",", ":"))
+    return Tokenizer.from_str(text), text
+
+
+def split_literal_tokenizer(gpt2_text):
+    # The GPT-2-style model behind another pipeline: NFC, a literal (String) Split, and ByteLevel with the GPT-2
+    # regex but no prefix space (real GPT-2's setting).
+    j = json.loads(gpt2_text)
+    j["normalizer"] = {"type": "NFC"}
+    j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"String": "--"}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}
     text = json.dumps(j, ensure_ascii=False, separators=(",", ":"))
     return Tokenizer.from_str(text), text
 
@@ -264,11 +277,16 @@ def main():
     qwen = Tokenizer.from_file(str(ROOT / "models/default/tokenizer.json"))
     gpt2, gpt2_text = gpt2_style_tokenizer()
     (OUT / "gpt2_style.tokenizer.json").write_text(gpt2_text + "\n", encoding="utf-8")
+    split, split_text = split_literal_tokenizer(gpt2_text)
+    (OUT / "split_literal.tokenizer.json").write_text(split_text + "\n", encoding="utf-8")
     texts = {**TEXT_CASES, **bulk_cases(), **fuzz_cases()}
     dump(OUT / "texts.json", texts)
     for name, tok in (("qwen_default", qwen), ("gpt2_style", gpt2)):
         dump(OUT / f"{name}.encode.json", encode_cases(tok, texts))
         dump(OUT / f"{name}.decode.json", decode_cases(tok))
+    # note: no bulk text for the third pipeline, to keep the golden data small.
+    dump(OUT / "split_literal.encode.json",
+         encode_cases(split, {k: v for k, v in texts.items() if not k.startswith("bulk_")}))
     dump(OUT / "chat_qwen3.json", chat_cases())
     write_unicode_delta(ROOT / "src/io/regex_unicode.inc")
 

@@ -53,7 +53,7 @@ std::string case_name(const testing::TestParamInfo<GoldenCase>& info) {
 
 std::vector<GoldenCase> golden_cases(const char* suffix) {
   std::vector<GoldenCase> out;
-  for (const char* tok : {"qwen_default", "gpt2_style"}) {
+  for (const char* tok : {"qwen_default", "gpt2_style", "split_literal"}) {
     const auto j = read_json(kGolden + tok + suffix);
     if (!j.is_object()) continue;  // the Golden*.FilesPresent test reports it
     for (const auto& [name, _] : j.items()) out.push_back({tok, name});
@@ -77,7 +77,8 @@ std::string stream_decode(const Tokenizer& tok, const std::vector<int32_t>& ids,
 
 TEST(GoldenTokenizer, FilesPresent) {
   for (const char* f : {"texts.json", "qwen_default.encode.json", "qwen_default.decode.json",
-                        "gpt2_style.encode.json", "gpt2_style.decode.json", "gpt2_style.tokenizer.json"}) {
+                        "gpt2_style.encode.json", "gpt2_style.decode.json", "gpt2_style.tokenizer.json",
+                        "split_literal.encode.json", "split_literal.tokenizer.json"}) {
     EXPECT_TRUE(read_json(kGolden + f).is_object()) << f;
   }
 }
