@@ -51,7 +51,7 @@ class Tokenizer {
 
 // Turns a stream of generated ids into text for a terminal: each push returns only whole UTF-8 characters and
 // keeps a trailing partial character until its remaining bytes arrive. The concatenation of all push() and
-// finish() results equals Tokenizer::decode of the whole sequence.
+// finish() results equals Tokenizer::decode of the whole sequence. The tokenizer must outlive the decoder.
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tok, bool skip_special = false) : tok_(&tok), skip_(skip_special) {}

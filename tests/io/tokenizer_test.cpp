@@ -181,6 +181,9 @@ TEST(Tokenizer, EncodeCheckedRefusesBadText) {
 // note: a floor far below the measured rate (see the report); it catches an accidental quadratic path,
 // not a regression of a few percent on a shared machine.
 TEST(Tokenizer, EncodeThroughput) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "timing is meaningless under sanitizers";
+#endif
   const auto texts = read_json(kGolden + "texts.json");
   std::string corpus;
   for (int rep = 0; corpus.size() < (4u << 20); ++rep) {
