@@ -26,7 +26,8 @@ struct Mxfp4Decode {
     for (int p = 0; p < 4; ++p) {
       // note: selector nibble 8 sign-replicates byte 0 of `even`, whose bit 7 is clear: a zero byte.
       const uint32_t q = prmt(even, odd, 0x8080u | p | ((4u + p) << 8));
-      const uint32_t raw = ((q << 6) | (q << 12)) & 0x81C081C0u;
+      // note: q * 4160 = (q << 6) + (q << 12); a 4-bit code per half keeps the two terms from overlapping.
+      const uint32_t raw = (q * 4160u) & 0x81C081C0u;
       pairs[p] = gemv::bf16x2_mul(raw, 0x7E807E80u);  // note: bf16 0x7E80 = 2^126
     }
   }

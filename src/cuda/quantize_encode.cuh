@@ -31,20 +31,17 @@ __device__ __forceinline__ uint32_t f32_to_e4m3(float v) {
 #endif
 }
 
-// f32 → E2M1 code: RNE to the nearest code, ties to the even code, saturating at ±6; a negative value that
-// rounds to zero is code 8, an exact ±0 is code 0.
+// f32 → E2M1 code: RNE to the nearest code, ties to the even code (= even mantissa bit), saturating at ±6;
+// a negative value that rounds to zero is code 8, an exact ±0 is code 0.
 __device__ __forceinline__ uint32_t f32_to_e2m1(float v) {
   const float a = fabsf(v);
-  uint32_t code;
-  // note: midpoints 0.25, 1.25, 2.5, 5 tie to the even codes below them; 0.75, 1.75, 3.5 to those above.
-  if (a <= 0.25f) code = 0;
-  else if (a < 0.75f) code = 1;
-  else if (a <= 1.25f) code = 2;
-  else if (a < 1.75f) code = 3;
-  else if (a <= 2.5f) code = 4;
-  else if (a < 3.5f) code = 5;
-  else if (a <= 5.0f) code = 6;
-  else code = 7;
+  // Below 1 the codes are 0, 0.5, 1 (codes 0..2): round 2a to an integer, RNE, by adding 2^23 in f32.
+  const uint32_t low = __float_as_uint(fmaf(a, 2.0f, 8388608.0f)) - 0x4B000000u;
+  // From 1 up: round the f32 mantissa to 1 bit (RNE); (exponent, bit) - (126, 0) is the code; saturate at 7.
+  uint32_t u = __float_as_uint(a);
+  u += 0x1FFFFFu + ((u >> 22) & 1u);
+  const uint32_t high = min((u >> 22) - (126u << 1), 7u);
+  const uint32_t code = a < 1.0f ? low : high;
   return (__float_as_uint(v) >> 31) && v != 0.0f ? code | 8u : code;
 }
 
