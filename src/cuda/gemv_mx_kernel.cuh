@@ -2,9 +2,9 @@
 // gemv_layout.h. Tiles: a block of 8 warps owns 16 weight rows; its warps split K by groups and add up in
 // shared memory. Per group a quad lane loads 16 B of row r and 16 B of row r+8, decodes them to bf16 pairs in
 // registers and feeds mma.sync m16n8k16 (A = weights, B = x^T, one n-tile of 8 activation rows per 8 of M).
-// K is split over `split` warps per 16-row tile (1, 2, 4 or 8; a block holds 8/split tiles), chosen so the
-// whole grid is resident at once: long K slices keep each warp's load pipeline in its steady state.
 // The MMAs of one 32-element scale block accumulate from zero; the E8M0 scale multiplies that partial in f32.
+// note: fewer warps per tile with longer K slices (1, 2, 4 warps per tile) measured slower on every Qwen3
+// shape (bench/RESULTS.md, run 3), as did a ping-pong register pipeline (run 4): 8 warps split one tile's K.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,7 +18,8 @@ namespace mxq::cuda::gemv {
 inline constexpr int kWarps = 8;
 inline constexpr int kThreads = kWarps * 32;
 inline constexpr int kRowsPerTile = 16;
-// note: 4 groups per step and one step prefetched: up to 8 x 2 x 16 B per lane in flight, 64 KiB per block.
+// note: 4 groups per step and one step prefetched: up to 8 x 2 x 16 B per lane in flight, 64 KiB per block;
+// 2 groups at 3 blocks per SM (run 5) and no prefetch at 3 blocks per SM (run 1) measured slower in sum.
 inline constexpr int kUnroll = 4;
 
 // Streaming 16-byte weight load: read once, so keep it out of L1 (x lives there).
@@ -70,12 +71,10 @@ template <class Fmt, int kNTiles, bool kHasTail>
 __global__ void __launch_bounds__(kThreads, 2) gemv_mx_kernel(const __nv_bfloat16* __restrict__ x, int m,
                                                            const uint8_t* __restrict__ wv,
                                                            const uint8_t* __restrict__ ws,
-                                                           __nv_bfloat16* __restrict__ y, int n, int k,
-                                                           int split) {
+                                                           __nv_bfloat16* __restrict__ y, int n, int k) {
   constexpr int kMmas = Fmt::kGroupK / 16, kBlocks = Fmt::kGroupK / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int slice = warp % split, tile = warp / split;
-  const int row0 = (blockIdx.x * (kWarps / split) + tile) * kRowsPerTile;
+  const int row0 = blockIdx.x * kRowsPerTile;
   // note: rows past n read row n-1 (valid memory) and are never stored.
   const int64_t ra = min(row0 + g, n - 1), rb = min(row0 + g + 8, n - 1);
   const int64_t row_bytes = static_cast<int64_t>(k) * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
@@ -115,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_mx_kernel(const __nv_bfloat1
 
   // Main loop, software-pipelined: the next kUnroll groups are in flight while the current ones compute.
   const int nfull = k / Fmt::kGroupK;
-  const int stride = split * kUnroll;
+  constexpr int kStride = kWarps * kUnroll;
   uint4 wa[kUnroll], wb[kUnroll], na[kUnroll], nb[kUnroll];
   uint32_t sca[kUnroll], scb[kUnroll], nsa[kUnroll], nsb[kUnroll];
   auto load = [&](int q0, uint4 (&la)[kUnroll], uint4 (&lb)[kUnroll], uint32_t (&ls)[kUnroll],
@@ -130,10 +129,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_mx_kernel(const __nv_bfloat1
       lt[u] = load_scales<kBlocks, !kHasTail>(sb + q * kBlocks);
     }
   };
-  int q0 = row0 < n ? slice * kUnroll : nfull;  // note: a tile wholly past n only joins the barrier
+  int q0 = warp * kUnroll;
   if (q0 < nfull) load(q0, wa, wb, sca, scb);
-  for (; q0 < nfull; q0 += stride) {
-    if (q0 + stride < nfull) load(q0 + stride, na, nb, nsa, nsb);
+  for (; q0 < nfull; q0 += kStride) {
+    if (q0 + kStride < nfull) load(q0 + kStride, na, nb, nsa, nsb);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (q0 + u >= nfull) break;
@@ -156,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_mx_kernel(const __nv_bfloat1
   if constexpr (kHasTail) {
     // note: the short last group (J = 2, 4 or 6 MMAs) is read per MMA; lane t's run starts at 4J·t.
     const int k0 = nfull * Fmt::kGroupK, tail_blocks = (k - k0) / 32, tail_mmas = 2 * tail_blocks;
-    if (slice == split - 1 && row0 < n) {
+    if (warp == kWarps - 1) {
       for (int b = 0; b < tail_blocks; ++b) {
         uint32_t pa[4], pb[4];
 #pragma unroll
@@ -174,21 +173,21 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_mx_kernel(const __nv_bfloat1
     }
   }
 
-  // Cross-warp sum: red[warp][value][lane], then the first warp of each tile adds its slices and stores.
+  // Cross-warp sum: red[warp][value][lane], then warp 0 adds and stores.
   __shared__ float red[kWarps][kNTiles * 4][32];
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) red[warp][nt * 4 + c][lane] = acc[nt][c];
   __syncthreads();
-  if (slice != 0 || row0 >= n) return;
+  if (warp != 0) return;
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       float s = 0.f;
 #pragma unroll
-      for (int w = warp; w < warp + split; ++w) s += red[w][nt * 4 + c][lane];
+      for (int w = 0; w < kWarps; ++w) s += red[w][nt * 4 + c][lane];
       // c0, c1: row g, activations 2t, 2t+1; c2, c3: row g+8.
       const int row = row0 + g + (c >= 2 ? 8 : 0), mi = nt * 8 + 2 * t + (c & 1);
       if (row < n && mi < m) y[static_cast<int64_t>(mi) * n + row] = __float2bfloat16_rn(s);
@@ -196,32 +195,15 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_mx_kernel(const __nv_bfloat1
 }
 
 // Template dispatch on (n-tiles, tail); arguments were checked by gemv_mx.cpp.
-// Warps per tile: the largest of 8, 4, 2, 1 that keeps the grid within one resident wave (2 blocks per SM);
-// 8 when even that leaves SMs idle.
-inline int choose_split(int n, int sm_count) {
-  const int tiles = (n + kRowsPerTile - 1) / kRowsPerTile, resident_warps = sm_count * 2 * kWarps;
-  int split = 8;
-  while (split > 1 && tiles * split > resident_warps) split /= 2;
-  return split;
-}
-
 template <class Fmt>
 cudaError_t launch_gemv(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y, int n,
                         int k, cudaStream_t stream) {
-  // note: the SM count of device 0 read once; a multi-GPU engine would key it by device.
-  static const int sm_count = [] {
-    int dev = 0, count = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev);
-    return count;
-  }();
-  const int split = choose_split(n, sm_count), tiles_per_block = kWarps / split;
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
   auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
-  const int rows_per_block = tiles_per_block * kRowsPerTile;
-  const dim3 grid(static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block));
+  const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
   const bool tail = k % Fmt::kGroupK != 0;
 #define MXQ_GEMV_LAUNCH(NT, TAIL) \
-  gemv_mx_kernel<Fmt, NT, TAIL><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, yb, n, k, split)
+  gemv_mx_kernel<Fmt, NT, TAIL><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, yb, n, k)
   if (m <= 8) {
     if (tail) MXQ_GEMV_LAUNCH(1, true);
     else MXQ_GEMV_LAUNCH(1, false);

@@ -85,7 +85,7 @@ std::vector<GemvCase> gemv_cases() {
     cases.push_back({f, 1, 4096, 4096});
     cases.push_back({f, 8, 1000, 12288});
     cases.push_back({f, 16, 257, 2048});
-    // note: on a 132-SM H200 these take 4, 2 and 1 warps per 16-row tile (the others take 8).
+    // Large ragged N with tails: the grid runs past one resident wave.
     cases.push_back({f, 3, 6144, 256});
     cases.push_back({f, 9, 12288, 160});
     cases.push_back({f, 1, 24577, 96});
