@@ -31,9 +31,10 @@ __device__ __forceinline__ uint32_t f32_to_e4m3(float v) {
 #endif
 }
 
-// f32 → E2M1 code: RNE to the nearest code, ties to the even code (= even mantissa bit), saturating at ±6;
-// a negative value that rounds to zero is code 8, an exact ±0 is code 0.
-__device__ __forceinline__ uint32_t f32_to_e2m1(float v) {
+// f32 → E2M1 code: RNE to the nearest code, ties to the even code (= even mantissa bit), saturating at ±6.
+// The sign comes from `sign_src`, the unscaled input: strictly negative → bit 3 (a negative value that
+// rounds or underflows to zero is code 8; -0.0 is code 0, as compressed-tensors gives).
+__device__ __forceinline__ uint32_t f32_to_e2m1(float v, float sign_src) {
   const float a = fabsf(v);
   // Below 1 the codes are 0, 0.5, 1 (codes 0..2): round 2a to an integer, RNE, by adding 2^23 in f32.
   const uint32_t low = __float_as_uint(fmaf(a, 2.0f, 8388608.0f)) - 0x4B000000u;
@@ -42,7 +43,7 @@ __device__ __forceinline__ uint32_t f32_to_e2m1(float v) {
   u += 0x1FFFFFu + ((u >> 22) & 1u);
   const uint32_t high = min((u >> 22) - (126u << 1), 7u);
   const uint32_t code = a < 1.0f ? low : high;
-  return (__float_as_uint(v) >> 31) && v != 0.0f ? code | 8u : code;
+  return sign_src < 0.0f ? code | 8u : code;
 }
 
 // 2^e for e in [-127, 127] as f32 (2^-127 is subnormal).

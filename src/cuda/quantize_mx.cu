@@ -74,8 +74,8 @@ __global__ void __launch_bounds__(kThreads) quantize_mxfp4_ct_kernel(const uint1
   uint32_t out[4] = {0, 0, 0, 0};
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    const uint32_t lo = quant::f32_to_e2m1(quant::bf16_bits_to_f32(w[j] & 0xFFFFu) * factor);
-    const uint32_t hi = quant::f32_to_e2m1(quant::bf16_bits_to_f32(w[j] >> 16) * factor);
+    const float x_lo = quant::bf16_bits_to_f32(w[j] & 0xFFFFu), x_hi = quant::bf16_bits_to_f32(w[j] >> 16);
+    const uint32_t lo = quant::f32_to_e2m1(x_lo * factor, x_lo), hi = quant::f32_to_e2m1(x_hi * factor, x_hi);
     out[j / 4] |= (lo | hi << 4) << (8 * (j % 4));
   }
   *reinterpret_cast<uint4*>(values + i * 16) = make_uint4(out[0], out[1], out[2], out[3]);

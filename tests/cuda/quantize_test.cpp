@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "format/codec.h"
+#include "format/quantize.h"
 #include "gpu_test_util.h"
 
 namespace mxq::cuda {
@@ -37,7 +38,8 @@ uint8_t ref_e4m3(float v) {
   return static_cast<uint8_t>(sign | c);
 }
 
-uint8_t ref_e2m1(float v) {
+// Sign from the unscaled input `sign_src` (spec: a negative value that rounds to zero is code 8, -0 is 0).
+uint8_t ref_e2m1(float v, float sign_src) {
   const float a = std::fabs(v);
   int best = 7;
   if (a < 6.0f) {
@@ -47,7 +49,7 @@ uint8_t ref_e2m1(float v) {
       if (d < db || (d == db && c % 2 == 0)) best = c;
     }
   }
-  return static_cast<uint8_t>(std::signbit(v) && v != 0.0f ? best | 8 : best);
+  return static_cast<uint8_t>(sign_src < 0.0f ? best | 8 : best);
 }
 
 int clamp_scale(int b) { return std::clamp(b, 0, 254); }
@@ -99,7 +101,7 @@ Planes ref_quantize(Format f, const std::vector<uint16_t>& x, int64_t rows, int6
       for (int64_t c = b * 32; c < b * 32 + 32; ++c) {
         const size_t i = static_cast<size_t>(r * cols + c);
         if (f == Format::kMXFP8) p.values[i] = ref_e4m3(xf(r, c) * factor);
-        else p.values[i / 2] |= static_cast<uint8_t>(ref_e2m1(xf(r, c) * factor) << (4 * (i % 2)));
+        else p.values[i / 2] |= static_cast<uint8_t>(ref_e2m1(xf(r, c) * factor, xf(r, c)) << (4 * (i % 2)));
       }
     }
   return p;
@@ -164,6 +166,36 @@ TEST_P(GpuQuantize, BitwiseEqualsSpecReference) {  // covers N-11, N-12
   for (size_t i = 0; i < ref.values.size(); ++i) {
     const size_t elem = c.format == Format::kMXFP4 ? 2 * i : i;
     ASSERT_EQ((*values)[i], ref.values[i]) << "value byte " << i << ", input bf16 0x" << std::hex << x[elem];
+  }
+}
+
+// The CPU twin (format/quantize.h, default rules) on the same fresh input: identical planes, byte for byte.
+TEST_P(GpuQuantize, BitwiseEqualsCpuQuantize) {  // covers N-12
+  const QuantCase c = GetParam();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<uint16_t> x = regime_bf16(rng, static_cast<size_t>(c.rows * c.cols));
+  std::vector<uint8_t> cpu_values(static_cast<size_t>(values_bytes(c.format, c.rows, c.cols)));
+  std::vector<uint8_t> cpu_scales(static_cast<size_t>(scales_bytes(c.format, c.rows, c.cols)));
+  const Status cpu = quantize(c.format, default_scale_rule(c.format), Format::kBF16, x.data(), c.rows, c.cols,
+                             cpu_values.data(), cpu_scales.data(), "test.weight");
+  ASSERT_TRUE(cpu) << cpu.error().message;
+
+  auto dx = test::upload(x);
+  auto dv = test::poisoned<uint8_t>(cpu_values.size());
+  auto ds = test::poisoned<uint8_t>(cpu_scales.size());
+  ASSERT_TRUE(dx && dv && ds);
+  const Status st = quantize_bf16(c.format, dx->as<uint16_t>(), c.rows, c.cols, dv->as<uint8_t>(), ds->as(),
+                                  "test.weight", nullptr);
+  ASSERT_TRUE(st) << st.error().message;
+  auto values = test::download<uint8_t>(*dv, cpu_values.size());
+  auto scales = test::download<uint8_t>(*ds, cpu_scales.size());
+  ASSERT_TRUE(values && scales);
+  for (size_t i = 0; i < cpu_scales.size(); ++i) ASSERT_EQ((*scales)[i], cpu_scales[i]) << "scale byte " << i;
+  for (size_t i = 0; i < cpu_values.size(); ++i) {
+    const size_t elem = c.format == Format::kMXFP4 ? 2 * i : i;
+    ASSERT_EQ((*values)[i], cpu_values[i]) << "value byte " << i << ", input bf16 0x" << std::hex << x[elem];
   }
 }
 
