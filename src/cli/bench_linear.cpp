@@ -38,8 +38,12 @@ struct Shape {
 // note: Qwen3-8B (hidden 4096, 32 q / 8 kv heads of 128, intermediate 12288) and Qwen3-30B-A3B experts
 // (hidden 2048, moe_intermediate 768).
 constexpr Shape kShapes[] = {
-    {"8B q/o_proj", 4096, 4096},         {"8B qkv_proj", 6144, 4096},    {"8B gate_up", 24576, 4096},
-    {"8B down_proj", 4096, 12288},       {"30B-A3B expert gate_up", 1536, 2048}, {"30B-A3B expert down", 2048, 768},
+    {"8B q/o_proj", 4096, 4096},
+    {"8B qkv_proj", 6144, 4096},
+    {"8B gate_up", 24576, 4096},
+    {"8B down_proj", 4096, 12288},
+    {"30B-A3B expert gate_up", 1536, 2048},
+    {"30B-A3B expert down", 2048, 768},
 };
 // note: every timed launch reads a different copy of the weights; 4x the 60 MB L2 keeps them out of it.
 constexpr int64_t kRotateBytes = 256LL << 20;
@@ -138,7 +142,9 @@ std::vector<uint8_t> random_bf16_bytes(std::mt19937_64& rng, size_t count) {
   return v;
 }
 
-int copies_for(int64_t bytes) { return static_cast<int>(std::clamp<int64_t>(kRotateBytes / bytes + 1, 2, 64)); }
+int copies_for(int64_t bytes) {
+  return static_cast<int>(std::clamp<int64_t>(kRotateBytes / bytes + 1, 2, 64));
+}
 
 struct Run {
   std::vector<Format> formats;
@@ -161,10 +167,10 @@ Status run_bench(const Run& run) {
   auto blas_ws = DeviceBuffer::alloc(64 << 20);  // note: a fixed workspace keeps cuBLAS graph-capturable
   if (!blas_ws) return tl::unexpected(blas_ws.error());
   MXQ_CUDA_CHECK(cublasSetWorkspace(blas, blas_ws->as(), blas_ws->bytes()));
-  fmt::print("device: {} ({} SMs, L2 {} MB); copy bandwidth {:.0f} GB/s (read + written, 2 GiB D2D)\n", prop.name,
-             prop.multiProcessorCount, prop.l2CacheSize >> 20, *copy_gbs);
-  fmt::print("{:<24} {:>6} {:>6} {:>6} {:>3} {:>8} {:>8} {:>7} {:>8} {:>10} {:>8}\n", "shape", "format", "N", "K", "M",
-             "us", "GB/s", "%copy", "TFLOP/s", "cuBLAS us", "vs bf16");
+  fmt::print("device: {} ({} SMs, L2 {} MB); copy bandwidth {:.0f} GB/s (read + written, 2 GiB D2D)\n",
+             prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, *copy_gbs);
+  fmt::print("{:<24} {:>6} {:>6} {:>6} {:>3} {:>8} {:>8} {:>7} {:>8} {:>10} {:>8}\n", "shape", "format", "N",
+             "K", "M", "us", "GB/s", "%copy", "TFLOP/s", "cuBLAS us", "vs bf16");
   std::mt19937_64 rng(20261129);
   for (const Shape& s : kShapes) {
     // cuBLAS bf16 peer: rotated bf16 weights, same x / y.
@@ -188,30 +194,33 @@ Status run_bench(const Run& run) {
         auto us = time_graph(stream, [&](int i) {
           const cuda::MxGemvWeights w{f, (*wv)[static_cast<size_t>(i % copies)].as<uint8_t>(),
                                       (*ws)[static_cast<size_t>(i % copies)].as<uint8_t>(), s.n, s.k};
-          return f == Format::kMXFP8 ? cuda::gemv_mxfp8((*x)[0].as<uint16_t>(), m, w, y->as<uint16_t>(), stream)
-                                     : cuda::gemv_mxfp4((*x)[0].as<uint16_t>(), m, w, y->as<uint16_t>(), stream);
+          return f == Format::kMXFP8
+                     ? cuda::gemv_mxfp8((*x)[0].as<uint16_t>(), m, w, y->as<uint16_t>(), stream)
+                     : cuda::gemv_mxfp4((*x)[0].as<uint16_t>(), m, w, y->as<uint16_t>(), stream);
         });
         if (!us) return tl::unexpected(us.error());
         auto blas_us = time_graph(stream, [&](int i) -> Status {
           const float alpha = 1.0f, beta = 0.0f;
-          MXQ_CUDA_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.n), static_cast<int>(m),
-                                      static_cast<int>(s.k), &alpha, (*wbf)[static_cast<size_t>(i % bf16_copies)].as(),
-                                      CUDA_R_16BF, static_cast<int>(s.k), (*x)[0].as(), CUDA_R_16BF,
-                                      static_cast<int>(s.k), &beta, y->as(), CUDA_R_16BF, static_cast<int>(s.n),
-                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+          MXQ_CUDA_CHECK(cublasGemmEx(
+              blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.n), static_cast<int>(m),
+              static_cast<int>(s.k), &alpha, (*wbf)[static_cast<size_t>(i % bf16_copies)].as(), CUDA_R_16BF,
+              static_cast<int>(s.k), (*x)[0].as(), CUDA_R_16BF, static_cast<int>(s.k), &beta, y->as(),
+              CUDA_R_16BF, static_cast<int>(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
           return {};
         });
         if (!blas_us) return tl::unexpected(blas_us.error());
         const double gbs = (vbytes + sbytes) / (*us * 1e-6) / 1e9;
-        fmt::print("{:<24} {:>6} {:>6} {:>6} {:>3} {:>8.2f} {:>8.0f} {:>6.1f}% {:>8.2f} {:>10.2f} {:>7.2f}x\n", s.name,
-                   traits(f).name, s.n, s.k, m, *us, gbs, 100.0 * gbs / *copy_gbs, 2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12,
-                   *blas_us, *blas_us / *us);
+        fmt::print(
+            "{:<24} {:>6} {:>6} {:>6} {:>3} {:>8.2f} {:>8.0f} {:>6.1f}% {:>8.2f} {:>10.2f} {:>7.2f}x\n",
+            s.name, traits(f).name, s.n, s.k, m, *us, gbs, 100.0 * gbs / *copy_gbs,
+            2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12, *blas_us, *blas_us / *us);
       }
     }
   }
   if (run.quantize) {
     fmt::print("\nquantize bf16 -> format (bytes = bf16 read + values + scales written)\n");
-    fmt::print("{:<24} {:>8} {:>6} {:>6} {:>8} {:>8} {:>7}\n", "shape", "format", "N", "K", "us", "GB/s", "%copy");
+    fmt::print("{:<24} {:>8} {:>6} {:>6} {:>8} {:>8} {:>7}\n", "shape", "format", "N", "K", "us", "GB/s",
+               "%copy");
     for (const Shape& s : kShapes) {
       const int64_t in_bytes = s.n * s.k * 2;
       const int copies = copies_for(in_bytes);
@@ -234,17 +243,20 @@ Status run_bench(const Run& run) {
           const uint16_t* xi = (*xin)[c].as<uint16_t>();
           auto* flag = bad->as<unsigned long long>();
           if (f == Format::kMXFP8)
-            MXQ_CUDA_CHECK(cuda::launch_quantize_mxfp8_ceil(xi, s.n, s.k, vout[c].as<uint8_t>(), sout[c].as<uint8_t>(), flag, stream));
+            MXQ_CUDA_CHECK(cuda::launch_quantize_mxfp8_ceil(xi, s.n, s.k, vout[c].as<uint8_t>(),
+                                                            sout[c].as<uint8_t>(), flag, stream));
           else if (f == Format::kMXFP4)
-            MXQ_CUDA_CHECK(cuda::launch_quantize_mxfp4_ct(xi, s.n, s.k, vout[c].as<uint8_t>(), sout[c].as<uint8_t>(), flag, stream));
+            MXQ_CUDA_CHECK(cuda::launch_quantize_mxfp4_ct(xi, s.n, s.k, vout[c].as<uint8_t>(),
+                                                          sout[c].as<uint8_t>(), flag, stream));
           else
-            MXQ_CUDA_CHECK(cuda::launch_quantize_fp8_b128(xi, s.n, s.k, vout[c].as<uint8_t>(), sout[c].as<float>(), flag, stream));
+            MXQ_CUDA_CHECK(cuda::launch_quantize_fp8_b128(xi, s.n, s.k, vout[c].as<uint8_t>(),
+                                                          sout[c].as<float>(), flag, stream));
           return {};
         });
         if (!us) return tl::unexpected(us.error());
         const double gbs = (in_bytes + vbytes + sbytes) / (*us * 1e-6) / 1e9;
-        fmt::print("{:<24} {:>8} {:>6} {:>6} {:>8.2f} {:>8.0f} {:>6.1f}%\n", s.name, traits(f).name, s.n, s.k, *us, gbs,
-                   100.0 * gbs / *copy_gbs);
+        fmt::print("{:<24} {:>8} {:>6} {:>6} {:>8.2f} {:>8.0f} {:>6.1f}%\n", s.name, traits(f).name, s.n, s.k,
+                   *us, gbs, 100.0 * gbs / *copy_gbs);
       }
     }
   }
@@ -257,7 +269,8 @@ Status run_bench(const Run& run) {
 #endif
 
 void add_bench_linear(CLI::App& bench, int& exit_code) {
-  auto* cmd = bench.add_subcommand("linear", "decode GEMV and GPU quantize vs copy bandwidth and cuBLAS bf16");
+  auto* cmd =
+      bench.add_subcommand("linear", "decode GEMV and GPU quantize vs copy bandwidth and cuBLAS bf16");
   auto formats = std::make_shared<std::vector<std::string>>(std::vector<std::string>{"mxfp8", "mxfp4"});
   auto ms = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{1, 2, 4, 8, 16});
   auto no_quantize = std::make_shared<bool>(false);
@@ -278,8 +291,8 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
     }
     for (int64_t m : *ms)
       if (m < 1 || m > cuda::kGemvMaxM) {
-        spdlog::error("bench linear: --m {}: the GEMV path takes 1..{} (the large-M path is not built yet)", m,
-                      cuda::kGemvMaxM);
+        spdlog::error("bench linear: --m {}: the GEMV path takes 1..{} (the large-M path is not built yet)",
+                      m, cuda::kGemvMaxM);
         exit_code = kExitBadInput;
         return;
       }

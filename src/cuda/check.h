@@ -20,12 +20,12 @@ inline bool is_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
 }  // namespace mxq::cuda
 
 // Use inside a function returning mxq::Status or mxq::Result<T>.
-#define MXQ_CUDA_CHECK(stmt)                                                                        \
-  do {                                                                                              \
-    const auto mxq_cuda_status_ = (stmt);                                                           \
-    if (!::mxq::cuda::is_ok(mxq_cuda_status_))                                                      \
-      return ::mxq::fail("{} failed at {}:{}: {}", #stmt, __FILE__, __LINE__,                       \
-                         ::mxq::cuda::error_name(mxq_cuda_status_));                                \
+#define MXQ_CUDA_CHECK(stmt)                                                  \
+  do {                                                                        \
+    const auto mxq_cuda_status_ = (stmt);                                     \
+    if (!::mxq::cuda::is_ok(mxq_cuda_status_))                                \
+      return ::mxq::fail("{} failed at {}:{}: {}", #stmt, __FILE__, __LINE__, \
+                         ::mxq::cuda::error_name(mxq_cuda_status_));          \
   } while (0)
 
 namespace mxq::cuda {
@@ -53,7 +53,9 @@ class DeviceBuffer {
   }
 
   template <class T = void>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
 
  private:

@@ -21,7 +21,8 @@ int64_t gemv_native_elem(Format f, int64_t cols, int64_t k) {
 }
 
 Status prepare_gemv_values(Format f, const uint8_t* canonical, uint8_t* native, int64_t rows, int64_t cols) {
-  if (gemv_group_elems(f) == 0) return fail("GEMV layout: format {} has none (expected mxfp8 or mxfp4)", traits(f).name);
+  if (gemv_group_elems(f) == 0)
+    return fail("GEMV layout: format {} has none (expected mxfp8 or mxfp4)", traits(f).name);
   if (rows < 0 || cols < 0 || cols % 32 != 0)
     return fail("GEMV layout: shape [{}, {}] (expected K a multiple of 32)", rows, cols);
   const int64_t row_bytes = values_bytes(f, 1, cols);

@@ -19,7 +19,8 @@ Status checked_gemv(Format expected, Launcher launch, const uint16_t* x, int64_t
   if (m < 1 || m > kGemvMaxM) return fail("gemv_{}: m = {} (expected 1..{})", name, m, kGemvMaxM);
   // note: INT_MAX / 2 keeps every in-kernel element index of a row in int.
   if (w.n < 1 || w.k < 32 || w.k % 32 != 0 || w.n > INT_MAX || w.k > INT_MAX / 2)
-    return fail("gemv_{}: weight shape [{}, {}] (expected N >= 1, K a positive multiple of 32)", name, w.n, w.k);
+    return fail("gemv_{}: weight shape [{}, {}] (expected N >= 1, K a positive multiple of 32)", name, w.n,
+                w.k);
   if (!x || !y || !w.values || !w.scales) return fail("gemv_{}: null device pointer", name);
   MXQ_CUDA_CHECK(launch(x, static_cast<int>(m), w.values, w.scales, y, static_cast<int>(w.n),
                         static_cast<int>(w.k), stream));

@@ -22,8 +22,8 @@ struct MxGemvWeights {
   int64_t k = 0;
 };
 
-// x: [m, k] bf16 bits, y: [m, n] bf16 bits, both row-major device buffers. Refuses by name a format other than
-// the launcher's, m outside 1..16, k not a multiple of 32, or a null pointer.
+// x: [m, k] bf16 bits, y: [m, n] bf16 bits, both row-major device buffers. Refuses by name a format other
+// than the launcher's, m outside 1..16, k not a multiple of 32, or a null pointer.
 Status gemv_mxfp8(const uint16_t* x, int64_t m, const MxGemvWeights& w, uint16_t* y, cudaStream_t stream);
 Status gemv_mxfp4(const uint16_t* x, int64_t m, const MxGemvWeights& w, uint16_t* y, cudaStream_t stream);
 

@@ -1,10 +1,11 @@
-// The GEMV skeleton shared by gemv_mxfp8.cu and gemv_mxfp4.cu; each supplies a decode policy. Layout contract:
-// gemv_layout.h. Tiles: a block of 8 warps owns 16 weight rows; its warps split K by groups and add up in
-// shared memory. Per group a quad lane loads 16 B of row r and 16 B of row r+8, decodes them to bf16 pairs in
-// registers and feeds mma.sync m16n8k16 (A = weights, B = x^T, one n-tile of 8 activation rows per 8 of M).
-// The MMAs of one 32-element scale block accumulate from zero; the E8M0 scale multiplies that partial in f32.
-// note: fewer warps per tile with longer K slices (1, 2, 4 warps per tile) measured slower on every Qwen3
-// shape (bench/RESULTS.md, run 3), as did a ping-pong register pipeline (run 4): 8 warps split one tile's K.
+// The GEMV skeleton shared by gemv_mxfp8.cu and gemv_mxfp4.cu; each supplies a decode policy.
+// Layout contract: gemv_layout.h. Tiles: a block of 8 warps owns 16 weight rows; its warps split K by
+// groups and add up in shared memory. Per group a quad lane loads 16 B of row r and 16 B of row r+8,
+// decodes them to bf16 pairs in registers and feeds mma.sync m16n8k16 (A = weights, B = x^T, one n-tile
+// of 8 activation rows per 8 of M). The MMAs of one 32-element scale block accumulate from zero; the
+// E8M0 scale multiplies that partial in f32.
+// note: 1, 2 or 4 warps per tile with longer K slices measured slower on every Qwen3 shape, as did a
+// ping-pong register pipeline (bench/RESULTS.md, runs 3-4): 8 warps split one tile's K.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -31,7 +32,8 @@ __device__ __forceinline__ uint4 load_stream16(const uint8_t* p) {
   return r;
 }
 
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};"
@@ -50,12 +52,14 @@ __device__ __forceinline__ float e8m0_to_f32(uint32_t b) {
   return __uint_as_float(b == 0 ? 0x00400000u : b << 23);
 }
 
-// Scale bytes of `count` consecutive blocks (2 or 4) starting at p; vector load when the caller knows p aligned.
+// Scale bytes of kCount consecutive blocks (2 or 4) at p; one vector load when p is known aligned.
 template <int kCount, bool kAligned>
 __device__ __forceinline__ uint32_t load_scales(const uint8_t* p) {
   if constexpr (kAligned) {
-    if constexpr (kCount == 4) return __ldg(reinterpret_cast<const uint32_t*>(p));
-    else return __ldg(reinterpret_cast<const uint16_t*>(p));
+    if constexpr (kCount == 4)
+      return __ldg(reinterpret_cast<const uint32_t*>(p));
+    else
+      return __ldg(reinterpret_cast<const uint16_t*>(p));
   } else {
     uint32_t r = 0;
 #pragma unroll
@@ -66,12 +70,11 @@ __device__ __forceinline__ uint32_t load_scales(const uint8_t* p) {
 
 // Policy (Fmt): kGroupK elements per group; kPairsPerWord bf16x2 pairs decoded from one 32-bit word, in MMA
 // slot order (MMA j: pair 2j feeds slots 2t..2t+1, pair 2j+1 feeds 2t+8..2t+9); kRowBytesNum/Den: row bytes
-// per element; kTailBytesPerMma bytes a lane reads per MMA in a short group.
+// per element; load_tail(p) reads the 4 elements a lane owns of one MMA in a short group.
 template <class Fmt, int kNTiles, bool kHasTail>
-__global__ void __launch_bounds__(kThreads, 2) gemv_mx_kernel(const __nv_bfloat16* __restrict__ x, int m,
-                                                           const uint8_t* __restrict__ wv,
-                                                           const uint8_t* __restrict__ ws,
-                                                           __nv_bfloat16* __restrict__ y, int n, int k) {
+__global__ void __launch_bounds__(kThreads, 2)
+    gemv_mx_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
+                   const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k) {
   constexpr int kMmas = Fmt::kGroupK / 16, kBlocks = Fmt::kGroupK / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int row0 = blockIdx.x * kRowsPerTile;
@@ -117,8 +120,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_mx_kernel(const __nv_bfloat1
   constexpr int kStride = kWarps * kUnroll;
   uint4 wa[kUnroll], wb[kUnroll], na[kUnroll], nb[kUnroll];
   uint32_t sca[kUnroll], scb[kUnroll], nsa[kUnroll], nsb[kUnroll];
-  auto load = [&](int q0, uint4 (&la)[kUnroll], uint4 (&lb)[kUnroll], uint32_t (&ls)[kUnroll],
-                  uint32_t (&lt)[kUnroll]) {
+  auto load = [&](int q0, uint4(&la)[kUnroll], uint4(&lb)[kUnroll], uint32_t(&ls)[kUnroll],
+                  uint32_t(&lt)[kUnroll]) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (q0 + u >= nfull) break;
@@ -137,7 +140,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_mx_kernel(const __nv_bfloat1
     for (int u = 0; u < kUnroll; ++u) {
       if (q0 + u >= nfull) break;
       uint32_t pa[kMmas * 2], pb[kMmas * 2];
-      const uint32_t wa4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w}, wb4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
+      const uint32_t wa4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w},
+                     wb4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         Fmt::decode(wa4[i], pa + i * Fmt::kPairsPerWord);
@@ -146,7 +150,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_mx_kernel(const __nv_bfloat1
       const int kx = (q0 + u) * Fmt::kGroupK;
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b)
-        block_mma(pa + 4 * b, pb + 4 * b, kx + 32 * b, (sca[u] >> (8 * b)) & 0xFF, (scb[u] >> (8 * b)) & 0xFF);
+        block_mma(pa + 4 * b, pb + 4 * b, kx + 32 * b, (sca[u] >> (8 * b)) & 0xFF,
+                  (scb[u] >> (8 * b)) & 0xFF);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) wa[u] = na[u], wb[u] = nb[u], sca[u] = nsa[u], scb[u] = nsb[u];
@@ -196,8 +201,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_mx_kernel(const __nv_bfloat1
 
 // Template dispatch on (n-tiles, tail); arguments were checked by gemv_mx.cpp.
 template <class Fmt>
-cudaError_t launch_gemv(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y, int n,
-                        int k, cudaStream_t stream) {
+cudaError_t launch_gemv(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y,
+                        int n, int k, cudaStream_t stream) {
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
   auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
   const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
@@ -205,11 +210,15 @@ cudaError_t launch_gemv(const uint16_t* x, int m, const uint8_t* values, const u
 #define MXQ_GEMV_LAUNCH(NT, TAIL) \
   gemv_mx_kernel<Fmt, NT, TAIL><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, yb, n, k)
   if (m <= 8) {
-    if (tail) MXQ_GEMV_LAUNCH(1, true);
-    else MXQ_GEMV_LAUNCH(1, false);
+    if (tail)
+      MXQ_GEMV_LAUNCH(1, true);
+    else
+      MXQ_GEMV_LAUNCH(1, false);
   } else {
-    if (tail) MXQ_GEMV_LAUNCH(2, true);
-    else MXQ_GEMV_LAUNCH(2, false);
+    if (tail)
+      MXQ_GEMV_LAUNCH(2, true);
+    else
+      MXQ_GEMV_LAUNCH(2, false);
   }
 #undef MXQ_GEMV_LAUNCH
   return cudaGetLastError();

@@ -8,9 +8,9 @@
 
 namespace mxq::cuda {
 
-cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y,
-                              int n, int k, cudaStream_t stream);
-cudaError_t launch_gemv_mxfp4(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y,
-                              int n, int k, cudaStream_t stream);
+cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
+                              uint16_t* y, int n, int k, cudaStream_t stream);
+cudaError_t launch_gemv_mxfp4(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
+                              uint16_t* y, int n, int k, cudaStream_t stream);
 
 }  // namespace mxq::cuda

@@ -2,7 +2,7 @@
 // Layout contract (gemv_layout.h, written by prepare_gemv_values):
 //   values: [N, K/2] bytes, E2M1 nibbles (element 2i in bits 3:0 of byte i), each row a byte permutation of
 //           the canonical row in groups of 128 elements (tail 32, 64 or 96): canonical element
-//           k0 + 16j + 4t + e → native k0 + 4J·t + 4j + e (J = 8, or tail/16); pairs of nibbles move together;
+//           k0 + 16j + 4t + e → native k0 + 4J·t + 4j + e (J = 8, or tail/16); bytes move whole;
 //   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
 // Arch: sm_80+ (mma.sync bf16). Decode: nibble bits placed as bf16 bits (code << 6, sign << 12) are the
 // value · 2^-126 (code 1 = 0.5 becomes a bf16 subnormal); one bf16x2 multiply by 2^126 makes them exact.
@@ -31,13 +31,15 @@ struct Mxfp4Decode {
       pairs[p] = gemv::bf16x2_mul(raw, 0x7E807E80u);  // note: bf16 0x7E80 = 2^126
     }
   }
-  __device__ static uint32_t load_tail(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
+  __device__ static uint32_t load_tail(const uint8_t* p) {
+    return __ldg(reinterpret_cast<const uint16_t*>(p));
+  }
 };
 
 }  // namespace
 
-cudaError_t launch_gemv_mxfp4(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y,
-                        int n, int k, cudaStream_t stream) {
+cudaError_t launch_gemv_mxfp4(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
+                              uint16_t* y, int n, int k, cudaStream_t stream) {
   return gemv::launch_gemv<Mxfp4Decode>(x, m, values, scales, y, n, k, stream);
 }
 

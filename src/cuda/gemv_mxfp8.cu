@@ -19,7 +19,8 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t pair) {
   // note: E4M3 bits placed as f16 bits are the value · 2^-8 (subnormals included); f16 handles the rest.
   const uint32_t u = __byte_perm(pair, 0, 0x7170);  // bytes: b0, 0, b1, 0
   h = ((u & 0x007F007Fu) << 7) | ((u & 0x00800080u) << 8);
-  __half2 hv = __hmul2(*reinterpret_cast<__half2*>(&h), __half2(__ushort_as_half(0x5C00), __ushort_as_half(0x5C00)));
+  __half2 hv =
+      __hmul2(*reinterpret_cast<__half2*>(&h), __half2(__ushort_as_half(0x5C00), __ushort_as_half(0x5C00)));
   h = *reinterpret_cast<uint32_t*>(&hv);
 #endif
   const uint32_t raw = ((h >> 3) & 0x0FFF0FFFu) | (h & 0x80008000u);
@@ -32,13 +33,15 @@ struct Mxfp8Decode {
     pairs[0] = e4m3x2_to_bf16x2(word & 0xFFFFu);
     pairs[1] = e4m3x2_to_bf16x2(word >> 16);
   }
-  __device__ static uint32_t load_tail(const uint8_t* p) { return __ldg(reinterpret_cast<const uint32_t*>(p)); }
+  __device__ static uint32_t load_tail(const uint8_t* p) {
+    return __ldg(reinterpret_cast<const uint32_t*>(p));
+  }
 };
 
 }  // namespace
 
-cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y,
-                        int n, int k, cudaStream_t stream) {
+cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
+                              uint16_t* y, int n, int k, cudaStream_t stream) {
   return gemv::launch_gemv<Mxfp8Decode>(x, m, values, scales, y, n, k, stream);
 }
 

@@ -15,7 +15,7 @@ namespace mxq::cuda {
 
 // values: values_bytes(format, rows, cols) bytes; scales: scales_bytes(format, rows, cols) bytes (E8M0 bytes
 // for MX, f32 for FP8-B128). Refuses another format, MX cols not a multiple of 32, or a null pointer.
-Status quantize_bf16(Format format, const uint16_t* x, int64_t rows, int64_t cols, uint8_t* values, void* scales,
-                     std::string_view name, cudaStream_t stream);
+Status quantize_bf16(Format format, const uint16_t* x, int64_t rows, int64_t cols, uint8_t* values,
+                     void* scales, std::string_view name, cudaStream_t stream);
 
 }  // namespace mxq::cuda

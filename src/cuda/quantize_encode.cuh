@@ -87,6 +87,29 @@ __device__ __forceinline__ uint32_t mxfp4_ct_scale(float amax) {
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
 
-__device__ __forceinline__ bool is_finite_f32(float v) { return (__float_as_uint(v) & 0x7F800000u) != 0x7F800000u; }
+__device__ __forceinline__ bool is_finite_f32(float v) {
+  return (__float_as_uint(v) & 0x7F800000u) != 0x7F800000u;
+}
+
+// MX kernels: loads 1x32 block i of bf16 (64 B) into 16 words and returns its amax; flags a NaN/Inf block.
+__device__ __forceinline__ float load_mx_block(const uint16_t* x, int64_t i, uint32_t (&w)[16],
+                                               unsigned long long* bad_block) {
+  const uint4* src = reinterpret_cast<const uint4*>(x + i * 32);
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    const uint4 r = __ldg(src + v);
+    w[4 * v] = r.x, w[4 * v + 1] = r.y, w[4 * v + 2] = r.z, w[4 * v + 3] = r.w;
+  }
+  float amax = 0.0f;
+  bool finite = true;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float lo = bf16_bits_to_f32(w[j] & 0xFFFFu), hi = bf16_bits_to_f32(w[j] >> 16);
+    finite = finite && is_finite_f32(lo) && is_finite_f32(hi);
+    amax = fmaxf(amax, fmaxf(fabsf(lo), fabsf(hi)));
+  }
+  if (!finite) atomicMin(bad_block, static_cast<unsigned long long>(i));
+  return amax;
+}
 
 }  // namespace mxq::cuda::quant

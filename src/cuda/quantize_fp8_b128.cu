@@ -13,10 +13,10 @@ constexpr int kThreads = 256, kTile = 128, kPasses = kTile / (kThreads / 16);
 
 // kVec: cols % 8 == 0, so each thread's 8 columns are one aligned 16-byte load and 8-byte store.
 template <bool kVec>
-__global__ void __launch_bounds__(kThreads) quantize_fp8_b128_kernel(const uint16_t* __restrict__ x, int64_t rows,
-                                                                     int64_t cols, uint8_t* __restrict__ values,
-                                                                     float* __restrict__ scales,
-                                                                     unsigned long long* bad_block) {
+__global__ void __launch_bounds__(kThreads)
+    quantize_fp8_b128_kernel(const uint16_t* __restrict__ x, int64_t rows, int64_t cols,
+                             uint8_t* __restrict__ values, float* __restrict__ scales,
+                             unsigned long long* bad_block) {
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int tr = threadIdx.x / 16;
   const int64_t c = c0 + 8 * (threadIdx.x % 16);
@@ -36,7 +36,8 @@ __global__ void __launch_bounds__(kThreads) quantize_fp8_b128_kernel(const uint1
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-          if (c + e < cols) w[p][e / 2] |= static_cast<uint32_t>(__ldg(x + r * cols + c + e)) << (16 * (e % 2));
+          if (c + e < cols)
+            w[p][e / 2] |= static_cast<uint32_t>(__ldg(x + r * cols + c + e)) << (16 * (e % 2));
       }
     }
 #pragma unroll
@@ -84,10 +85,11 @@ __global__ void __launch_bounds__(kThreads) quantize_fp8_b128_kernel(const uint1
 
 }  // namespace
 
-cudaError_t launch_quantize_fp8_b128(const uint16_t* x, int64_t rows, int64_t cols, uint8_t* values, float* scales,
-                                     unsigned long long* bad_block, cudaStream_t stream) {
+cudaError_t launch_quantize_fp8_b128(const uint16_t* x, int64_t rows, int64_t cols, uint8_t* values,
+                                     float* scales, unsigned long long* bad_block, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
+                  static_cast<unsigned>((rows + kTile - 1) / kTile));
   if (cols % 8 == 0)
     quantize_fp8_b128_kernel<true><<<grid, kThreads, 0, stream>>>(x, rows, cols, values, scales, bad_block);
   else

@@ -14,7 +14,7 @@ cudaError_t launch_quantize_mxfp8_ceil(const uint16_t* x, int64_t rows, int64_t 
                                        uint8_t* scales, unsigned long long* bad_block, cudaStream_t stream);
 cudaError_t launch_quantize_mxfp4_ct(const uint16_t* x, int64_t rows, int64_t cols, uint8_t* values,
                                      uint8_t* scales, unsigned long long* bad_block, cudaStream_t stream);
-cudaError_t launch_quantize_fp8_b128(const uint16_t* x, int64_t rows, int64_t cols, uint8_t* values, float* scales,
-                                     unsigned long long* bad_block, cudaStream_t stream);
+cudaError_t launch_quantize_fp8_b128(const uint16_t* x, int64_t rows, int64_t cols, uint8_t* values,
+                                     float* scales, unsigned long long* bad_block, cudaStream_t stream);
 
 }  // namespace mxq::cuda

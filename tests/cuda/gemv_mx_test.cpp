@@ -52,7 +52,8 @@ TEST_P(GemvMx, MatchesF64ReferenceOnDequantizedWeights) {
   for (int64_t mi = 0; mi < c.m; ++mi)
     for (int64_t r = 0; r < c.n; ++r) {
       double s = 0;
-      for (int64_t k = 0; k < c.k; ++k) s += bf16_to_f32(x[static_cast<size_t>(mi * c.k + k)]) * w[static_cast<size_t>(r * c.k + k)];
+      for (int64_t k = 0; k < c.k; ++k)
+        s += bf16_to_f32(x[static_cast<size_t>(mi * c.k + k)]) * w[static_cast<size_t>(r * c.k + k)];
       ref[static_cast<size_t>(mi * c.n + r)] = s;
     }
 
@@ -123,7 +124,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, GemvMxRefuses,
                          ::testing::Values(RefusalCase{"m0", 0, 64, Format::kMXFP8, "m = 0"},
                                            RefusalCase{"m17", 17, 64, Format::kMXFP8, "m = 17"},
                                            RefusalCase{"k48", 1, 48, Format::kMXFP8, "[8, 48]"},
-                                           RefusalCase{"wrong_format", 1, 64, Format::kMXFP4, "weights are mxfp4"}),
+                                           RefusalCase{"wrong_format", 1, 64, Format::kMXFP4,
+                                                       "weights are mxfp4"}),
                          [](const auto& info) { return std::string(info.param.what); });
 
 }  // namespace

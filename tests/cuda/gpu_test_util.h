@@ -13,14 +13,15 @@
 namespace mxq::cuda::test {
 
 // note: a fresh seed per case (printed on failure) keeps inputs new on every run.
-inline uint64_t fresh_seed() { return (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}(); }
+inline uint64_t fresh_seed() {
+  return (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+}
 
 // Random finite, nonzero bf16 bits with exponents in [2^lo, 2^hi) and random sign and mantissa.
 inline std::vector<uint16_t> random_bf16(std::mt19937_64& rng, size_t count, int lo = -6, int hi = 2) {
   std::uniform_int_distribution<int> exp_dist(lo + 127, hi + 126), man_dist(0, 127), sign_dist(0, 1);
   std::vector<uint16_t> v(count);
-  for (auto& h : v)
-    h = static_cast<uint16_t>(sign_dist(rng) << 15 | exp_dist(rng) << 7 | man_dist(rng));
+  for (auto& h : v) h = static_cast<uint16_t>(sign_dist(rng) << 15 | exp_dist(rng) << 7 | man_dist(rng));
   return v;
 }
 

@@ -82,7 +82,8 @@ Planes ref_quantize(Format f, const std::vector<uint16_t>& x, int64_t rows, int6
       for (int64_t bc = 0; bc < shape[1]; ++bc) {
         float amax = 0.0f;
         for (int64_t r = br * 128; r < std::min(rows, br * 128 + 128); ++r)
-          for (int64_t c = bc * 128; c < std::min(cols, bc * 128 + 128); ++c) amax = std::max(amax, std::fabs(xf(r, c)));
+          for (int64_t c = bc * 128; c < std::min(cols, bc * 128 + 128); ++c)
+            amax = std::max(amax, std::fabs(xf(r, c)));
         const float amax_c = std::max(amax, 1e-4f), factor = 448.0f / amax_c, scale = amax_c / 448.0f;
         std::memcpy(&p.scales[static_cast<size_t>((br * shape[1] + bc) * 4)], &scale, 4);
         for (int64_t r = br * 128; r < std::min(rows, br * 128 + 128); ++r)
@@ -100,8 +101,10 @@ Planes ref_quantize(Format f, const std::vector<uint16_t>& x, int64_t rows, int6
       const float factor = std::ldexp(1.0f, 127 - s);
       for (int64_t c = b * 32; c < b * 32 + 32; ++c) {
         const size_t i = static_cast<size_t>(r * cols + c);
-        if (f == Format::kMXFP8) p.values[i] = ref_e4m3(xf(r, c) * factor);
-        else p.values[i / 2] |= static_cast<uint8_t>(ref_e2m1(xf(r, c) * factor, xf(r, c)) << (4 * (i % 2)));
+        if (f == Format::kMXFP8)
+          p.values[i] = ref_e4m3(xf(r, c) * factor);
+        else
+          p.values[i / 2] |= static_cast<uint8_t>(ref_e2m1(xf(r, c) * factor, xf(r, c)) << (4 * (i % 2)));
       }
     }
   return p;
@@ -161,8 +164,7 @@ TEST_P(GpuQuantize, BitwiseEqualsSpecReference) {  // covers N-11, N-12
   auto values = test::download<uint8_t>(*dv, ref.values.size());
   auto scales = test::download<uint8_t>(*ds, ref.scales.size());
   ASSERT_TRUE(values && scales);
-  for (size_t i = 0; i < ref.scales.size(); ++i)
-    ASSERT_EQ((*scales)[i], ref.scales[i]) << "scale byte " << i;
+  for (size_t i = 0; i < ref.scales.size(); ++i) ASSERT_EQ((*scales)[i], ref.scales[i]) << "scale byte " << i;
   for (size_t i = 0; i < ref.values.size(); ++i) {
     const size_t elem = c.format == Format::kMXFP4 ? 2 * i : i;
     ASSERT_EQ((*values)[i], ref.values[i]) << "value byte " << i << ", input bf16 0x" << std::hex << x[elem];
@@ -179,7 +181,7 @@ TEST_P(GpuQuantize, BitwiseEqualsCpuQuantize) {  // covers N-12
   std::vector<uint8_t> cpu_values(static_cast<size_t>(values_bytes(c.format, c.rows, c.cols)));
   std::vector<uint8_t> cpu_scales(static_cast<size_t>(scales_bytes(c.format, c.rows, c.cols)));
   const Status cpu = quantize(c.format, default_scale_rule(c.format), Format::kBF16, x.data(), c.rows, c.cols,
-                             cpu_values.data(), cpu_scales.data(), "test.weight");
+                              cpu_values.data(), cpu_scales.data(), "test.weight");
   ASSERT_TRUE(cpu) << cpu.error().message;
 
   auto dx = test::upload(x);
@@ -223,10 +225,12 @@ TEST_P(GpuQuantizeRefuses, NanOrInfBlockByIndex) {  // covers N-10
   auto dv = test::poisoned<uint8_t>(static_cast<size_t>(values_bytes(f, rows, cols)));
   auto ds = test::poisoned<uint8_t>(static_cast<size_t>(scales_bytes(f, rows, cols)));
   ASSERT_TRUE(dx && dv && ds);
-  const Status st = quantize_bf16(f, dx->as<uint16_t>(), rows, cols, dv->as<uint8_t>(), ds->as(), "layers.0.w", nullptr);
+  const Status st =
+      quantize_bf16(f, dx->as<uint16_t>(), rows, cols, dv->as<uint8_t>(), ds->as(), "layers.0.w", nullptr);
   ASSERT_FALSE(st);
   // The first bad block in row-major block order: MX (1x32) row 130, block col 6; FP8-B128 block (1, 0).
-  const std::string expect = f == Format::kFP8_B128 ? "block row 1, block col 0" : "block row 130, block col 6";
+  const std::string expect =
+      f == Format::kFP8_B128 ? "block row 1, block col 0" : "block row 130, block col 6";
   EXPECT_NE(st.error().message.find("layers.0.w"), std::string::npos) << st.error().message;
   EXPECT_NE(st.error().message.find(expect), std::string::npos) << st.error().message;
 }
