@@ -480,5 +480,43 @@ TEST(SafetensorsGolden, ReadsPythonWrittenFile) {
   }
 }
 
+
+// Differential: random near-valid images with the reference reader's verdict
+// (tests/golden/make_safetensors_differential.py). mxq never accepts what the reference refuses, and refuses
+// what it accepts only by its documented stricter rules.
+TEST(SafetensorsDifferential, NeverLooserThanTheReference) {
+  const std::string blob = read_file(MXQ_SOURCE_DIR "/tests/golden/safetensors/differential.bin");
+  const std::vector<std::string> stricter = {"unsupported dtype", "unknown field", "name contains NUL",
+                                             "duplicate key"};
+  size_t cases = 0, both_accept = 0, only_reference = 0;
+  for (size_t at = 0; at + 5 <= blob.size(); ++cases) {
+    uint32_t len = 0;
+    std::memcpy(&len, blob.data() + at, 4);
+    const bool reference_accepts = blob[at + 4] == 1;
+    ASSERT_LE(at + 5 + len, blob.size());
+    const std::string_view img(blob.data() + at + 5, len);
+    at += 5 + len;
+    Result<SafetensorsHeader> h =
+        parse_safetensors(std::span(reinterpret_cast<const uint8_t*>(img.data()), img.size()), "case");
+    SCOPED_TRACE(fmt::format("case {}: {}", cases, printable(img.substr(8, 300))));
+    if (!reference_accepts) {
+      EXPECT_FALSE(h.has_value());
+      continue;
+    }
+    if (h) {
+      ++both_accept;
+      continue;
+    }
+    ++only_reference;
+    const bool documented = std::any_of(stricter.begin(), stricter.end(), [&](const std::string& rule) {
+      return h.error().message.find(rule) != std::string::npos;
+    });
+    EXPECT_TRUE(documented) << h.error().message;
+  }
+  EXPECT_EQ(cases, 600u);
+  EXPECT_GT(both_accept, 100u);  // the set exercises acceptance, not only refusals
+  EXPECT_GT(only_reference, 0u);
+}
+
 }  // namespace
 }  // namespace mxq
