@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <string>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <string>
 #include <utility>
 
 namespace mxq {
@@ -28,10 +28,13 @@ bool is_file(const fs::path& p) {
 // A shard name must be a plain file name in the checkpoint directory: no separators, no "." or "..".
 Status check_shard_name(std::string_view shard, std::string_view where) {
   const std::string shown = printable(shard);
-  const bool plain = !shard.empty() && shard.find_first_of(std::string_view("/\\\0", 3)) == std::string_view::npos &&
+  const bool plain = !shard.empty() &&
+                     shard.find_first_of(std::string_view("/\\\0", 3)) == std::string_view::npos &&
                      shard != "." && shard != ".." && shard.size() <= 255;
-  if (!plain) return fail("{}: shard {}, expected a plain file name in the checkpoint directory", where, shown);
-  if (!shard.ends_with(".safetensors")) return fail("{}: shard {}, expected a *.safetensors file", where, shown);
+  if (!plain)
+    return fail("{}: shard {}, expected a plain file name in the checkpoint directory", where, shown);
+  if (!shard.ends_with(".safetensors"))
+    return fail("{}: shard {}, expected a *.safetensors file", where, shown);
   return {};
 }
 
@@ -126,7 +129,8 @@ class IndexSax {
     if (frames_.size() >= static_cast<size_t>(kMaxIndexDepth)) {
       return error("{}: nested too deep, expected at most {} levels", label_, kMaxIndexDepth);
     }
-    if (frames_.empty() && kind != "an object") return error("{}: expected a JSON object, got {}", label_, kind);
+    if (frames_.empty() && kind != "an object")
+      return error("{}: expected a JSON object, got {}", label_, kind);
     if (at_weight_map_key() && kind != "an object") {
       return error("{}: weight_map, expected an object, got {}", label_, kind);
     }
@@ -174,6 +178,8 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   std::vector<std::string> shards;  // file names inside dir
   std::vector<std::pair<std::string, std::string>> weight_map;
   const std::string index_path = (root / kIndexFileName).string();
+  // note: transformers' precedence: model.safetensors wins over an index. With an index, files it does not
+  // name (e.g. Mistral's consolidated.safetensors beside the HF shards) are never opened.
   const bool single = is_file(root / kSingleFileName);
   const bool sharded = !single && is_file(index_path);
   if (single) {
@@ -181,7 +187,8 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   } else if (sharded) {
     Result<std::string> text = read_index(index_path);
     if (!text) return tl::unexpected(text.error());
-    Result<std::vector<std::pair<std::string, std::string>>> parsed = parse_safetensors_index(*text, index_path);
+    Result<std::vector<std::pair<std::string, std::string>>> parsed =
+        parse_safetensors_index(*text, index_path);
     if (!parsed) return tl::unexpected(parsed.error());
     weight_map = std::move(*parsed);
     if (weight_map.empty()) return fail("{}: weight_map is empty, expected at least one tensor", index_path);
@@ -199,14 +206,17 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
     }
     shards.assign(distinct.begin(), distinct.end());
   } else {
-    for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.ends_with(".safetensors") && is_file(e.path())) shards.push_back(name);
+    // No index: every *.safetensors file, sorted so that file order and errors are deterministic. The
+    // writer's temp files ("x.safetensors.tmp.XXXXXX") do not match.
+    for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.ends_with(".safetensors") && is_file(it->path())) shards.push_back(name);
     }
     if (ec) return fail("{}: cannot list: {}", dir, ec.message());
     std::sort(shards.begin(), shards.end());
     if (shards.empty()) {
-      return fail("{}: no checkpoint, expected {}, {} or *.safetensors files", dir, kSingleFileName, kIndexFileName);
+      return fail("{}: no checkpoint, expected {}, {} or *.safetensors files", dir, kSingleFileName,
+                  kIndexFileName);
     }
   }
 
@@ -224,7 +234,8 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
     for (const auto& [name, shard] : weight_map) {
       const SafetensorsFile* f = ck.file_of(name);
       if (f == nullptr) {  // covers L-20 (index names a tensor its shard lacks)
-        return fail("{}: {}: listed in shard {}, which lacks it", index_path, printable(name), printable(shard));
+        return fail("{}: {}: listed in shard {}, which lacks it", index_path, printable(name),
+                    printable(shard));
       }
       const std::string actual = fs::path(f->path()).filename().string();
       if (actual != shard) {
