@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "format/codec.h"
 #include "io/scheme_config.h"
@@ -212,6 +213,7 @@ Result<Scheme> detect_scheme(const nlohmann::json& quantization_config, const nl
   }
 
   bool any_float_linear = false;
+  std::optional<Error> float_but_targeted;
   for (const auto& [module, t] : modules) {
     if (t.weight == nullptr && t.weight_packed == nullptr) {
       for (const auto* s : {t.weight_scale, t.weight_scale_inv, t.input_scale, t.global_scale})
@@ -241,10 +243,12 @@ Result<Scheme> detect_scheme(const nlohmann::json& quantization_config, const nl
       return fail("{}: dtype {} next to a scale (N-16: expected {} values)", wname, wmeta.dtype,
                   scheme.kind == SchemeKind::kCtMxfp4 ? "U8 packed" : "F8_E4M3");
     if (auto s = check_unquantized(declared->kind, module, t, listed); !s) return tl::unexpected(s.error());
-    if (targeted)
-      return fail("{}: dtype {} but {} quantizes this module (not in its ignore list); expected {}", wname,
-                  wmeta.dtype, scheme_name(declared->kind),
-                  declared->kind == SchemeKind::kCtMxfp4 ? "U8 weight_packed" : "F8_E4M3");
+    // note: reported after the walk, so that a checkpoint with no quantized weight at all gets Q-01's message.
+    if (targeted && !float_but_targeted)
+      float_but_targeted = Error{fmt::format("{}: dtype {} but {} quantizes this module (not in its ignore list); "
+                                             "expected {}",
+                                             wname, wmeta.dtype, scheme_name(declared->kind),
+                                             declared->kind == SchemeKind::kCtMxfp4 ? "U8 weight_packed" : "F8_E4M3")};
     if (!any_float_linear) scheme.format = wmeta.dtype == "F16" ? Format::kF16
                                            : wmeta.dtype == "F32" ? Format::kF32
                                                                   : Format::kBF16;
@@ -257,6 +261,7 @@ Result<Scheme> detect_scheme(const nlohmann::json& quantization_config, const nl
       return fail("quantization_config declares {} but no linear weight is quantized (all are float): "
                   "config/weights mismatch",
                   scheme_name(declared->kind));
+    if (float_but_targeted) return tl::unexpected(*float_but_targeted);
     scheme.format = scheme.linears.begin()->second.format;
   }
 
