@@ -49,7 +49,8 @@ Checkpoint load(const std::string& dir) {
   Checkpoint c;
   const std::string path = kGolden + "/" + dir;
   c.quantization_config = json::parse(slurp(path + "/config.json")).value("quantization_config", json());
-  if (std::ifstream(path + "/hf_quant_config.json")) c.hf_quant_config = json::parse(slurp(path + "/hf_quant_config.json"));
+  if (std::ifstream(path + "/hf_quant_config.json"))
+    c.hf_quant_config = json::parse(slurp(path + "/hf_quant_config.json"));
   c.file = slurp(path + "/model.safetensors");
   uint64_t n = 0;
   std::memcpy(&n, c.file.data(), 8);
@@ -95,7 +96,8 @@ TEST_P(SchemeGolden, DetectsTheProducersScheme) {
   // Every *_proj weight the producer wrote is a quantized linear, named as the writer side names it.
   size_t projections = 0;
   for (const auto& [name, m] : c.tensors.items()) {
-    if (name.find("_proj.weight") == std::string::npos || name.ends_with("_scale") || name.ends_with("_inv")) continue;
+    if (name.find("_proj.weight") == std::string::npos || name.ends_with("_scale") || name.ends_with("_inv"))
+      continue;
     ++projections;
     const std::string module = name.substr(0, name.find("_proj.weight") + 5);
     if (g.kind == SchemeKind::kNone) continue;
@@ -119,7 +121,9 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(GoldenCase{"qwen3-dense-bf16", SchemeKind::kNone, Format::kBF16, {}},
                     GoldenCase{"qwen3-moe-bf16", SchemeKind::kNone, Format::kBF16, {}},
                     GoldenCase{"modelopt-mxfp8", SchemeKind::kModelOptMxfp8, Format::kMXFP8, kLmHead},
-                    GoldenCase{"modelopt-mxfp8-moe", SchemeKind::kModelOptMxfp8, Format::kMXFP8,
+                    GoldenCase{"modelopt-mxfp8-moe",
+                               SchemeKind::kModelOptMxfp8,
+                               Format::kMXFP8,
                                {"lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate"}},
                     GoldenCase{"ct-mxfp8", SchemeKind::kCtMxfp8, Format::kMXFP8, kLmHead},
                     GoldenCase{"ct-mxfp4", SchemeKind::kCtMxfp4, Format::kMXFP4, kLmHead},
@@ -129,8 +133,8 @@ INSTANTIATE_TEST_SUITE_P(
 // ---- refusals: a golden checkpoint, edited; every message is one line naming what it expected ----------
 struct RefusalCase {
   std::string name;
-  std::string config_dir;  // quantization_config + hf_quant_config.json from here
-  std::string tensor_dir;  // tensors from here
+  std::string config_dir;    // quantization_config + hf_quant_config.json from here
+  std::string tensor_dir;    // tensors from here
   std::string config_patch;  // merge patch on quantization_config ("" = none; "null" = remove it)
   std::string tensor_patch;  // merge patch on {name: {dtype, shape}}
   std::string error;         // substring of the error; "" = accepted
@@ -175,31 +179,37 @@ const RefusalCase kRefusals[] = {
     {"Q01_fp8_over_bf16", "fp8-b128", "qwen3-dense-bf16", "", "", "no linear weight is quantized"},
     // covers Q-02: weight_block_size must be a 2-D pair of sane positive integers, and mxq's is [128, 128].
     {"Q02_block_1d", "fp8-b128", "fp8-b128", R"({"weight_block_size": [128]})", "", "expected 2 dimensions"},
-    {"Q02_block_3d", "fp8-b128", "fp8-b128", R"({"weight_block_size": [128, 128, 1]})", "", "expected 2 dimensions"},
+    {"Q02_block_3d", "fp8-b128", "fp8-b128", R"({"weight_block_size": [128, 128, 1]})", "",
+     "expected 2 dimensions"},
     {"Q02_block_zero", "fp8-b128", "fp8-b128", R"({"weight_block_size": [0, 128]})", "", "positive integers"},
-    {"Q02_block_negative", "fp8-b128", "fp8-b128", R"({"weight_block_size": [-128, 128]})", "", "positive integers"},
+    {"Q02_block_negative", "fp8-b128", "fp8-b128", R"({"weight_block_size": [-128, 128]})", "",
+     "positive integers"},
     {"Q02_block_huge", "fp8-b128", "fp8-b128", R"({"weight_block_size": [4294967296, 128]})", "",
      "positive integers"},
-    {"Q02_block_string", "fp8-b128", "fp8-b128", R"({"weight_block_size": "128x128"})", "", "expected 2 dimensions"},
+    {"Q02_block_string", "fp8-b128", "fp8-b128", R"({"weight_block_size": "128x128"})", "",
+     "expected 2 dimensions"},
     {"Q02_block_64", "fp8-b128", "fp8-b128", R"({"weight_block_size": [64, 64]})", "", "expected [128, 128]"},
     // covers Q-04: scale tensor missing, of the wrong shape, or of the wrong dtype.
     {"Q04_mx_scale_missing", "ct-mxfp8", "ct-mxfp8", "", R"({")" + kQ + R"(.weight_scale": null})",
      "missing " + kQ + ".weight_scale"},
     {"Q04_mx_scale_f32", "modelopt-mxfp8", "modelopt-mxfp8", "",
      R"({")" + kQ + R"(.weight_scale": {"dtype": "F32"}})", "expected dtype U8"},
-    {"Q04_mx_scale_shape", "ct-mxfp4", "ct-mxfp4", "", R"({")" + kQ + R"(.weight_scale": {"shape": [64, 4]}})",
-     "expected shape [64, 2], got [64, 4]"},
-    {"Q04_b128_scale_f16", "fp8-b128", "fp8-b128", "", R"({")" + kQ + R"(.weight_scale_inv": {"dtype": "F16"}})",
+    {"Q04_mx_scale_shape", "ct-mxfp4", "ct-mxfp4", "",
+     R"({")" + kQ + R"(.weight_scale": {"shape": [64, 4]}})", "expected shape [64, 2], got [64, 4]"},
+    {"Q04_b128_scale_f16", "fp8-b128", "fp8-b128", "",
+     R"({")" + kQ + R"(.weight_scale_inv": {"dtype": "F16"}})",
      "expected dtype F32 (or BF16, widened), got F16"},
     {"Q04_b128_scale_bf16_is_widened", "fp8-b128", "fp8-b128", "",
      R"({")" + kQ + R"(.weight_scale_inv": {"dtype": "BF16"}})", ""},
-    {"Q04_b128_scale_shape", "fp8-b128", "fp8-b128", "", R"({")" + kQ + R"(.weight_scale_inv": {"shape": [64, 1]}})",
-     "expected shape [1, 1]"},
+    {"Q04_b128_scale_shape", "fp8-b128", "fp8-b128", "",
+     R"({")" + kQ + R"(.weight_scale_inv": {"shape": [64, 1]}})", "expected shape [1, 1]"},
     // The six FP8 block-128 refusals of formats.md.
     {"FP8_scale_inv_without_block_size", "fp8-b128", "fp8-b128", R"({"weight_block_size": null})", "",
      "without weight_block_size"},
-    {"FP8_scale_inv_without_config", "fp8-b128", "fp8-b128", "null", "", "weight_scale_inv but config.json has no"},
-    {"FP8_weight_without_scale_inv", "fp8-b128", "fp8-b128", "", R"({")" + kQ + R"(.weight_scale_inv": null})",
+    {"FP8_scale_inv_without_config", "fp8-b128", "fp8-b128", "null", "",
+     "weight_scale_inv but config.json has no"},
+    {"FP8_weight_without_scale_inv", "fp8-b128", "fp8-b128", "",
+     R"({")" + kQ + R"(.weight_scale_inv": null})",
      "F8_E4M3 weight with weight_block_size but no " + kQ + ".weight_scale_inv"},
     {"FP8_not_converted_ships_scale", "fp8-b128", "fp8-b128", "",
      R"({"lm_head.weight_scale_inv": {"dtype": "F32", "shape": [2, 1]}})", "is not converted"},
@@ -216,7 +226,8 @@ const RefusalCase kRefusals[] = {
      R"({")" + kQ + R"(.weight": {"shape": [64, 48]}, ")" + kQ + R"(.weight_scale": {"shape": [64, 1]}})",
      "K = 48 is not a multiple of 32"},
     {"MX4_K_not_32", "ct-mxfp4", "ct-mxfp4", "",
-     R"({")" + kQ + R"(.weight_packed": {"shape": [64, 24]}, ")" + kQ + R"(.weight_scale": {"shape": [64, 1]}})",
+     R"({")" + kQ + R"(.weight_packed": {"shape": [64, 24]}, ")" + kQ +
+         R"(.weight_scale": {"shape": [64, 1]}})",
      "K = 48 is not a multiple of 32"},
     // covers N-16: fp8 mixed with bf16 without a scale, or fp8 with no declared scheme.
     {"N16_fp8_without_config", "modelopt-mxfp8", "modelopt-mxfp8", "null", "", "N-16"},
@@ -228,28 +239,29 @@ const RefusalCase kRefusals[] = {
     {"N16_ignored_but_fp8", "modelopt-mxfp8", "modelopt-mxfp8", R"({"ignore": ["lm_head", ")" + kQ + R"("]})",
      "", "leaves unquantized (listed in its ignore list)"},
     // NVFP4 is refused by name wherever it shows.
-    {"NVFP4_e4m3_scales", "ct-mxfp4", "ct-mxfp4", "", R"({")" + kQ + R"(.weight_scale": {"dtype": "F8_E4M3"}})",
-     "NVFP4"},
+    {"NVFP4_e4m3_scales", "ct-mxfp4", "ct-mxfp4", "",
+     R"({")" + kQ + R"(.weight_scale": {"dtype": "F8_E4M3"}})", "NVFP4"},
     {"NVFP4_global_scale", "ct-mxfp4", "ct-mxfp4", "",
      R"({")" + kQ + R"(.weight_global_scale": {"dtype": "F32", "shape": [1]}})", "NVFP4"},
-    {"NVFP4_group16", "ct-mxfp4", "ct-mxfp4", R"({"config_groups": {"group_0": {"weights": {"group_size": 16}}}})",
-     "", "NVFP4"},
+    {"NVFP4_group16", "ct-mxfp4", "ct-mxfp4",
+     R"({"config_groups": {"group_0": {"weights": {"group_size": 16}}}})", "", "NVFP4"},
     {"NVFP4_scale_dtype", "ct-mxfp4", "ct-mxfp4",
      R"({"config_groups": {"group_0": {"weights": {"scale_dtype": "torch.float8_e4m3fn"}}}})", "", "NVFP4"},
     {"NVFP4_format", "ct-mxfp4", "ct-mxfp4",
      R"({"format": "nvfp4-pack-quantized", "config_groups": {"group_0": {"format": null}}})", "", "NVFP4"},
-    {"NVFP4_modelopt", "ct-mxfp8", "modelopt-mxfp8", R"({"quant_method": "modelopt", "quant_algo": "NVFP4"})", "",
-     "ModelOpt quant_algo \"NVFP4\" is not supported (NVFP4 is not supported)"},
+    {"NVFP4_modelopt", "ct-mxfp8", "modelopt-mxfp8", R"({"quant_method": "modelopt", "quant_algo": "NVFP4"})",
+     "", "ModelOpt quant_algo \"NVFP4\" is not supported (NVFP4 is not supported)"},
     // Other configs mxq does not read.
     {"unknown_method", "fp8-b128", "fp8-b128", R"({"quant_method": "gptq"})", "",
      "quant_method \"gptq\" is not supported"},
-    {"method_missing", "fp8-b128", "fp8-b128", R"({"quant_method": null})", "", "quant_method: expected a string"},
+    {"method_missing", "fp8-b128", "fp8-b128", R"({"quant_method": null})", "",
+     "quant_method: expected a string"},
     {"per_tensor_fp8", "fp8-b128", "fp8-b128", R"({"weight_block_size": null})", "", "per-tensor FP8"},
     {"ct_float_quantized", "ct-mxfp8", "ct-mxfp8",
      R"({"format": "float-quantized", "config_groups": {"group_0": {"format": null}}})", "",
      "format \"float-quantized\" is not supported"},
-    {"ct_bits_6", "ct-mxfp8", "ct-mxfp8", R"({"config_groups": {"group_0": {"weights": {"num_bits": 6}}}})", "",
-     "num_bits: expected 8 (MXFP8) or 4 (MXFP4)"},
+    {"ct_bits_6", "ct-mxfp8", "ct-mxfp8", R"({"config_groups": {"group_0": {"weights": {"num_bits": 6}}}})",
+     "", "num_bits: expected 8 (MXFP8) or 4 (MXFP4)"},
     {"ct_format_contradicts_bits", "ct-mxfp8", "ct-mxfp8",
      R"({"config_groups": {"group_0": {"weights": {"num_bits": 4}}}})", "", "contradicts weights.num_bits"},
     {"ct_static_activations", "ct-mxfp8", "ct-mxfp8",
@@ -259,19 +271,21 @@ const RefusalCase kRefusals[] = {
      R"({"config_groups": {"group_0": {"input_activations": {"dynamic": true, "num_bits": 8}}}})", "", ""},
     {"ct_transform", "ct-mxfp8", "ct-mxfp8", R"({"transform_config": {"config_groups": {"u": {}}}})", "",
      "transform_config: expected empty"},
-    {"ct_asymmetric", "ct-mxfp4", "ct-mxfp4", R"({"config_groups": {"group_0": {"weights": {"symmetric": false}}}})",
-     "", "symmetric: expected true"},
+    {"ct_asymmetric", "ct-mxfp4", "ct-mxfp4",
+     R"({"config_groups": {"group_0": {"weights": {"symmetric": false}}}})", "", "symmetric: expected true"},
     {"ct_regex_ignore", "ct-mxfp8", "ct-mxfp8", R"({"ignore": ["re:lm_.*"]})", "", ""},
-    {"ct_bad_regex", "ct-mxfp8", "ct-mxfp8", R"({"ignore": ["re:(lm"]})", "", "is not a valid regular expression"},
+    {"ct_bad_regex", "ct-mxfp8", "ct-mxfp8", R"({"ignore": ["re:(lm"]})", "",
+     "is not a valid regular expression"},
     {"ct_regex_targets_leave_bf16", "ct-mxfp8", "ct-mxfp8",
      R"({"config_groups": {"group_0": {"targets": ["re:.*self_attn"]}}})", "", "matched by no config group"},
-    {"modelopt_glob_ignore", "modelopt-mxfp8-moe", "modelopt-mxfp8-moe", R"({"ignore": ["lm_head", "*.mlp.gate"]})",
-     "", ""},
+    {"modelopt_glob_ignore", "modelopt-mxfp8-moe", "modelopt-mxfp8-moe",
+     R"({"ignore": ["lm_head", "*.mlp.gate"]})", "", ""},
     {"modelopt_hf_algo_contradicts", "modelopt-mxfp8", "modelopt-mxfp8", R"({"quant_algo": "FP8"})", "",
      "contradicts \"FP8\""},
     {"modelopt_group_size_16", "modelopt-mxfp8", "modelopt-mxfp8", R"({"group_size": 16})", "",
      "group_size 16 is not MXFP8's 32"},
-    {"stray_scale", "ct-mxfp8", "ct-mxfp8", "", R"({"model.ghost.weight_scale": {"dtype": "U8", "shape": [1, 1]}})",
+    {"stray_scale", "ct-mxfp8", "ct-mxfp8", "",
+     R"({"model.ghost.weight_scale": {"dtype": "U8", "shape": [1, 1]}})",
      "a scale tensor without model.ghost.weight"},
     {"e5m2_embedding", "qwen3-dense-bf16", "qwen3-dense-bf16", "",
      R"({"model.embed_tokens.weight": {"dtype": "F8_E5M2"}})", "tensor mxq does not quantize"},
@@ -293,7 +307,8 @@ TEST(SchemeHfQuantConfig, HfQuantConfigBesideAnotherMethod) {
   c.hf_quant_config = load("modelopt-mxfp8").hf_quant_config;
   auto s = detect(c);
   ASSERT_FALSE(s);
-  EXPECT_NE(s.error().message.find("contradicts quantization_config.quant_method \"fp8\""), std::string::npos);
+  EXPECT_NE(s.error().message.find("contradicts quantization_config.quant_method \"fp8\""),
+            std::string::npos);
 }
 
 // ---- Q-07 / Q-08: the bytes, once read --------------------------------------------------------------------
@@ -301,7 +316,7 @@ struct BytesCase {
   std::string name;
   std::string dir;
   std::string tensor;
-  size_t index;       // byte offset to overwrite in the real tensor bytes
+  size_t index;  // byte offset to overwrite in the real tensor bytes
   std::vector<uint8_t> patch;
   std::string error;  // "" = accepted
 };
@@ -337,15 +352,27 @@ INSTANTIATE_TEST_SUITE_P(
         BytesCase{"Q07_scale_fe_ok", "modelopt-mxfp8", kQ + ".weight_scale", 0, {0xFE}, ""},
         BytesCase{"Q07_mx4_scale_ff", "ct-mxfp4", kDown + ".weight_scale", 3, {0xFF}, "E8M0 NaN"},
         // covers Q-08: NaN codes / NaN and Inf values refused.
-        BytesCase{"Q08_e4m3_7f", "ct-mxfp8", kQ + ".weight", 17, {0x7F}, "element 17 is an E4M3 NaN code 0x7F"},
+        BytesCase{
+            "Q08_e4m3_7f", "ct-mxfp8", kQ + ".weight", 17, {0x7F}, "element 17 is an E4M3 NaN code 0x7F"},
         BytesCase{"Q08_e4m3_ff", "fp8-b128", kQ + ".weight", 0, {0xFF}, "E4M3 NaN code 0xFF"},
         BytesCase{"Q08_e4m3_max_ok", "fp8-b128", kQ + ".weight", 0, {0x7E, 0xFE}, ""},
-        BytesCase{"Q08_bf16_nan", "qwen3-dense-bf16", kQ + ".weight", 2, {0xC0, 0x7F}, "element 1 is NaN or Inf"},
+        BytesCase{
+            "Q08_bf16_nan", "qwen3-dense-bf16", kQ + ".weight", 2, {0xC0, 0x7F}, "element 1 is NaN or Inf"},
         BytesCase{"Q08_bf16_inf", "ct-mxfp8", "lm_head.weight", 0, {0x80, 0xFF}, "element 0 is NaN or Inf"},
         BytesCase{"Q08_norm_nan", "qwen3-moe-bf16", "model.norm.weight", 6, {0xC0, 0xFF}, "NaN or Inf"},
-        BytesCase{"Q08_scale_inv_nan", "fp8-b128", kQ + ".weight_scale_inv", 0, {0, 0, 0xC0, 0x7F}, "positive finite"},
-        BytesCase{"Q08_scale_inv_zero", "fp8-b128", kQ + ".weight_scale_inv", 0, {0, 0, 0, 0}, "positive finite"},
-        BytesCase{"Q08_scale_inv_negative", "fp8-b128", kQ + ".weight_scale_inv", 0, {0, 0, 0x80, 0xBF},
+        BytesCase{"Q08_scale_inv_nan",
+                  "fp8-b128",
+                  kQ + ".weight_scale_inv",
+                  0,
+                  {0, 0, 0xC0, 0x7F},
+                  "positive finite"},
+        BytesCase{
+            "Q08_scale_inv_zero", "fp8-b128", kQ + ".weight_scale_inv", 0, {0, 0, 0, 0}, "positive finite"},
+        BytesCase{"Q08_scale_inv_negative",
+                  "fp8-b128",
+                  kQ + ".weight_scale_inv",
+                  0,
+                  {0, 0, 0x80, 0xBF},
                   "positive finite"},
         BytesCase{"fp4_any_byte_ok", "ct-mxfp4", kQ + ".weight_packed", 0, {0xFF, 0x88, 0x77}, ""}),
     [](const auto& info) { return info.param.name; });
@@ -360,7 +387,8 @@ TEST(SchemeByteLength, WrongLengthIsRefused) {
   EXPECT_NE(st.error().message.find("expected 128 bytes, got 127"), std::string::npos) << st.error().message;
 }
 
-// ---- Q-03: partitions of the weights over tensor-parallel ranks ----------------------------------------------
+// ---- Q-03: partitions of the weights over tensor-parallel ranks
+// ----------------------------------------------
 struct PartitionCase {
   std::string dir;
   int64_t tp;
@@ -389,7 +417,8 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(PartitionCase{"fp8-b128", 1, ""},
                     // note: the tiny model's N = 32..128 cannot hold a 128-row block per rank at tp = 2.
                     PartitionCase{"fp8-b128", 2, "is not a multiple of the fp8-b128 block 128"},
-                    PartitionCase{"ct-mxfp8", 2, ""}, PartitionCase{"ct-mxfp8", 4, "not a multiple of the mxfp8 block 32"},
+                    PartitionCase{"ct-mxfp8", 2, ""},
+                    PartitionCase{"ct-mxfp8", 4, "not a multiple of the mxfp8 block 32"},
                     PartitionCase{"ct-mxfp4", 3, "does not split over 3 ranks"},
                     PartitionCase{"modelopt-mxfp8", 0, "must be >= 1"}),
     [](const auto& info) { return test_name(info.param.dir + "_tp" + std::to_string(info.param.tp)); });
@@ -447,7 +476,9 @@ INSTANTIATE_TEST_SUITE_P(, SchemeWriter,
                                          WriterCase{SchemeKind::kCtMxfp8, "ct-mxfp8"},
                                          WriterCase{SchemeKind::kCtMxfp4, "ct-mxfp4"},
                                          WriterCase{SchemeKind::kFp8Block128, "fp8-b128"}),
-                         [](const auto& info) { return test_name(std::string(scheme_name(info.param.kind))); });
+                         [](const auto& info) {
+                           return test_name(std::string(scheme_name(info.param.kind)));
+                         });
 
 TEST(SchemeWriterNone, NoneWritesNothing) {
   EXPECT_TRUE(make_quantization_config(SchemeKind::kNone, {}).is_null());
