@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <span>
 
 namespace mxq {
@@ -356,10 +358,12 @@ Result<ModelConfig> parse_config(std::string_view json_text, std::string_view or
 
 // note: read in 64 KB chunks with a running size check, so a multi-GB "config.json" is refused without
 // being loaded.
-Result<ModelConfig> read_config(const std::string& dir) {
-  const std::string path = dir + "/config.json";
+static Result<std::optional<std::string>> read_small_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return fail("{}: cannot open", path);
+  if (!in) {
+    if (!std::filesystem::exists(path)) return std::optional<std::string>();
+    return fail("{}: cannot open", path);
+  }
   std::string text;
   char buf[65536];
   while (in.read(buf, sizeof buf) || in.gcount() > 0) {
@@ -367,7 +371,25 @@ Result<ModelConfig> read_config(const std::string& dir) {
     if (text.size() > kMaxConfigBytes)
       return fail("{}: expected at most {} bytes, the file is larger", path, kMaxConfigBytes);
   }
-  return parse_config(text, path);
+  return std::optional<std::string>(std::move(text));
+}
+
+Result<ModelConfig> read_config(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  auto text = read_small_file(path);
+  if (!text) return tl::unexpected(text.error());
+  if (!*text) return fail("{}: missing", path);
+  return parse_config(**text, path);
+}
+
+Result<std::optional<json>> read_hf_quant_config(const std::string& dir) {
+  const std::string path = dir + "/hf_quant_config.json";
+  auto text = read_small_file(path);
+  if (!text) return tl::unexpected(text.error());
+  if (!*text) return std::optional<json>();
+  auto parsed = parse_json_text(**text, path);
+  if (!parsed) return tl::unexpected(parsed.error());
+  return std::optional<json>(std::move(*parsed));
 }
 
 }  // namespace mxq

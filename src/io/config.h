@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,6 +65,9 @@ struct ModelConfig {
 Result<ModelConfig> parse_config(std::string_view json_text, std::string_view origin);
 // Reads <dir>/config.json.
 Result<ModelConfig> read_config(const std::string& dir);
+
+// Reads <dir>/hf_quant_config.json (ModelOpt's file); nullopt when the checkpoint has none.
+Result<std::optional<nlohmann::json>> read_hf_quant_config(const std::string& dir);
 
 // The loader's refusal of an architecture mxq has no forward for, naming it and the ones it has.
 Status check_architecture(const ModelConfig& config);

@@ -48,9 +48,11 @@ struct Checkpoint {
 Checkpoint load(const std::string& dir) {
   Checkpoint c;
   const std::string path = kGolden + "/" + dir;
-  c.quantization_config = json::parse(slurp(path + "/config.json")).value("quantization_config", json());
-  if (std::ifstream(path + "/hf_quant_config.json"))
-    c.hf_quant_config = json::parse(slurp(path + "/hf_quant_config.json"));
+  auto config = read_config(path);
+  auto hf = read_hf_quant_config(path);
+  EXPECT_TRUE(config && hf) << path;
+  if (config) c.quantization_config = config->quantization_config;
+  if (hf) c.hf_quant_config = *hf;
   c.file = slurp(path + "/model.safetensors");
   uint64_t n = 0;
   std::memcpy(&n, c.file.data(), 8);
