@@ -56,12 +56,12 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
-// note: 2^62 bounds any element count so later byte arithmetic (x8 at most) cannot overflow int64.
-constexpr int64_t kMaxElements = int64_t{1} << 62;
+// note: 2^59 bounds any element count so bytes (x8 at most) and packed K (x2) stay below 2^63.
+constexpr int64_t kMaxElements = int64_t{1} << 59;
 Result<int64_t> checked_numel(const std::string& name, const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
-    if (d < 0 || (d != 0 && n > kMaxElements / d))
+    if (d < 0 || d > kMaxElements || (d != 0 && n > kMaxElements / d))
       return fail("{}: shape {} is negative or overflows", name, shape_str(shape));
     n *= d;
   }
@@ -222,6 +222,10 @@ Result<Scheme> detect_scheme(const nlohmann::json& quantization_config, const nl
 
   // Group tensors by module; scale-like suffixes on a tensor that has no module weight still count (a stray
   // scale is refused below). note: the longest suffix wins, ".weight_scale" before ".weight".
+  // Shapes first: every later product and cdiv works on dims that are known non-negative and bounded.
+  for (const auto& [name, meta] : tensors)
+    if (auto n = checked_numel(name, meta.shape); !n) return tl::unexpected(n.error());
+
   std::map<std::string, ModuleTensors> modules;
   for (const auto& entry : tensors) {
     const std::string& name = entry.first;
@@ -245,7 +249,8 @@ Result<Scheme> detect_scheme(const nlohmann::json& quantization_config, const nl
       continue;
     }
     const std::string& wname = (t.weight ? t.weight : t.weight_packed)->first;
-    if (t.weight && t.weight_packed) return fail("{}: both .weight and .weight_packed", module);
+    if (t.weight && t.weight_packed)
+      return fail("{}: both .weight and .weight_packed; expected one values tensor", module);
     if (!is_linear(module, t)) {
       const auto& meta = (t.weight ? t.weight : t.weight_packed)->second;
       if (!is_float_dtype(meta.dtype) || t.weight_scale || t.weight_scale_inv || t.input_scale)

@@ -289,6 +289,10 @@ const RefusalCase kRefusals[] = {
     {"stray_scale", "ct-mxfp8", "ct-mxfp8", "",
      R"({"model.ghost.weight_scale": {"dtype": "U8", "shape": [1, 1]}})",
      "a scale tensor without model.ghost.weight"},
+    {"shape_negative", "ct-mxfp8", "ct-mxfp8", "", R"({")" + kQ + R"(.weight": {"shape": [64, -64]}})",
+     "shape [64, -64] is negative or overflows"},
+    {"shape_zero_times_huge", "fp8-b128", "fp8-b128", "",
+     R"({")" + kQ + R"(.weight": {"shape": [0, 9223372036854775807]}})", "is negative or overflows"},
     {"e5m2_embedding", "qwen3-dense-bf16", "qwen3-dense-bf16", "",
      R"({"model.embed_tokens.weight": {"dtype": "F8_E5M2"}})", "tensor mxq does not quantize"},
 };
