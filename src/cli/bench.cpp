@@ -1,9 +1,14 @@
-// mxq bench (placeholder until its module lands)
+// mxq bench: registers the `bench` command; each benchmark adds itself as a sub-subcommand (bench.h).
+#include "cli/bench.h"
+
 #include "cli/commands.h"
 
 namespace mxq::cli {
+
 void add_bench(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("bench", "bench (not built yet)");
-  cmd->callback([&exit_code] { exit_code = 1; });
+  auto* bench = app.add_subcommand("bench", "Measure throughput of mxq kernels");
+  bench->require_subcommand(1);
+  add_bench_quantize(*bench, exit_code);
 }
+
 }  // namespace mxq::cli

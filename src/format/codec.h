@@ -59,5 +59,8 @@ uint8_t f32_to_e4m3(float x);   // RNE, saturating to +-448; NaN -> 0x7F (0xFF i
 uint8_t f32_to_e5m2(float x);   // RNE, saturating to +-57344; NaN -> 0x7F/0xFF
 uint8_t f32_to_e2m1(float x);   // RNE to code (ties to even code), saturating at +-6; -0-rounding -> code 8
                                 // except an input of exactly +-0 -> code 0 (compressed-tensors)
+// E8M0 by rounding |x| up to a power of two (TransformerEngine float_to_e8m0, cvt.rp.satfinite.ue8m0):
+// 0 -> 0x00, values <= 2^-127 -> 0x00, saturating at 0xFE (+-inf too), NaN -> 0xFF; the sign is ignored.
+uint8_t f32_to_e8m0(float x);
 
 }  // namespace mxq
