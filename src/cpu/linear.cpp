@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpu/block_decode.h"
 #include "cpu/dequantize_row.h"
 
 namespace mxq {
@@ -62,12 +63,66 @@ void linear_columns(const float* x, int64_t m, const WeightView& w, const float*
   }
 }
 
+// M = 1 (decode): each 32-block is decoded into registers and multiplied into x straight away, so the
+// weight bytes are the only memory traffic that scales with N·K.
+template <Format kElement>
+void gemv_rows(const float* x, const WeightView& w, const float* bias, float* y, int64_t n0, int64_t n1) {
+  using cpu_detail::kBlock;
+  const int64_t blocks = w.cols / kBlock, tail = w.cols - blocks * kBlock;
+  const int64_t row_bytes = values_bytes(w.format, 1, w.cols);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* p = w.values + n * row_bytes;
+    const cpu_detail::RowScales scale_of(w, n);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < blocks; ++b, p += cpu_detail::kBlockBytes<kElement>) {
+      __m256 v[4];
+      cpu_detail::decode_block<kElement>(p, v);
+      const __m256 scale = _mm256_set1_ps(scale_of(b));
+      for (int i = 0; i < 4; ++i)
+        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(v[i], scale), _mm256_loadu_ps(x + kBlock * b + 8 * i), acc[i]);
+    }
+    float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    if (tail > 0) {  // plain formats and FP8-B128 only: MX rows are whole blocks
+      float rest[kBlock];
+      dequantize_row(w, n, blocks * kBlock, tail, rest);
+      for (int64_t j = 0; j < tail; ++j) sum += x[blocks * kBlock + j] * rest[j];
+    }
+    y[n] = bias ? sum + bias[n] : sum;
+  }
+}
+
+using GemvFn = void (*)(const float*, const WeightView&, const float*, float*, int64_t, int64_t);
+GemvFn gemv_for(Format element) {
+  switch (element) {
+    case Format::kBF16:
+      return gemv_rows<Format::kBF16>;
+    case Format::kF16:
+      return gemv_rows<Format::kF16>;
+    case Format::kF32:
+      return gemv_rows<Format::kF32>;
+    case Format::kE4M3:
+      return gemv_rows<Format::kE4M3>;
+    case Format::kE5M2:
+      return gemv_rows<Format::kE5M2>;
+    case Format::kE2M1:
+      return gemv_rows<Format::kE2M1>;
+    default:
+      return nullptr;  // not reached: check_weight_view admits only the formats above
+  }
+}
+
 }  // namespace
 
 Status linear(const float* x, int64_t m, const WeightView& w, const float* bias, float* y, ThreadPool& pool) {
   if (auto ok = check_weight_view(w, "linear weight"); !ok) return ok;
   if (m < 0) return fail("linear: expected m >= 0 rows of x, got {}", m);
   if (m == 0 || w.rows == 0) return {};
+  if (m == 1) {
+    const GemvFn gemv = gemv_for(traits(w.format).element);
+    const int64_t grain = cdiv(kMinMacsPerTask, std::max<int64_t>(1, w.cols));
+    pool.parallel_for(w.rows, grain, [&](int64_t begin, int64_t end) { gemv(x, w, bias, y, begin, end); });
+    return {};
+  }
   const int64_t tiles = cdiv(w.rows, kRowTile);
   const int64_t macs_per_tile = std::max<int64_t>(1, m * w.cols * kRowTile);
   pool.parallel_for(tiles, cdiv(kMinMacsPerTask, macs_per_tile), [&](int64_t begin, int64_t end) {

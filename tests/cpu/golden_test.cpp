@@ -2,6 +2,7 @@
 // conventions (rotate_half pairing, GQA head mapping, causal offset, router softmax and topk ties).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -113,6 +114,27 @@ TEST_P(CpuGoldenMoeRouter, MatchesQwen3MoeTopKRouter) {
 }
 INSTANTIATE_TEST_SUITE_P(CpuGoldenMoeRouter, CpuGoldenMoeRouter, ::testing::ValuesIn(cases_of("moe_router")),
                          golden_name);
+
+// The golden data holds exact ties where torch's CPU order is not lower-index first (e.g. an all-zero
+// hidden state routed to experts 6, 5 of 8): the kTorchCpu match above is not the default rule by chance.
+TEST(CpuGoldenMoeRouter, GoldenTiesSeparateTheTwoTieRules) {
+  ASSERT_FALSE(golden().is_discarded());
+  int differing_rows = 0;
+  for (const nlohmann::json& j : golden()["moe_router"]) {
+    const std::vector<float> logits = floats(j["logits"]);
+    const auto tokens = j["tokens"].get<int64_t>(), k = j["top_k"].get<int64_t>();
+    std::vector<int32_t> ids(static_cast<size_t>(tokens * k));
+    std::vector<float> weights(ids.size());
+    ASSERT_TRUE(moe_router(logits.data(), tokens, j["experts"].get<int64_t>(), k,
+                           j["norm_topk_prob"].get<bool>(), ids.data(), weights.data(),
+                           TopkTies::kLowerIndex));
+    const std::vector<int32_t> torch_ids = j["ids"].get<std::vector<int32_t>>();
+    for (int64_t t = 0; t < tokens; ++t)
+      differing_rows +=
+          !std::equal(ids.begin() + t * k, ids.begin() + (t + 1) * k, torch_ids.begin() + t * k);
+  }
+  EXPECT_GT(differing_rows, 0);
+}
 
 }  // namespace
 }  // namespace mxq
