@@ -61,3 +61,29 @@ def test_bad_input_exits_2_with_one_line(args, needle):
     p = generate(*args)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert needle in p.stderr and p.stderr.count("\n") == 1, p.stderr
+
+
+def test_stop_string_cuts_the_text():
+    full = json.loads(generate("Once upon a time", "--max-new-tokens", 24, "--ignore-eos", "--json").stdout)
+    stop = full["text"][len(full["text"]) // 2:][:3]
+    p = generate("Once upon a time", "--max-new-tokens", 24, "--ignore-eos", "--stop", stop, "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["finish_reason"] == "stop" and out["text"] == full["text"][:full["text"].index(stop)]
+
+
+def test_chat_prompt_is_wrapped_in_the_template():
+    plain = json.loads(generate("hello", "--max-new-tokens", 4, "--json").stdout)
+    chat = generate("hello", "--max-new-tokens", 4, "--chat", "--json")
+    assert chat.returncode == 0, chat.stderr
+    assert "chat_template is not executed" in chat.stderr
+    assert json.loads(chat.stdout)["prompt_tokens"] > plain["prompt_tokens"]
+
+
+def test_bench_decode_prints_pp_and_tg_rows():
+    args = ["bench", "decode", "--model", GOLDEN / "ckpt" / "qwen3-moe-bf16", "--pp", 8, "--tg", 4, "--reps", 1]
+    p = subprocess.run([str(MXQ), *map(str, args)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    rows = [line for line in p.stdout.splitlines() if line.startswith("| qwen3-moe-bf16")]
+    assert [r.split("|")[5].strip() for r in rows] == ["pp8", "tg4"]
+    assert all(float(r.split("|")[6]) > 0 for r in rows)
