@@ -74,7 +74,6 @@ int run_generate(const GenerateOptions& o) {
     return bad({fmt::format("--device {}: expected cpu, cuda or auto", o.device)});
   const std::string dir = o.model.empty() ? default_model_dir() : o.model;
   LoadOptions load;
-  load.threads = o.threads;
   // note: the embedded default model runs as MXFP8 unless told otherwise; a given --model runs as stored.
   const std::string q = o.quantization.empty()
                             ? (o.model.empty() ? std::string(traits(kDefaultModelQuantization).name) : "none")
@@ -92,6 +91,7 @@ int run_generate(const GenerateOptions& o) {
     return bad({"give exactly one of PROMPT / --prompt and --prompt-ids"});
   if (o.chat && !o.prompt_ids.empty()) return bad({"--chat needs a text prompt, not --prompt-ids"});
 
+  // The tokenizer is optional: checkpoints without tokenizer.json still run with --prompt-ids.
   std::optional<Tokenizer> tok;
   const std::string tok_path = dir + "/tokenizer.json";
   if (std::filesystem::exists(tok_path)) {
@@ -122,6 +122,13 @@ int run_generate(const GenerateOptions& o) {
     prompt = std::move(*ids);
   }
 
+  // note: the library reports per weight; on a terminal the count is redrawn in place on stderr, elsewhere
+  // nothing is printed (stdout may be JSON).
+  if (isatty(STDERR_FILENO))
+    load.progress = [](const Progress& p) {
+      fmt::print(stderr, "\rloading {}/{} weights{}", p.done, p.total, p.done == p.total ? "\n" : "");
+      return true;
+    };
   auto model = load_model(dir, load);
   if (!model) return bad(model.error());
   auto backend = make_cpu_backend(o.threads);
@@ -138,6 +145,8 @@ int run_generate(const GenerateOptions& o) {
   p.stop = o.stop;
   p.ignore_eos = o.ignore_eos;
   Generator gen(*qwen, tok ? &*tok : nullptr);
+  // Text streams as soon as it is final (the generator holds back possible stop strings and partial UTF-8);
+  // --json prints one object at the end instead.
   const bool stream = !o.json;
   auto g = gen.generate(prompt, p, [&](std::string_view piece) {
     if (stream) {

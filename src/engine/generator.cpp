@@ -63,9 +63,11 @@ Result<Generation> Generator::generate(std::span<const int32_t> prompt, const Ge
   auto kv = KvCache::create(model_->backend(), c, n + p.max_new_tokens);
   if (!kv) return tl::unexpected(kv.error());
 
+  // note: the KV cache is sized for this request exactly, so no position can overflow it mid-generation.
   std::vector<int32_t> stop_ids = p.stop_token_ids;
   if (!p.ignore_eos)
     for (int64_t e : c.eos_token_ids) stop_ids.push_back(static_cast<int32_t>(e));
+  // One generator per request: the same seed and parameters give the same tokens whatever ran before.
   std::mt19937_64 rng(p.seed);
   std::vector<float> logits(static_cast<size_t>(c.vocab_size));
   Generation g;
@@ -84,6 +86,7 @@ Result<Generation> Generator::generate(std::span<const int32_t> prompt, const Ge
     g.token_ids.push_back(tok->id);
     g.tokens.push_back(std::move(*tok));
     const int32_t id = g.token_ids.back();
+    // A stop token is kept in token_ids (its logprob was reported) but its text is not added (vLLM's rule).
     if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
       g.finish = FinishReason::kStopToken;
       break;
@@ -105,6 +108,7 @@ Result<Generation> Generator::generate(std::span<const int32_t> prompt, const Ge
       emitted = std::max(emitted, ready);
       if (g.finish == FinishReason::kStopString) break;
     }
+    // note: no forward after the last token: its logits would never be sampled.
     if (step + 1 == p.max_new_tokens) break;
     const int32_t next[1] = {id};
     if (auto st = model_->forward(next, kv->sequence(), logits.data()); !st)

@@ -31,12 +31,15 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
+  // note: a private pool only when a thread count is asked for, so tests and benches can pin parallelism
+  // while everything else shares default_pool().
   explicit CpuBackend(int threads) {
     if (threads > 0) own_pool_ = std::make_unique<ThreadPool>(threads);
     pool_ = own_pool_ ? own_pool_.get() : &default_pool();
   }
   std::string_view name() const override { return "cpu"; }
 
+  // note: value-initialised (zeroed), so a KV cache never exposes stale floats to a buggy reader.
   BackendBuffer<float> alloc_f32(int64_t count) override {
     assert(count >= 0);
     return BackendBuffer<float>(new float[static_cast<size_t>(count)]());

@@ -29,6 +29,8 @@ Result<Format> plain_format(Dtype d, std::string_view name) {
   }
 }
 
+// Copies a tensor out of the mapping (the guarded path, L-19) and applies the scheme's byte policy (Q-07,
+// Q-08) before anything reaches the store: a refused byte never becomes a live weight.
 Result<std::vector<uint8_t>> read_tensor(const Checkpoint& ckpt, const Scheme& scheme,
                                          const std::string& name) {
   const TensorEntry* e = ckpt.find(name);
@@ -104,6 +106,8 @@ Result<LoadedModel> load_model(const std::string& dir, const LoadOptions& option
   auto ckpt = Checkpoint::open(dir);
   if (!ckpt) return tl::unexpected(ckpt.error());
   std::optional<nlohmann::json> hf_quant;
+  // ModelOpt writes its quantization settings a second time in hf_quant_config.json; detect_scheme checks
+  // both.
   if (fs::exists(fs::path(dir) / "hf_quant_config.json", ec)) {
     auto j = read_json_file(fs::path(dir) / "hf_quant_config.json");
     if (!j) return tl::unexpected(j.error());
@@ -123,6 +127,8 @@ Result<LoadedModel> load_model(const std::string& dir, const LoadOptions& option
                   scheme_name(scheme->kind));
   }
 
+  // note: weights are added in spec order (the tensor plan), each through apply_tensor, the store's only
+  // writer; plain tensors keep their checkpoint dtype (BF16/F16/F32) and are decoded per row by the ops.
   LoadedModel m{dir, std::move(*config), scheme->kind, scheme->format, std::move(*specs), {}};
   int64_t done = 0;
   const int64_t total = static_cast<int64_t>(m.specs.size());
@@ -131,6 +137,7 @@ Result<LoadedModel> load_model(const std::string& dir, const LoadOptions& option
       return fail("{}: loading cancelled", dir);
     auto lin = spec.linear ? scheme->linears.find(module_of(spec.name)) : scheme->linears.end();
     if (lin != scheme->linears.end()) {
+      // A projection stored quantized: canonical planes straight from the checkpoint.
       const QuantizedLinear& ql = lin->second;
       auto values = read_tensor(*ckpt, *scheme, ql.values);
       if (!values) return fail_in(dir, values.error());

@@ -24,10 +24,10 @@ struct WeightSpec {
 // (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]) over per-expert projections.
 Result<std::vector<WeightSpec>> qwen3_weight_specs(const ModelConfig& cfg, bool stacked_experts);
 
-// Checks that `tensors` holds exactly the expected weights under `scheme`: plain tensors in a float dtype with
-// the spec's shape, quantized projections as the scheme's (values, scales) pair with the logical [N, K].
+// Checks that `tensors` holds exactly the expected weights under `scheme`: plain tensors in a float dtype
+// with the spec's shape, quantized projections as the scheme's (values, scales) pair with the logical [N, K].
 // Returns the specs the checkpoint matched.
 Result<std::vector<WeightSpec>> check_qwen3_tensors(const ModelConfig& cfg, const Scheme& scheme,
-                                                   const TensorMetaMap& tensors);
+                                                    const TensorMetaMap& tensors);
 
 }  // namespace mxq

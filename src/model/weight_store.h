@@ -1,6 +1,6 @@
-// The weight store: HF tensor name -> live QTensor. Buffers are allocated once and never move (CUDA graphs and
-// refit hold their addresses). apply_tensor() is the only function that writes weight bytes: the checkpoint
-// loader, online quantization, full updates and sparse deltas all go through it.
+// The weight store: HF tensor name -> live QTensor. Buffers are allocated once and never move (CUDA graphs
+// and refit hold their addresses). apply_tensor() is the only function that writes weight bytes: the
+// checkpoint loader, online quantization, full updates and sparse deltas all go through it.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +39,8 @@ class WeightStore {
   // Reserves the tensor's buffers (zeroed). Adding a name twice is an error.
   Status add(std::string name, Format format, std::vector<int64_t> shape);
   // Writes full canonical planes; sizes must match exactly (W-08: no implicit cast or reshape).
-  Status apply_tensor(std::string_view name, std::span<const uint8_t> values, std::span<const uint8_t> scales);
+  Status apply_tensor(std::string_view name, std::span<const uint8_t> values,
+                      std::span<const uint8_t> scales);
 
   const QTensor* find(std::string_view name) const;
   const QTensor& at(std::string_view name) const;  // the name must exist (programmer error otherwise)

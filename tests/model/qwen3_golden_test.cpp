@@ -89,8 +89,7 @@ TEST_P(Qwen3Golden, GreedyIdsAndLogitsMatchTransformers) {
     double scale = 1;
     const double prompt_err = max_abs_diff(logits, run["prompt_logits"], &scale);
     worst = std::max(worst, prompt_err / scale);
-    EXPECT_LE(prompt_err, tol * scale)
-        << "prompt logits, prompt of " << prompt.size() << " tokens";
+    EXPECT_LE(prompt_err, tol * scale) << "prompt logits, prompt of " << prompt.size() << " tokens";
     // Teacher-forced greedy: each step feeds the oracle's token, so one near-tie cannot derail the rest;
     // a step's argmax is compared whenever its top-2 margin is above the numeric noise.
     int compared = 0;

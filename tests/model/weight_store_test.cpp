@@ -45,12 +45,13 @@ TEST_P(WeightStorePlanes, ApplyWritesInPlaceAndChecksumsCanonicalBytes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Formats, WeightStorePlanes,
-    ::testing::Values(StoreCase{Format::kBF16, {3, 5}, 30, 0}, StoreCase{Format::kF32, {7}, 28, 0},
-                      StoreCase{Format::kMXFP8, {4, 64}, 256, 8}, StoreCase{Format::kMXFP4, {4, 64}, 128, 8},
-                      StoreCase{Format::kMXFP4, {2, 4, 64}, 256, 16},
-                      StoreCase{Format::kFP8_B128, {130, 300}, 39000, 2 * 3 * 4}));
+INSTANTIATE_TEST_SUITE_P(Formats, WeightStorePlanes,
+                         ::testing::Values(StoreCase{Format::kBF16, {3, 5}, 30, 0},
+                                           StoreCase{Format::kF32, {7}, 28, 0},
+                                           StoreCase{Format::kMXFP8, {4, 64}, 256, 8},
+                                           StoreCase{Format::kMXFP4, {4, 64}, 128, 8},
+                                           StoreCase{Format::kMXFP4, {2, 4, 64}, 256, 16},
+                                           StoreCase{Format::kFP8_B128, {130, 300}, 39000, 2 * 3 * 4}));
 
 // covers W-08: a full update of the wrong size is refused and writes nothing.
 TEST(WeightStore, RefusesWrongSizeAndUnknownNames) {
