@@ -25,6 +25,9 @@ Result<HostPlanes> prepare_row_major(const TensorGeometry& g, const HostPlanes& 
 Result<HostPlanes> prepare_transposed_view(const TensorGeometry& g, const HostPlanes& canonical);
 // CUTLASS / FlashInfer SM100 scale factors: values as stored, E8M0 scales in the 128x4 swizzle.
 Result<HostPlanes> prepare_scale_swizzle_128x4(const TensorGeometry& g, const HostPlanes& canonical);
+// FlashInfer FP8 block-scale GEMM (vLLM prepare_flashinfer_fp8_blockscale_weight_scales): FP8-B128 values
+// as stored, f32 scales [N/128, K/128] transposed to MN-major [K/128, N/128]; 4-byte entries move whole.
+Result<HostPlanes> prepare_scales_mn_major(const TensorGeometry& g, const HostPlanes& canonical);
 // FlashInfer trtllm-gen fused MoE, w13 [E, 2I, H]: [gate; up] → [up; gate], gate/up rows interleaved,
 // 32-row shuffle; scales take the same rows, then the 128x4 swizzle.
 Result<HostPlanes> prepare_trtllm_moe_w13(const TensorGeometry& g, const HostPlanes& canonical);

@@ -1,4 +1,5 @@
-// Row-major and transposed view (no byte moves), the 128x4 scale swizzle, and the table of built-ins.
+// Row-major and transposed view (no byte moves), the 128x4 scale swizzle, MN-major FP8-B128 scales, and
+// the table of built-ins.
 #include <fmt/format.h>
 
 #include "layout/prepare.h"
@@ -56,11 +57,28 @@ Result<HostPlanes> prepare_scale_swizzle_128x4(const TensorGeometry& g, const Ho
   return HostPlanes{canonical.values, swizzle_scales(g, canonical.scales, {})};
 }
 
+Result<HostPlanes> prepare_scales_mn_major(const TensorGeometry& g, const HostPlanes& canonical) {
+  constexpr std::string_view kName = "scales_mn_major";
+  if (traits(g.format).scale != ScaleKind::kF32)
+    return fail("{}: format {} (expected fp8-b128: f32 block scales)", kName, traits(g.format).name);
+  if (auto s = check_planes(kName, g, canonical); !s) return tl::unexpected(s.error());
+  const int64_t entry = traits(g.format).scale_bytes, rows = g.scales.rows / std::max<int64_t>(g.experts, 1);
+  const int64_t cols = g.scales.row_bytes / entry;
+  HostPlanes out{canonical.values, std::vector<uint8_t>(canonical.scales.size())};
+  for (int64_t e = 0; e < g.experts; ++e)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        std::copy_n(canonical.scales.begin() + ((e * rows + r) * cols + c) * entry, entry,
+                    out.scales.begin() + ((e * cols + c) * rows + r) * entry);
+  return out;
+}
+
 namespace {
 constexpr NamedPrepare kBuiltins[] = {
     {"row_major", prepare_row_major},
     {"transposed_view", prepare_transposed_view},
     {"scale_swizzle_128x4", prepare_scale_swizzle_128x4},
+    {"scales_mn_major", prepare_scales_mn_major},
     {"trtllm_moe_w13", prepare_trtllm_moe_w13},
     {"trtllm_moe_w2", prepare_trtllm_moe_w2},
     {"marlin", prepare_marlin},

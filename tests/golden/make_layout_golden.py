@@ -15,6 +15,9 @@ native byte q holds, -1 for padding. Canonical planes are byte matrices (values 
   `reorder_rows_for_gated_act_gemm`, flashinfer/utils.py `get_shuffle_matrix_a_row_indices`
   (srcToDstBlk32RowMap), `shuffle_matrix_a`, `shuffle_matrix_sf_a` (row gather + 128x4 interleave); the
   order is vLLM's MXFP8 trtllm MoE preparation: swap, reorder (w13 only), shuffle(·, 128).
+- vLLM `prepare_flashinfer_fp8_blockscale_weight_scales` (FlashInfer FP8 block-scale path):
+  scales.transpose(0, 1).contiguous() on f32 [N/128, K/128], run on [R, C, 4] byte indices (the f32 bytes
+  ride along as a trailing dimension).
 - vLLM vllm/model_executor/layers/quantization/utils/marlin_utils_test.py `get_weight_perm`,
   `marlin_permute_weights`, `marlin_weights` (the numpy int32 pack, run on base-256 digits of the indices),
   marlin_utils.py `get_scale_perms` / `marlin_permute_scales`, and marlin_utils_fp8.py
@@ -186,6 +189,12 @@ def marlin_mxfp8(values, scales, N, K):
     return torch.cat(out_v), torch.cat(out_s)
 
 
+# ---- vLLM FlashInfer FP8 block-scale weight scales ----------------------------------------------------
+def prepare_flashinfer_fp8_blockscale_weight_scales(scales):
+    assert scales.ndim == 3  # [R, C, 4]: f32 entries as 4 index bytes
+    return scales.transpose(0, 1).contiguous()
+
+
 # ---- cases ------------------------------------------------------------------------------------------------
 def swizzle_case(name, E, N, K):
     scales = index_plane(E, N, K // 32)
@@ -199,6 +208,13 @@ def trtllm_case(name, bits, E, N, K, gated):
     v, s = trtllm_moe(values, scales, K, gated)
     save(f"{name}_values", v.numpy() - 1)
     save(f"{name}_scales", s.numpy() - 1)
+
+
+def mn_major_case(name, E, N, K):
+    R, C = -(-N // 128), -(-K // 128)
+    scales = index_plane(E, R, C, 4)
+    out = torch.cat([prepare_flashinfer_fp8_blockscale_weight_scales(scales[e]).reshape(-1) for e in range(E)])
+    save(f"{name}_scales", out.numpy() - 1)
 
 
 def marlin_case(name, E, N, K):
@@ -218,6 +234,8 @@ def main():
     trtllm_case("trtllm_w13_mxfp8_2x128x128", 8, 2, 128, 128, True)
     trtllm_case("trtllm_w13_mxfp4_1x256x128", 4, 1, 256, 128, True)
     trtllm_case("trtllm_w2_mxfp8_1x128x128", 8, 1, 128, 128, False)
+    mn_major_case("mn_major_b128_520x390", 1, 520, 390)
+    mn_major_case("mn_major_b128_2x300x260", 2, 300, 260)
     marlin_case("marlin_mxfp8_64x64", 1, 64, 64)
     marlin_case("marlin_mxfp8_128x96", 1, 128, 96)
     marlin_case("marlin_mxfp8_64x32", 1, 64, 32)

@@ -27,6 +27,8 @@ const GoldenCase kGoldenCases[] = {
     {"swizzle_mxfp8_200x320", "scale_swizzle_128x4", Format::kMXFP8, {200, 320}, false},
     {"swizzle_mxfp8_2x130x96", "scale_swizzle_128x4", Format::kMXFP8, {2, 130, 96}, false},
     {"swizzle_mxfp4_1x32", "scale_swizzle_128x4", Format::kMXFP4, {1, 32}, false},
+    {"mn_major_b128_520x390", "scales_mn_major", Format::kFP8_B128, {520, 390}, false},
+    {"mn_major_b128_2x300x260", "scales_mn_major", Format::kFP8_B128, {2, 300, 260}, false},
     {"trtllm_w13_mxfp8_2x128x128", "trtllm_moe_w13", Format::kMXFP8, {2, 128, 128}, true},
     {"trtllm_w13_mxfp4_1x256x128", "trtllm_moe_w13", Format::kMXFP4, {1, 256, 128}, true},
     {"trtllm_w2_mxfp8_1x128x128", "trtllm_moe_w2", Format::kMXFP8, {1, 128, 128}, true},

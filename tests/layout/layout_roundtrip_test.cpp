@@ -40,6 +40,9 @@ const RoundTripCase kRoundTripCases[] = {
     {"scale_swizzle_128x4", Format::kMXFP8, {1, 32}, kId, kSep},
     {"scale_swizzle_128x4", Format::kMXFP8, {257, 224}, kId, kSep},
     {"scale_swizzle_128x4", Format::kMXFP4, {3, 100, 160}, kId, kSep},
+    // f32 block scales: 4-byte entries transposed whole
+    {"scales_mn_major", Format::kFP8_B128, {130, 300}, kId, kSep},
+    {"scales_mn_major", Format::kFP8_B128, {3, 256, 1000}, kId, kSep},
     {"trtllm_moe_w13", Format::kMXFP8, {3, 256, 256}, kSep, kSep},
     {"trtllm_moe_w13", Format::kMXFP4, {2, 128, 384}, kSep, kSep},
     {"trtllm_moe_w2", Format::kMXFP8, {2, 384, 128}, kSep, kSep},

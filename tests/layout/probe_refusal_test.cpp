@@ -150,6 +150,7 @@ const ShapeCase kShapeCases[] = {
      Format::kMXFP8,
      {1, 128, 96},
      "trtllm_moe_w2: K = 96 (expected a multiple of 128"},
+    {"mn_major_mxfp8", "scales_mn_major", Format::kMXFP8, {128, 128}, "format mxfp8 (expected fp8-b128"},
     {"swizzle_bf16",
      "scale_swizzle_128x4",
      Format::kBF16,
