@@ -3,6 +3,7 @@
 // sparse scatter/gather agrees with a full re-layout.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -140,6 +141,56 @@ INSTANTIATE_TEST_SUITE_P(Builtins, LayoutRoundTrip, ::testing::ValuesIn(kRoundTr
                              if (ch == '-') ch = '_';
                            return name;
                          });
+
+// The CUDA GEMV values layout, as its contract in cuda/gemv_layout.h states it (the CUDA backend probes its
+// own prepare_gemv_values; libmxq cannot link it): per row, K in groups of G = 64 (MXFP8) or 128 (MXFP4)
+// elements, the last possibly shorter; with J = group/16, element k0 + 16j + 4t + e goes to k0 + 4J·t + 4j +
+// e. Runs of 4 elements stay whole (4 bytes of MXFP8, 2 of MXFP4), so the probe must learn it as separable.
+struct GemvCase {
+  Format format;
+  int64_t rows, cols;
+};
+void PrintTo(const GemvCase& c, std::ostream* os) {
+  *os << traits(c.format).name << " [" << c.rows << ", " << c.cols << "]";
+}
+
+class GemvContract : public ::testing::TestWithParam<GemvCase> {};
+
+TEST_P(GemvContract, LearnedAsSeparableAndRoundTrips) {
+  const GemvCase& c = GetParam();
+  const std::vector<int64_t> shape = {c.rows, c.cols};
+  const int64_t group = c.format == Format::kMXFP8 ? 64 : 128, per_byte = c.format == Format::kMXFP8 ? 1 : 2;
+  const int64_t row_bytes = c.cols / per_byte;
+  auto layout =
+      probe_layout("w", "cuda_gemv", c.format, shape, [&](const HostPlanes& in) -> Result<HostPlanes> {
+        HostPlanes out{std::vector<uint8_t>(in.values.size()), in.scales};
+        for (int64_t r = 0; r < c.rows; ++r)
+          for (int64_t k = 0; k < c.cols; k += 4) {
+            const int64_t k0 = k / group * group, j_count = std::min(group, c.cols - k0) / 16, kk = k - k0;
+            const int64_t native = k0 + 4 * j_count * (kk % 16 / 4) + 4 * (kk / 16);
+            for (int64_t b = 0; b < 4 / per_byte; ++b)
+              out.values[r * row_bytes + native / per_byte + b] = in.values[r * row_bytes + k / per_byte + b];
+          }
+        return out;
+      });
+  ASSERT_TRUE(layout) << layout.error().message;
+  EXPECT_EQ(layout->values.kind, PlaneKind::kSeparable);
+  EXPECT_EQ(layout->scales.kind, PlaneKind::kIdentity);
+  const std::vector<uint8_t> canonical = random_plane(layout->values.canonical.bytes(), 5);
+  std::vector<uint8_t> native(static_cast<size_t>(layout->values.native_bytes)), back(canonical.size());
+  ASSERT_TRUE(to_native(layout->values, canonical, native));
+  ASSERT_TRUE(to_canonical(layout->values, native, back));
+  EXPECT_EQ(back, canonical);
+}
+
+const GemvCase kGemvCases[] = {
+    {Format::kMXFP8, 3, 64},  {Format::kMXFP8, 5, 96},  {Format::kMXFP8, 2, 4096 + 32},
+    {Format::kMXFP4, 3, 128}, {Format::kMXFP4, 4, 160}, {Format::kMXFP4, 1, 32},
+};
+INSTANTIATE_TEST_SUITE_P(CudaGemv, GemvContract, ::testing::ValuesIn(kGemvCases), [](const auto& info) {
+  return std::string(traits(info.param.format).name) + "_" + std::to_string(info.param.rows) + "x" +
+         std::to_string(info.param.cols);
+});
 
 }  // namespace
 }  // namespace mxq
