@@ -4,6 +4,9 @@
 // A plane's native offset is either the canonical byte index (identity) or row_off[r] + col_off[c]
 // (separable), so a Layout costs O(rows + row_bytes) memory whatever the tensor size. Native bytes that
 // no canonical byte maps to are padding: to_native writes them as zero and nothing reads them back.
+// note: byte granularity. A layout that moves single E2M1 nibbles between bytes (Marlin 4-bit packs 8
+// nibbles of different K into one int32) is refused by probe_layout, by name; MXFP4 layouts that move whole
+// bytes (TRT-LLM row shuffles, the CUDA GEMV 2-byte runs) are ordinary separable layouts.
 // Errors say what is wrong with the buffers or indices; callers prefix tensor, layout and plane (fail_in).
 #pragma once
 

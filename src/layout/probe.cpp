@@ -81,55 +81,68 @@ Status diagnose_nibbles(const ProbeContext& ctx) {
 
 Result<PlaneLayout> decode_plane(const ProbeContext& ctx, Plane p, const std::vector<HostPlanes>& runs) {
   const PlaneGeometry& cg = ctx.g.plane(p);
-  const int64_t bytes = cg.bytes();
+  const int64_t bytes = cg.bytes(), w = cg.row_bytes;
   const auto native = [&](int r) -> const std::vector<uint8_t>& {
     return p == Plane::kValues ? runs[r].values : runs[r].scales;
   };
   const int64_t native_bytes = static_cast<int64_t>(native(0).size());
   const int nruns = static_cast<int>(runs.size());
-  // note: O(canonical bytes) transient memory at load; the Layout kept afterwards is O(rows + cols).
-  std::vector<int64_t> native_of(static_cast<size_t>(bytes), -1);
-  for (int64_t q = 0; q < native_bytes; ++q) {
+  // Canonical byte index held by native byte q, -1 for padding; anything else is refused.
+  const auto decode = [&](int64_t q) -> Result<int64_t> {
     int64_t index = 0, place = 1;
     int zeros = 0;
     for (int r = 0; r < nruns; ++r, place *= kBase) {
       const uint8_t b = native(r)[q];
-      if (b == 0) ++zeros;
+      zeros += b == 0;
       index += (b == 0 ? 0 : b - 1) * place;
     }
-    if (zeros == nruns) continue;  // padding
+    if (zeros == nruns) return -1;
     if (zeros > 0)
       return ctx.refuse(p, "native byte {} is zero in {} of {} probe runs: not a copy of a canonical byte", q,
                         zeros, nruns);
     if (index >= bytes)
       return ctx.refuse(p, "native byte {} decodes to canonical byte {} of a {}-byte plane: not a copy", q,
                         index, bytes);
-    if (native_of[index] >= 0)
-      return ctx.refuse(p, "{} is duplicated at native bytes {} and {}", ctx.where(p, index),
-                        native_of[index], q);
-    native_of[index] = q;
+    return index;
+  };
+  // note: pass 1 keeps a bit per canonical byte plus the native positions of row 0 and column 0 (the
+  // tables); pass 2 checks every byte against them. Transient memory beyond the prepare's own outputs is
+  // bytes/8, so probing a vocabulary-sized tensor stays cheap.
+  std::vector<bool> seen(static_cast<size_t>(bytes), false);
+  PlaneLayout l{PlaneKind::kIdentity, cg, native_bytes, {}, {}};
+  l.row_off.assign(static_cast<size_t>(cg.rows), 0);
+  l.col_off.assign(static_cast<size_t>(w), 0);
+  bool identity = native_bytes == bytes;
+  for (int64_t q = 0; q < native_bytes; ++q) {
+    auto index = decode(q);
+    if (!index) return tl::unexpected(index.error());
+    const int64_t i = *index;
+    if (i < 0) continue;
+    if (seen[i]) {
+      int64_t first = 0;
+      while (*decode(first) != i) ++first;
+      return ctx.refuse(p, "{} is duplicated at native bytes {} and {}", ctx.where(p, i), first, q);
+    }
+    seen[i] = true;
+    identity = identity && i == q;
+    if (i < w) l.col_off[i] = q;
+    if (i % w == 0) l.row_off[i / w] = q;
   }
   for (int64_t i = 0; i < bytes; ++i)
-    if (native_of[i] < 0) return ctx.refuse(p, "{} is missing from the native plane", ctx.where(p, i));
-
-  PlaneLayout l{PlaneKind::kIdentity, cg, native_bytes, {}, {}};
-  bool identity = native_bytes == bytes;
-  for (int64_t i = 0; identity && i < bytes; ++i) identity = native_of[i] == i;
-  if (identity) return l;
+    if (!seen[i]) return ctx.refuse(p, "{} is missing from the native plane", ctx.where(p, i));
+  if (identity) return PlaneLayout{PlaneKind::kIdentity, cg, native_bytes, {}, {}};
   l.kind = PlaneKind::kSeparable;
-  const int64_t w = cg.row_bytes;
-  l.row_off.assign(static_cast<size_t>(cg.rows), 0);
   if (bytes == 0) return l;
-  l.col_off.resize(static_cast<size_t>(w));
-  for (int64_t c = 0; c < w; ++c) l.col_off[c] = native_of[c] - native_of[0];
-  for (int64_t r = 0; r < cg.rows; ++r) l.row_off[r] = native_of[r * w];
-  for (int64_t r = 0; r < cg.rows; ++r)
-    for (int64_t c = 0; c < w; ++c)
-      if (native_of[r * w + c] != l.row_off[r] + l.col_off[c])
-        return ctx.refuse(p,
-                          "not a separable permutation: {} sits at native byte {}, row/column tables "
-                          "predict {}",
-                          ctx.where(p, r * w + c), native_of[r * w + c], l.row_off[r] + l.col_off[c]);
+  for (int64_t c = w - 1; c >= 0; --c) l.col_off[c] -= l.col_off[0];
+  for (int64_t q = 0; q < native_bytes; ++q) {
+    const int64_t i = *decode(q);
+    if (i < 0) continue;
+    const int64_t predicted = l.row_off[i / w] + l.col_off[i % w];
+    if (predicted != q)
+      return ctx.refuse(
+          p, "not a separable permutation: {} sits at native byte {}, row/column tables predict {}",
+          ctx.where(p, i), q, predicted);
+  }
   return l;
 }
 
