@@ -2,6 +2,8 @@
 // the table of built-ins.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "layout/prepare.h"
 #include "layout/prepare_checks.h"
 

@@ -2,6 +2,8 @@
 // out[j] = in[f(j)], composed in the order vLLM applies them: swap_w13_to_w31, then
 // reorder_rows_for_gated_act_gemm, then shuffle_matrix_a(·, 128); scales take the same rows and then
 // block_scale_interleave (the 128x4 swizzle).
+#include <algorithm>
+
 #include "layout/prepare.h"
 #include "layout/prepare_checks.h"
 

@@ -1,6 +1,8 @@
 #include "layout/probe.h"
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 namespace mxq {
 namespace {
