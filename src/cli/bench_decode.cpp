@@ -81,6 +81,7 @@ int run_decode(const DecodeOptions& o) {
   const bool default_model = o.model.empty();
   const std::string dir = default_model ? default_model_dir() : o.model;
   LoadOptions load;
+  load.threads = o.threads;
   const std::string q = o.quantization.empty()
                             ? (default_model ? std::string(traits(kDefaultModelQuantization).name) : "none")
                             : o.quantization;

@@ -74,6 +74,7 @@ int run_generate(const GenerateOptions& o) {
     return bad({fmt::format("--device {}: expected cpu, cuda or auto", o.device)});
   const std::string dir = o.model.empty() ? default_model_dir() : o.model;
   LoadOptions load;
+  load.threads = o.threads;
   // note: the embedded default model runs as MXFP8 unless told otherwise; a given --model runs as stored.
   const std::string q = o.quantization.empty()
                             ? (o.model.empty() ? std::string(traits(kDefaultModelQuantization).name) : "none")

@@ -1,20 +1,16 @@
 #include "model/load_model.h"
 
+#include <algorithm>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <thread>
 
 #include "format/codec.h"
-#include "format/quantize.h"
+#include "format/quantize_parallel.h"
 #include "io/checkpoint.h"
+#include "model/open_checkpoint.h"
 
 namespace mxq {
 namespace {
-
-bool is_supported_architecture(std::string_view arch) {
-  return arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM";
-}
 
 Result<Format> plain_format(Dtype d, std::string_view name) {
   switch (d) {
@@ -31,15 +27,15 @@ Result<Format> plain_format(Dtype d, std::string_view name) {
 
 // Copies a tensor out of the mapping (the guarded path, L-19) and applies the scheme's byte policy (Q-07,
 // Q-08) before anything reaches the store: a refused byte never becomes a live weight.
-Result<std::vector<uint8_t>> read_tensor(const Checkpoint& ckpt, const Scheme& scheme,
-                                         const std::string& name) {
-  const TensorEntry* e = ckpt.find(name);
-  if (!e) return fail("missing tensor '{}'", name);
-  std::vector<uint8_t> bytes(e->nbytes());
-  if (auto st = ckpt.read(name, bytes); !st) return tl::unexpected(st.error());
-  if (auto st = check_tensor_bytes(scheme, name, bytes); !st) return tl::unexpected(st.error());
+Result<std::vector<uint8_t>> read_checked(const Checkpoint& ckpt, const Scheme& scheme,
+                                          const std::string& name) {
+  auto bytes = read_tensor(ckpt, name);
+  if (!bytes) return tl::unexpected(bytes.error());
+  if (auto st = check_tensor_bytes(scheme, name, *bytes); !st) return tl::unexpected(st.error());
   return bytes;
 }
+
+int default_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 // FP8-B128 scales may be stored as BF16; the store always holds f32 multipliers.
 std::vector<uint8_t> widen_bf16_to_f32(const std::vector<uint8_t>& bf16) {
@@ -53,71 +49,20 @@ std::vector<uint8_t> widen_bf16_to_f32(const std::vector<uint8_t>& bf16) {
   return out;
 }
 
-struct Planes {
-  std::vector<uint8_t> values, scales;
-};
-
-// Online quantization with the quantizer `mxq quantize` uses (format/quantize.h, default scale rule), one
-// matrix per leading index of a stacked [E, N, K] tensor so no block straddles two experts.
-// note: quantize() is row-local for MX and 128-row-stripe-local for FP8-B128, so one call per matrix gives
-// the same bytes as the row-split multi-threaded driver.
-Result<Planes> quantize_planes(Format fmt, Format src, const std::vector<uint8_t>& x,
-                               const std::vector<int64_t>& shape, const std::string& name) {
-  const int64_t rows = shape[shape.size() - 2], cols = shape.back();
-  const int64_t batch = shape.size() == 3 ? shape[0] : 1;
-  const int64_t vb = values_bytes(fmt, rows, cols), sb = scales_bytes(fmt, rows, cols);
-  const int64_t in_bytes = rows * cols * traits(src).element_bits / 8;
-  Planes p{std::vector<uint8_t>(static_cast<size_t>(batch * vb)),
-           std::vector<uint8_t>(static_cast<size_t>(batch * sb))};
-  for (int64_t e = 0; e < batch; ++e)
-    if (auto st = quantize(fmt, default_scale_rule(fmt), src, x.data() + e * in_bytes, rows, cols,
-                           p.values.data() + e * vb, p.scales.data() + e * sb, name);
-        !st)
-      return tl::unexpected(st.error());
-  return p;
-}
-
 std::string module_of(const std::string& name) {
   constexpr std::string_view kSuffix = ".weight";
   return name.ends_with(kSuffix) ? name.substr(0, name.size() - kSuffix.size()) : name;
 }
 
-Result<nlohmann::json> read_json_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return fail("{}: cannot open", path.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_json_text(ss.str(), path.string());
-}
-
 }  // namespace
 
 Result<LoadedModel> load_model(const std::string& dir, const LoadOptions& options) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return fail("{}: not a model directory", dir);
-  auto config = read_config(dir);
-  if (!config) return tl::unexpected(config.error());
-  if (!is_supported_architecture(config->architecture))
-    return fail(
-        "{}/config.json: architecture '{}' is not supported (expected Qwen3ForCausalLM or "
-        "Qwen3MoeForCausalLM)",
-        dir, config->architecture);
-  auto ckpt = Checkpoint::open(dir);
+  // Safetensors validation, config.json, the architecture, scheme detection and the Qwen3 tensor plan.
+  // note: bytes are not checked there (check_bytes = false) but here, tensor by tensor as each is read, so
+  // the checkpoint is read once.
+  auto ckpt = open_model_checkpoint(dir, /*check_bytes=*/false);
   if (!ckpt) return tl::unexpected(ckpt.error());
-  std::optional<nlohmann::json> hf_quant;
-  // ModelOpt writes its quantization settings a second time in hf_quant_config.json; detect_scheme checks
-  // both.
-  if (fs::exists(fs::path(dir) / "hf_quant_config.json", ec)) {
-    auto j = read_json_file(fs::path(dir) / "hf_quant_config.json");
-    if (!j) return tl::unexpected(j.error());
-    hf_quant = std::move(*j);
-  }
-  const TensorMetaMap meta = ckpt->meta();
-  auto scheme = detect_scheme(config->quantization_config, hf_quant ? &*hf_quant : nullptr, meta);
-  if (!scheme) return fail_in(dir, scheme.error());
-  auto specs = check_qwen3_tensors(*config, *scheme, meta);
-  if (!specs) return fail_in(dir, specs.error());
+  const Scheme* scheme = &ckpt->scheme;
   if (options.quantization) {
     const Format q = *options.quantization;
     if (q != Format::kMXFP8 && q != Format::kMXFP4 && q != Format::kFP8_B128)
@@ -129,7 +74,7 @@ Result<LoadedModel> load_model(const std::string& dir, const LoadOptions& option
 
   // note: weights are added in spec order (the tensor plan), each through apply_tensor, the store's only
   // writer; plain tensors keep their checkpoint dtype (BF16/F16/F32) and are decoded per row by the ops.
-  LoadedModel m{dir, std::move(*config), scheme->kind, scheme->format, std::move(*specs), {}};
+  LoadedModel m{dir, ckpt->config, scheme->kind, scheme->format, ckpt->specs, {}};
   int64_t done = 0;
   const int64_t total = static_cast<int64_t>(m.specs.size());
   for (const WeightSpec& spec : m.specs) {
@@ -139,21 +84,24 @@ Result<LoadedModel> load_model(const std::string& dir, const LoadOptions& option
     if (lin != scheme->linears.end()) {
       // A projection stored quantized: canonical planes straight from the checkpoint.
       const QuantizedLinear& ql = lin->second;
-      auto values = read_tensor(*ckpt, *scheme, ql.values);
+      auto values = read_checked(ckpt->files, *scheme, ql.values);
       if (!values) return fail_in(dir, values.error());
-      auto scales = read_tensor(*ckpt, *scheme, ql.scales);
+      auto scales = read_checked(ckpt->files, *scheme, ql.scales);
       if (!scales) return fail_in(dir, scales.error());
-      if (ql.format == Format::kFP8_B128 && ckpt->find(ql.scales)->dtype == Dtype::kBF16)
+      if (ql.format == Format::kFP8_B128 && ckpt->files.find(ql.scales)->dtype == Dtype::kBF16)
         *scales = widen_bf16_to_f32(*scales);
       if (auto st = m.store.add(spec.name, ql.format, spec.shape); !st) return fail_in(dir, st.error());
       if (auto st = m.store.apply_tensor(spec.name, *values, *scales); !st) return fail_in(dir, st.error());
     } else {
-      auto bytes = read_tensor(*ckpt, *scheme, spec.name);
+      auto bytes = read_checked(ckpt->files, *scheme, spec.name);
       if (!bytes) return fail_in(dir, bytes.error());
-      auto fmt = plain_format(ckpt->find(spec.name)->dtype, spec.name);
+      auto fmt = plain_format(ckpt->files.find(spec.name)->dtype, spec.name);
       if (!fmt) return fail_in(dir, fmt.error());
       if (spec.linear && options.quantization) {
-        auto planes = quantize_planes(*options.quantization, *fmt, *bytes, spec.shape, spec.name);
+        // note: the quantizer `mxq quantize` runs, with its default scale rule: bytes equal its output.
+        const Format q = *options.quantization;
+        auto planes = quantize_tensor(q, default_scale_rule(q), *fmt, *bytes, spec.shape, spec.name,
+                                      options.threads > 0 ? options.threads : default_threads());
         if (!planes) return fail_in(dir, planes.error());
         m.linear_format = *options.quantization;
         if (auto st = m.store.add(spec.name, m.linear_format, spec.shape); !st)

@@ -20,6 +20,7 @@ struct LoadOptions {
   // Quantize the projections of a bf16/f16/f32 checkpoint at load (MXFP8, MXFP4 or FP8-B128); refused for a
   // checkpoint that is already quantized.
   std::optional<Format> quantization;
+  int threads = 0;      // quantizer threads (0 = hardware threads)
   ProgressFn progress;  // one report per weight; returning false cancels the load
 };
 

@@ -30,7 +30,7 @@ class OnlineQuantization : public ::testing::TestWithParam<OnlineCase> {};
 
 TEST_P(OnlineQuantization, BytesEqualTheOtherToolsCheckpoint) {
   const OnlineCase& c = GetParam();
-  auto online = load_model(kCkpt + "qwen3-dense-bf16", LoadOptions{c.format, {}});
+  auto online = load_model(kCkpt + "qwen3-dense-bf16", LoadOptions{c.format, 0, {}});
   ASSERT_TRUE(online) << online.error().message;
   auto stored = load_model(kCkpt + c.reference);
   ASSERT_TRUE(stored) << stored.error().message;
