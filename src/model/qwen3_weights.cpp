@@ -67,10 +67,11 @@ Result<std::vector<WeightSpec>> qwen3_weight_specs(const ModelConfig& cfg, bool 
 
 Result<std::vector<WeightSpec>> check_qwen3_tensors(const ModelConfig& cfg, const Scheme& scheme,
                                                    const TensorMetaMap& tensors) {
+  // Stacked experts, plain ("<p>.mlp.experts.gate_up_proj") or quantized ("...gate_up_proj.weight_packed",
+  // "...gate_up_proj.weight" + scale, as `mxq quantize` writes them).
   bool stacked = false;
   for (const auto& [name, meta] : tensors)
-    if (name.ends_with(".mlp.experts.gate_up_proj") || name.ends_with(".mlp.experts.gate_up_proj.weight"))
-      stacked = true;
+    if (name.find(".mlp.experts.gate_up_proj") != std::string::npos) stacked = true;
   auto specs = qwen3_weight_specs(cfg, stacked);
   if (!specs) return tl::unexpected(specs.error());
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -58,6 +59,51 @@ INSTANTIATE_TEST_SUITE_P(Schemes, OnlineQuantization,
                                               : i.param.reference == "fp8-b128" ? "fp8_b128"
                                                                                 : "modelopt_mxfp8");
                          });
+
+// Online quantization == loading what `mxq quantize` wrote: every QTensor's planes byte for byte. The binary
+// sits beside this test binary in the build directory.
+struct QuantizeCliCase {
+  std::string checkpoint, to;
+};
+void PrintTo(const QuantizeCliCase& c, std::ostream* os) { *os << c.checkpoint << " --to " << c.to; }
+
+class OnlineEqualsQuantizeCli : public ::testing::TestWithParam<QuantizeCliCase> {};
+
+TEST_P(OnlineEqualsQuantizeCli, EveryTensorByteIdentical) {
+  const QuantizeCliCase& c = GetParam();
+  const fs::path mxq = fs::read_symlink("/proc/self/exe").parent_path() / "mxq";
+  ASSERT_TRUE(fs::exists(mxq)) << mxq;
+  const fs::path out =
+      fs::path(::testing::TempDir()) / ("mxq_q_" + c.to + "_" + fs::path(c.checkpoint).filename().string());
+  fs::remove_all(out);
+  const std::string src = MXQ_SOURCE_DIR "/tests/golden/" + c.checkpoint;
+  const std::string cmd =
+      fmt::format("'{}' quantize --to {} '{}' '{}' >/dev/null 2>&1", mxq.string(), c.to, src, out.string());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+
+  auto written = load_model(out.string());
+  ASSERT_TRUE(written) << written.error().message;
+  auto online = load_model(src, LoadOptions{*parse_format(c.to), 0, {}});
+  ASSERT_TRUE(online) << online.error().message;
+  ASSERT_EQ(written->store.tensors().size(), online->store.tensors().size());
+  for (const auto& [name, w] : written->store.tensors()) {
+    const QTensor* o = online->store.find(name);
+    ASSERT_NE(o, nullptr) << name;
+    EXPECT_EQ(o->format, w.format) << name;
+    EXPECT_TRUE(std::equal(o->values.begin(), o->values.end(), w.values.begin(), w.values.end())) << name;
+    EXPECT_TRUE(std::equal(o->scales.begin(), o->scales.end(), w.scales.begin(), w.scales.end())) << name;
+  }
+  fs::remove_all(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, OnlineEqualsQuantizeCli,
+                         ::testing::Values(QuantizeCliCase{"ckpt/qwen3-dense-bf16", "mxfp8"},
+                                           QuantizeCliCase{"ckpt/qwen3-dense-bf16", "mxfp4"},
+                                           QuantizeCliCase{"ckpt/qwen3-dense-bf16", "fp8-b128"},
+                                           QuantizeCliCase{"ckpt/qwen3-moe-bf16", "mxfp8"},
+                                           QuantizeCliCase{"model/ckpt/qwen3-moe-f32-stacked", "mxfp4"},
+                                           QuantizeCliCase{"model/ckpt/qwen3-dense-f32", "fp8-b128"}),
+                         [](const auto& i) { return std::to_string(i.index); });
 
 // A copy of a golden checkpoint with config.json edited, refused with a message naming the problem.
 struct BadCase {
