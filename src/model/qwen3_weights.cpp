@@ -12,7 +12,8 @@ std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]"
 // Strips a trailing ".weight": the module name a scheme keys its quantized linears by.
 std::string module_of(const std::string& name) {
   constexpr std::string_view kSuffix = ".weight";
-  if (name.size() > kSuffix.size() && name.ends_with(kSuffix)) return name.substr(0, name.size() - kSuffix.size());
+  if (name.size() > kSuffix.size() && name.ends_with(kSuffix))
+    return name.substr(0, name.size() - kSuffix.size());
   return name;
 }
 
@@ -66,7 +67,7 @@ Result<std::vector<WeightSpec>> qwen3_weight_specs(const ModelConfig& cfg, bool 
 }
 
 Result<std::vector<WeightSpec>> check_qwen3_tensors(const ModelConfig& cfg, const Scheme& scheme,
-                                                   const TensorMetaMap& tensors) {
+                                                    const TensorMetaMap& tensors) {
   // Stacked experts, plain ("<p>.mlp.experts.gate_up_proj") or quantized ("...gate_up_proj.weight_packed",
   // "...gate_up_proj.weight" + scale, as `mxq quantize` writes them).
   bool stacked = false;
@@ -89,7 +90,8 @@ Result<std::vector<WeightSpec>> check_qwen3_tensors(const ModelConfig& cfg, cons
       continue;
     }
     auto t = tensors.find(w.name);
-    if (t == tensors.end()) return fail("missing tensor '{}' (expected {} from config.json)", w.name, shape_str(w.shape));
+    if (t == tensors.end())
+      return fail("missing tensor '{}' (expected {} from config.json)", w.name, shape_str(w.shape));
     if (!is_float_dtype(t->second.dtype))
       return fail("{}: dtype {} without a quantization scheme for it, expected BF16, F16 or F32", w.name,
                   t->second.dtype);

@@ -17,11 +17,13 @@ Result<PlaneBytes> plane_bytes(Format format, const std::vector<int64_t>& shape,
     n *= d;
   }
   if (!is_quantized(format)) return PlaneBytes{n * traits(format).element_bits / 8, 0};
-  if (shape.size() < 2) return fail("{}: a {} tensor needs rank >= 2, got {}", name, traits(format).name, shape.size());
+  if (shape.size() < 2)
+    return fail("{}: a {} tensor needs rank >= 2, got {}", name, traits(format).name, shape.size());
   const int64_t rows = shape[shape.size() - 2], cols = shape.back();
   const int64_t batch = rows && cols ? n / (rows * cols) : 0;
   if (traits(format).block_rows == 1 && cols % traits(format).block_cols != 0)
-    return fail("{}: K = {} is not a multiple of {} ({})", name, cols, traits(format).block_cols, traits(format).name);
+    return fail("{}: K = {} is not a multiple of {} ({})", name, cols, traits(format).block_cols,
+                traits(format).name);
   return PlaneBytes{batch * values_bytes(format, rows, cols), batch * scales_bytes(format, rows, cols)};
 }
 
