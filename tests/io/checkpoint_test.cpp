@@ -11,27 +11,12 @@
 #include <optional>
 
 #include "io/safetensors_writer.h"
+#include "temp_dir.h"
 
 namespace mxq {
 namespace {
 
 namespace fs = std::filesystem;
-
-class ScopedTempDir {
- public:
-  ScopedTempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "mxq_ck_XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
-  }
-  ~ScopedTempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // Two bytes per tensor that differ between names, so a read from the wrong file shows.
 std::vector<uint8_t> bytes_of(const std::string& name) {

@@ -2,6 +2,7 @@
 // valid files of every dtype, zero-size and rank-0 tensors, unaligned data, truncation after open, and the
 // golden file written by the python `safetensors` library (tests/golden/make_safetensors_golden.py).
 #include "io/safetensors.h"
+#include "temp_dir.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -22,22 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::string_literals;
-
-class ScopedTempDir {
- public:
-  ScopedTempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "mxq_st_XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
-  }
-  ~ScopedTempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 std::string le64(uint64_t v) {
   std::string s(8, '\0');

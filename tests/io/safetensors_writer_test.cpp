@@ -12,28 +12,12 @@
 #include <sstream>
 
 #include "io/safetensors.h"
+#include "temp_dir.h"
 
 namespace mxq {
 namespace {
 
 namespace fs = std::filesystem;
-
-class ScopedTempDir {
- public:
-  ScopedTempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "mxq_stw_XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
-  }
-  ~ScopedTempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  size_t entries() const { return static_cast<size_t>(std::distance(fs::directory_iterator(path_), {})); }
-
- private:
-  std::string path_;
-};
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
