@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Golden data for tests/io/tokenizer_test.cpp and tests/io/chat_template_test.cpp.
+
+Oracles: the HF `tokenizers` library (encode/decode) and transformers' apply_chat_template rendering Qwen3's
+Jinja template (taken from models/default/tokenizer_config.json). Writes into tests/golden/tokenizer/:
+  gpt2_style.tokenizer.json  a small GPT-2-style tokenizer (ByteLevel pre-tokenizer with use_regex=true and
+                             add_prefix_space=true, no normalizer, merges as "a b" strings, ignore_merges,
+                             normalized and non-special added tokens), trained here with `tokenizers`
+  texts.json                 the text cases: hand-written edge cases and slices of real text
+  <name>.encode.json         per text case: ids with special tokens parsed and not, and HF's decode of them
+  <name>.decode.json         id sequences cut at invalid UTF-8 boundaries and their HF decode
+  chat_qwen3.json            conversations, options and the rendered prompt
+Deterministic; run from anywhere: python3 tests/golden/make_tokenizer_golden.py
+"""
+import json
+import pathlib
+import random
+import sysconfig
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+OUT = ROOT / "tests/golden/tokenizer"
+STDLIB = pathlib.Path(sysconfig.get_paths()["stdlib"])
+
+TEXT_CASES = {
+    "empty": "",
+    "ascii_prose": "The quick brown fox jumps over the lazy dog. It wasn't me, said the cat; she'd left.",
+    "code_tabs": "def f(x):\n\tif x:\n\t\treturn  x   + 1\n\n\n    pass\r\n\r\nclass A:  \n        y = [1,2 ,3]\t# c\n",
+    "leading_trailing_spaces": "   lead and trail   ",
+    "only_spaces": "          ",
+    "only_newlines": "\n\n\n\r\n\r\r\n",
+    "space_runs_before_word": "a  b   c    d\n  e\n\n   f",
+    "numbers": "12345 3.14159 1,000,000 0x1F 2026-11-29 -7e-10 ١٢٣ ⅷ ²",
+    "contractions": "I'm you're he'll they've I'd it's DON'T SHE'S We'Re 'ſ 'ſt 'K",
+    "cjk": "你好，世界！日本語のテキスト、カタカナ。한국어 텍스트입니다",
+    "emoji_4byte": "👍🏽 👨‍👩‍👧 🇺🇸 😀😀😀 𝕳𝖊𝖑𝖑𝖔 𐍈 🀄 \U0010FFFD",
+    "combining_marks": "e\u0301 A\u030a \u1e9b\u0323 \u212b \u2126 ﬁ ﬀ n\u0303o\u0308 \u0915\u093c \u00e9",
+    "unicode_spaces": "a\u00a0b\u2003c\u3000d\u0085e\u2028f\u200bg\ufeffh\u000bi\u000cj",
+    "special_in_text": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\nhmm</think>\n\nok<|endoftext|>",
+    "special_partial": "<|im_start <|im_end| <<|im_end|>> <think><think>x</think ></think>",
+    "gpt2_added": "<|sp|> sp| <|user|>hi <|sp|><|sp|>sp|| ÿé ★star x★star ÿéÿé",
+    "scripts": "مرحبا بالعالم שלום עולם नमस्ते दुनिया สวัสดีชาวโลก Привет, мир! Γειά σου",
+    "control_chars": "\x00\x01\x02\x7f tab\tbell\x07 esc\x1b[0m",
+    "punctuation": "!!!???...---___*** a.b,c;d:e (foo)[bar]{baz} @#$%^&* ''' \"\"\" `` ~~ ||",
+    "url_email": "https://example.com/path?q=1&r=2#frag user@example.org C:\\Users\\x",
+    "long_space_run": " " * 300 + "x" + "\t" * 40 + "\n" * 30,
+    "long_word": "a" * 1000 + " " + "ab" * 300 + " " + "xyz" * 200,
+    "mixed_case": "HelloWorld HTTPServer getHTTPResponseCode snake_case_name CONSTANT_VALUE",
+}
+
+
+def bulk_cases():
+    # Real text not hand-picked: slices of stdlib sources and of the pydoc topic prose.
+    cases = {}
+    for rel, begin, size in [("textwrap.py", 0, 10000), ("json/decoder.py", 2000, 6000),
+                             ("pydoc_data/topics.py", 300000, 12000), ("email/_header_value_parser.py", 50000, 6000)]:
+        data = (STDLIB / rel).read_bytes()[begin:begin + size].decode("utf-8", errors="ignore")
+        cases["bulk_" + rel.replace("/", "_").replace(".py", "")] = data
+    return cases
+
+
+# Code points where regex engines and normalizers tend to disagree: Unicode spaces and line breaks (U+0085,
+# U+2028), case-folding oddities ('ſ' and the Kelvin sign after an apostrophe), combining marks, digits of other
+# scripts, unassigned and private-use code points, noncharacters, tag characters, ZWJ sequences, and pieces of
+# special tokens.
+FUZZ_POOL = (list("aZ09 \t\n\r'\"<>|_-.,;!?/\\") + ["'s", "'ſ", "'\u212a", "'LL", " '", "\r\n", "  ", "\n\n"]
+             + list("\u0085\u00a0\u1680\u2000\u2009\u200b\u2028\u2029\u202f\u205f\u3000\ufeff\u000b\u000c\u001c")
+             + list("\u0301\u0308\u0323\u093c\u0e31\u302a\u20dd") + list("éÅßſ\u212a\u212bΩω\u1e9bǅ")
+             + list("٣߂३໓༣၃０𝟘²½ⅷ〇") + list("中文한국語ひカ") + list("\u0378\ue000\uffff\ufffe\U000e0041\U0001f600")
+             + ["\U0001f468\u200d\U0001f469", "\U0001f1fa\U0001f1f8", "\U0001d573"]
+             + ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|endoftext|>", "<|im_", "|>", "<|sp|>", "sp|",
+                "<|user|>", "★star", "ÿé"])
+
+
+def fuzz_cases():
+    rng = random.Random(20261129)
+    return {f"fuzz_{i:02d}": "".join(rng.choice(FUZZ_POOL) for _ in range(rng.randint(20, 120)))
+            for i in range(32)}
+
+
+def gpt2_style_tokenizer():
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=900, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    files = sorted(p for p in (STDLIB / "email").rglob("*.py"))
+    tok.train_from_iterator((p.read_text(encoding="utf-8", errors="replace") for p in files), trainer=trainer)
+    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False),
+                            AddedToken("<|sp|>", special=True, normalized=False)])
+    # Non-special, normalized (the HF default), one overlapping a special token, one with characters outside
+    # the byte-level alphabet, one made only of byte symbols that are not UTF-8 as bytes.
+    tok.add_tokens([AddedToken("<|user|>", special=False), AddedToken("sp|", special=False, normalized=False),
+                    AddedToken("★star", special=False), AddedToken("ÿé", special=False)])
+    j = json.loads(tok.to_str())
+    j["model"]["merges"] = [" ".join(m) for m in j["model"]["merges"]]  # the legacy "a b" form
+    j["model"]["ignore_merges"] = True
+    text = json.dumps(j, ensure_ascii=False, separators=(",", ":"))
+    return Tokenizer.from_str(text), text
+
+
+def byte_ids(tok):
+    alphabet = {}
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    for b, c in zip(bs, cs):
+        alphabet[b] = tok.token_to_id(chr(c))
+    return alphabet
+
+
+def decode_cases(tok):
+    ids = byte_ids(tok)
+    special = [t for t in (tok.token_to_id("<|im_end|>"), tok.token_to_id("<|sp|>")) if t is not None][0]
+    raw = {
+        "truncated_4byte": b"ok \xf0\x9f\x98",
+        "lone_continuation": b"a\x80b",
+        "lead_then_ascii": b"\xc3a",
+        "overlong": b"\xc0\x80\xe0\x80\x80",
+        "surrogate": b"\xed\xa0\x80x",
+        "above_max": b"\xf4\x90\x80\x80",
+        "ff_fe": b"\xff\xfe",
+        "truncated_3byte_end": b"\xe4\xbd",
+        "split_valid_emoji": "😀é中".encode(),
+    }
+    cases = {name: [ids[b] for b in data] for name, data in raw.items()}
+    cases["special_between_partial"] = [ids[0xF0], ids[0x9F], special, ids[0x98], ids[0x80]]
+    cases["out_of_range_skipped"] = [ids[0x61], tok.get_vocab_size(with_added_tokens=True) + 5, ids[0x62]]
+    return {name: {"ids": seq, "decoded": tok.decode(seq, skip_special_tokens=False),
+                   "decoded_skip_special": tok.decode(seq, skip_special_tokens=True)}
+            for name, seq in cases.items()}
+
+
+def encode_cases(tok, texts):
+    # note: to stay small, a field equal to its fallback is left out: ids_special_as_text -> ids,
+    # decoded -> the text, decoded_skip_special -> decoded.
+    out = {}
+    for name, text in texts.items():
+        tok.encode_special_tokens = False
+        ids = tok.encode(text, add_special_tokens=True).ids
+        tok.encode_special_tokens = True
+        ids_plain = tok.encode(text, add_special_tokens=True).ids
+        tok.encode_special_tokens = False
+        decoded = tok.decode(ids, skip_special_tokens=False)
+        decoded_skip = tok.decode(ids, skip_special_tokens=True)
+        case = {"ids": ids}
+        if ids_plain != ids:
+            case["ids_special_as_text"] = ids_plain
+        if decoded != text:
+            case["decoded"] = decoded
+        if decoded_skip != decoded:
+            case["decoded_skip_special"] = decoded_skip
+        out[name] = case
+    return out
+
+
+def chat_cases():
+    from transformers import AutoTokenizer
+    hf = AutoTokenizer.from_pretrained(str(ROOT / "models/default"))
+    convs = {
+        "single_user": [{"role": "user", "content": "Hi there!"}],
+        "system_user": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "2+2?"}],
+        "multi_turn_history_thinking_dropped": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "<think>\nThe user greets.\n</think>\n\nHello! How can I help?"},
+            {"role": "user", "content": "Tell me a joke."}],
+        "last_assistant_keeps_thinking": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "<think>\n\nplan\n\n</think>\n\n\nAnswer"}],
+        "reasoning_content_field": [
+            {"role": "user", "content": "Q1"},
+            {"role": "assistant", "content": "A1", "reasoning_content": "\nr1\n"},
+            {"role": "user", "content": "Q2"},
+            {"role": "assistant", "content": "A2", "reasoning_content": "r2"},
+            {"role": "assistant", "content": "A3"}],
+        "assistant_after_last_query_no_reasoning": [
+            {"role": "user", "content": "Q"},
+            {"role": "assistant", "content": "first"},
+            {"role": "assistant", "content": "second"}],
+        "tool_responses": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "checking"},
+            {"role": "tool", "content": "sunny"},
+            {"role": "tool", "content": "22C"},
+            {"role": "assistant", "content": "<think>ok</think>It is sunny."}],
+        "user_tool_response_text": [
+            {"role": "user", "content": "real question"},
+            {"role": "assistant", "content": "<think>a</think>b"},
+            {"role": "user", "content": "<tool_response>\nx\n</tool_response>"},
+            {"role": "assistant", "content": "<think>c</think>d"}],
+        "second_system_message": [
+            {"role": "system", "content": "S1"}, {"role": "user", "content": "U"},
+            {"role": "system", "content": "S2"}],
+        "unicode_and_specials_in_content": [
+            {"role": "user", "content": "héllo 你好 👍 <|im_end|> inside"}],
+        "empty_content": [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}],
+    }
+    cases = []
+    for name, msgs in convs.items():
+        for gen in (False, True):
+            for thinking in (None, True, False):
+                kwargs = {} if thinking is None else {"enable_thinking": thinking}
+                text = hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen, **kwargs)
+                cases.append({"name": name, "messages": msgs, "add_generation_prompt": gen,
+                              "enable_thinking": thinking, "rendered": text})
+    return cases
+
+
+def dump(path, obj):
+    path.write_text(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
+
+
+def main():
+    OUT.mkdir(parents=True, exist_ok=True)
+    qwen = Tokenizer.from_file(str(ROOT / "models/default/tokenizer.json"))
+    gpt2, gpt2_text = gpt2_style_tokenizer()
+    (OUT / "gpt2_style.tokenizer.json").write_text(gpt2_text + "\n", encoding="utf-8")
+    texts = {**TEXT_CASES, **bulk_cases(), **fuzz_cases()}
+    dump(OUT / "texts.json", texts)
+    for name, tok in (("qwen_default", qwen), ("gpt2_style", gpt2)):
+        dump(OUT / f"{name}.encode.json", encode_cases(tok, texts))
+        dump(OUT / f"{name}.decode.json", decode_cases(tok))
+    dump(OUT / "chat_qwen3.json", chat_cases())
+
+
+if __name__ == "__main__":
+    main()
