@@ -294,7 +294,7 @@ def encode_body(delta: Delta) -> bytes:
     seen = set()
     for t in delta.tensors:
         name = t.name.encode()
-        if not 1 <= len(name) <= 4096 or b"\0" in name or t.name in seen:
+        if not 1 <= len(name) <= 4096 or any(ch < 0x20 or ch == 0x7F for ch in name) or t.name in seen:
             raise ValueError(f"{t.name!r}: bad or repeated tensor name")
         seen.add(t.name)
         fmt = t.format.encode()

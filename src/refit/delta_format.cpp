@@ -21,6 +21,7 @@ namespace {
 constexpr size_t kMaxNameBytes = 4096;
 constexpr int kMaxRank = 8;
 constexpr uint8_t kKindSparse = 0, kKindAnchor = 1;
+constexpr int64_t kMaxExtent = int64_t{1} << 48;
 
 template <class T>
 void put(std::vector<uint8_t>& out, T v) {
@@ -64,6 +65,15 @@ class Cursor {
   auto var##_r = (expr);                                \
   if (!var##_r) return tl::unexpected(var##_r.error()); \
   auto var = *var##_r
+
+// note: names are echoed in one-line errors and logs, so control bytes (newline, NUL, ESC) are refused
+// (L-17).
+bool printable_name(std::string_view s) {
+  if (s.empty()) return false;
+  for (unsigned char ch : s)
+    if (ch < 0x20 || ch == 0x7F) return false;
+  return true;
+}
 
 std::string_view plane_name(Plane p) { return p == Plane::kValues ? "values" : "scales"; }
 
@@ -155,6 +165,15 @@ Result<std::array<PlaneGeometry, 2>> tensor_geometry(Format format, const std::v
     return fail("{}: format {} cannot be carried by a delta (bf16, f16, f32, mxfp8, mxfp4, fp8-b128)", name,
                 traits(format).name);
   if (shape.size() > kMaxRank) return fail("{}: rank {} exceeds {}", name, shape.size(), kMaxRank);
+  // note: plane_bytes bounds the element count, but a zero dimension would let the others grow until the
+  // [N, K] plane arithmetic overflows, so the product of the non-zero dimensions is bounded here (L-15).
+  int64_t extent = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return fail("{}: negative dimension {} in the shape", name, d);
+    if (d > 0 && extent > kMaxExtent / d)
+      return fail("{}: shape [{}] exceeds 2^48 elements", name, fmt::join(shape, ", "));
+    if (d > 0) extent *= d;
+  }
   MXQ_TRY_ASSIGN(pb, plane_bytes(format, shape, name));
   std::array<PlaneGeometry, 2> g{PlaneGeometry{pb.values, pb.values / entry_bytes(format, Plane::kValues)},
                                  PlaneGeometry{pb.scales, 0}};
@@ -186,8 +205,9 @@ Result<std::vector<uint8_t>> encode_delta_body(const Delta& delta) {
   put<uint64_t>(out, delta.new_version);
   put<uint32_t>(out, static_cast<uint32_t>(delta.tensors.size()));
   for (const TensorDelta& t : delta.tensors) {
-    if (t.name.empty() || t.name.size() > kMaxNameBytes || t.name.find('\0') != std::string::npos)
-      return fail("tensor name of {} bytes: expected 1..{} bytes without NUL", t.name.size(), kMaxNameBytes);
+    if (t.name.size() > kMaxNameBytes || !printable_name(t.name))
+      return fail("tensor name of {} bytes: expected 1..{} bytes without control bytes", t.name.size(),
+                  kMaxNameBytes);
     if (!names.insert(t.name).second) return fail("{}: two records for one tensor (W-07)", t.name);
     if (auto s = check_tensor_delta(t); !s) return tl::unexpected(s.error());
     put<uint16_t>(out, static_cast<uint16_t>(t.name.size()));
@@ -282,12 +302,15 @@ Result<TensorDelta> read_tensor(Cursor& c) {
   MXQ_TRY_ASSIGN(name_len, c.get<uint16_t>("name length"));
   MXQ_TRY_ASSIGN(name, c.take(name_len, "name"));
   t.name.assign(name.begin(), name.end());
-  if (t.name.empty() || t.name.find('\0') != std::string::npos)
-    return fail("tensor name at body byte {} is empty or holds NUL", c.pos() - name_len);
+  if (!printable_name(t.name))
+    return fail("tensor name of {} bytes at body byte {} is empty or holds control bytes", t.name.size(),
+                c.pos() - name_len);
   MXQ_TRY_ASSIGN(fmt_len, c.get<uint8_t>("format length"));
   MXQ_TRY_ASSIGN(fmt_bytes, c.take(fmt_len, "format"));
-  auto format =
-      parse_format(std::string_view(reinterpret_cast<const char*>(fmt_bytes.data()), fmt_bytes.size()));
+  const std::string_view fmt_name(reinterpret_cast<const char*>(fmt_bytes.data()), fmt_bytes.size());
+  if (!printable_name(fmt_name))
+    return fail("{}: format name of {} bytes holds control bytes", t.name, fmt_len);
+  auto format = parse_format(fmt_name);
   if (!format) return fail_in(t.name, format.error());
   t.format = *format;
   MXQ_TRY_ASSIGN(rank, c.get<uint8_t>("rank"));

@@ -137,6 +137,14 @@ INSTANTIATE_TEST_SUITE_P(
         FileCase{"rank_too_big", nullptr, [](auto& b) { b[kRankAt] = 9; }, "rank 9"},  // covers G-02
         FileCase{"negative_dim", nullptr,                                              // covers L-10
                  [](auto& b) { put_u64(b, kRankAt + 1, static_cast<uint64_t>(-4)); }, "negative"},
+        FileCase{"zero_dim_huge_others", nullptr,  // covers L-15 (found by fuzz_delta)
+                 [](auto& b) {
+                   put_u64(b, kRankAt + 1, 0);
+                   put_u64(b, kRankAt + 9, uint64_t{1} << 62);
+                 },
+                 "exceeds 2^48"},
+        FileCase{"name_with_newline", nullptr, [](auto& b) { b[23] = '\n'; },
+                 "control bytes"},  // covers L-17
         FileCase{"record_kind", nullptr, [](auto& b) { b[kRankAt + 17] = 2; }, "record kind 2"},
         FileCase{"encoding_code", nullptr, [](auto& b) { b[kRankAt + 26] = 3; }, "index encoding 3"},
         FileCase{"count_past_plane", nullptr,  // covers W-01 / W-03: more changes than entries
