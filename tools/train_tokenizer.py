@@ -138,7 +138,7 @@ def build(max_bytes):
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
     tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE - len(ADDED_TOKENS), min_frequency=2,
                                   show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   special_tokens=[])
@@ -173,7 +173,11 @@ def main():
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tok = build(args.max_bytes)
-    tok.save(str(out / "tokenizer.json"), pretty=False)
+    # note: decoders.ByteLevel() takes no options and serializes its defaults; Qwen's file spells the same
+    # decoder with the pre-tokenizer's flags, so write those (decoding ignores them either way).
+    j = json.loads(tok.to_str())
+    j["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    (out / "tokenizer.json").write_text(json.dumps(j, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
     with open(out / "tokenizer_config.json", "w", encoding="utf-8") as f:
         json.dump(tokenizer_config(tok), f, indent=2, ensure_ascii=False)
         f.write("\n")

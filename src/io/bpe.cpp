@@ -46,7 +46,7 @@ uint64_t pair_key(int32_t a, int32_t b) {
 }
 
 Result<std::pair<std::string, std::string>> parse_merge(const nlohmann::json& m, size_t i,
-                                                         std::string_view where) {
+                                                        std::string_view where) {
   if (m.is_string()) {
     const auto& s = m.get_ref<const std::string&>();
     const size_t sp = s.find(' ');
@@ -108,7 +108,8 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, std::string_vi
   }
   if (model.value("byte_fallback", false)) return fail("{}: BPE byte_fallback=true is not supported", where);
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (!null_or_empty(model, key)) return fail("{}: BPE {} {} is not supported", where, key, model[key].dump());
+    if (!null_or_empty(model, key))
+      return fail("{}: BPE {} {} is not supported", where, key, model[key].dump());
   }
   const auto& vocab = model.contains("vocab") ? model["vocab"] : nlohmann::json();
   if (!vocab.is_object()) return fail("{}: BPE vocab must be an object of token -> id", where);
@@ -127,8 +128,8 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, std::string_vi
       m.present_.resize(static_cast<size_t>(id) + 1, false);
     }
     if (m.present_[static_cast<size_t>(id)]) {
-      return fail("{}: vocab id {} is used by both '{}' and '{}'", where, id, m.tokens_[static_cast<size_t>(id)],
-                  tok);
+      return fail("{}: vocab id {} is used by both '{}' and '{}'", where, id,
+                  m.tokens_[static_cast<size_t>(id)], tok);
     }
     m.present_[static_cast<size_t>(id)] = true;
     m.tokens_[static_cast<size_t>(id)] = tok;
@@ -175,6 +176,8 @@ const std::string* BpeModel::token(int32_t id) const {
   return &tokens_[static_cast<size_t>(id)];
 }
 
+// note: the cache is keyed by the raw bytes of a piece, not its byte-level spelling: the mapping is a
+// bijection, and this saves building the symbol string on every hit.
 void BpeModel::encode_piece(std::string_view bytes, std::vector<int32_t>& out) const {
   if (bytes.empty()) return;
   if (ignore_merges_) {
@@ -199,11 +202,15 @@ void BpeModel::encode_piece(std::string_view bytes, std::vector<int32_t>& out) c
   if (cacheable) {
     std::lock_guard lock(cache_->mu);
     if (cache_->map.size() < kCacheCapacity) {
-      cache_->map.emplace(std::string(bytes), std::vector<int32_t>(out.begin() + static_cast<ptrdiff_t>(first), out.end()));
+      cache_->map.emplace(std::string(bytes),
+                          std::vector<int32_t>(out.begin() + static_cast<ptrdiff_t>(first), out.end()));
     }
   }
 }
 
+// HF's word merge: symbols form a doubly linked list over one array (merged-away entries stay, marked dead),
+// and a min-heap holds candidate pairs by (rank, left position). Popping a stale pair is checked against the
+// merge table rather than removed eagerly. O(n log n) in the piece length, so long runs of spaces stay cheap.
 void BpeModel::merge_symbols(std::string_view bytes, std::vector<int32_t>& out) const {
   struct Symbol {
     int32_t id;

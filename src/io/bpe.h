@@ -30,8 +30,8 @@ class BpeModel {
   // Appends the ids of one pre-tokenized piece of raw bytes.
   void encode_piece(std::string_view bytes, std::vector<int32_t>& out) const;
 
-  std::optional<int32_t> token_id(std::string_view token) const;  // token as spelled in the vocab
-  const std::string* token(int32_t id) const;                      // nullptr for ids not in the vocab
+  std::optional<int32_t> token_id(std::string_view token) const;           // token as spelled in the vocab
+  const std::string* token(int32_t id) const;                              // nullptr for ids not in the vocab
   int32_t id_end() const { return static_cast<int32_t>(tokens_.size()); }  // max id + 1
 
  private:
@@ -49,9 +49,9 @@ class BpeModel {
   void merge_symbols(std::string_view bytes, std::vector<int32_t>& out) const;
 
   TokenMap vocab_;
-  std::vector<std::string> tokens_;       // id -> token string ("" for gaps in the id space)
-  std::vector<bool> present_;             // id -> in the vocab
-  std::array<int32_t, 256> byte_id_{};    // byte -> id of its single-symbol token, -1 when absent
+  std::vector<std::string> tokens_;             // id -> token string ("" for gaps in the id space)
+  std::vector<bool> present_;                   // id -> in the vocab
+  std::array<int32_t, 256> byte_id_{};          // byte -> id of its single-symbol token, -1 when absent
   std::unordered_map<uint64_t, Merge> merges_;  // (left id << 32 | right id) -> rank and result id
   bool ignore_merges_ = false;
   std::shared_ptr<Cache> cache_;

@@ -30,6 +30,8 @@ bool is_tool_response(std::string_view s) {
 
 }  // namespace
 
+// Follows the Jinja template statement by statement (tools branch aside), so a diff against Qwen's template
+// text maps onto this function. A system message is only special in position 0; later ones render as turns.
 Result<std::string> render_qwen3_chat(std::span<const ChatMessage> messages, const ChatOptions& options) {
   if (messages.empty()) return fail("chat: no messages to render");
   for (size_t i = 0; i < messages.size(); ++i) {

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <string>
 #include <utility>
 
 namespace mxq {
@@ -27,61 +28,145 @@ bool is_file(const fs::path& p) {
 // A shard name must be a plain file name in the checkpoint directory: no separators, no "." or "..".
 Status check_shard_name(std::string_view shard, std::string_view where) {
   const std::string shown = printable(shard);
-  const bool plain = !shard.empty() && shard.find_first_of(std::string_view("/\\\0", 3)) == std::string_view::npos &&
+  const bool plain = !shard.empty() &&
+                     shard.find_first_of(std::string_view("/\\\0", 3)) == std::string_view::npos &&
                      shard != "." && shard != ".." && shard.size() <= 255;
-  if (!plain) return fail("{}: shard {}, expected a plain file name in the checkpoint directory", where, shown);
-  if (!shard.ends_with(".safetensors")) return fail("{}: shard {}, expected a *.safetensors file", where, shown);
+  if (!plain)
+    return fail("{}: shard {}, expected a plain file name in the checkpoint directory", where, shown);
+  if (!shard.ends_with(".safetensors"))
+    return fail("{}: shard {}, expected a *.safetensors file", where, shown);
   return {};
 }
 
-// weight_map entries (tensor -> shard), from an index whose objects have no duplicate keys (L-07 rule: the
-// parser callback sees every key; nlohmann alone would keep the last of two).
-Result<std::vector<std::pair<std::string, std::string>>> parse_index(const std::string& path) {
+Result<std::string> read_index(const std::string& path) {
   std::error_code ec;
   const uintmax_t size = fs::file_size(path, ec);
   if (ec) return fail("{}: cannot stat: {}", path, ec.message());
-  if (size > kMaxIndexBytes) return fail("{}: index too large, expected at most {} bytes, got {}", path, kMaxIndexBytes, size);
+  if (size > kMaxIndexBytes) {
+    return fail("{}: index too large, expected at most {} bytes, got {}", path, kMaxIndexBytes, size);
+  }
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
   if (!in) return fail("{}: cannot read", path);
-
-  std::vector<std::set<std::string>> keys;  // one key set per open object
-  std::string problem;
-  const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth > kMaxIndexDepth && problem.empty()) {
-      problem = fmt::format("nested too deep, expected at most {} levels", kMaxIndexDepth);
-    }
-    if (event == json::parse_event_t::object_start) keys.emplace_back();
-    if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    if (event == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
-        problem.empty()) {
-      problem = fmt::format("duplicate key {}, expected each key once", printable(parsed.get<std::string>()));
-    }
-    return true;
-  };
-  json j;
-  try {
-    j = json::parse(text.str(), check);
-  } catch (const json::exception& e) {
-    return fail("{}: not valid JSON: {}", path, printable(e.what()));
-  }
-  if (!problem.empty()) return fail("{}: {}", path, problem);
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-    return fail("{}: expected an object with a \"weight_map\" object", path);
-  }
-  std::vector<std::pair<std::string, std::string>> entries;
-  for (const auto& [name, shard] : j["weight_map"].items()) {
-    if (!shard.is_string()) {
-      return fail("{}: weight_map: {}, expected a shard file name (string), got {}", path, printable(name),
-                  shard.type_name());
-    }
-    entries.emplace_back(name, shard.get<std::string>());
-  }
-  return entries;
+  return text.str();
 }
 
+// Collects weight_map entries from SAX events. Every object's keys are checked for duplicates (nlohmann's DOM
+// would keep the last of two, L-07) and nesting stops at kMaxIndexDepth at its first event (L-05); everything
+// outside "weight_map" (e.g. "metadata") is only checked, not kept.
+class IndexSax {
+ public:
+  explicit IndexSax(std::string_view label) : label_(label) {}
+
+  bool null() { return value("null"); }
+  bool boolean(bool) { return value("a boolean"); }
+  bool number_integer(json::number_integer_t) { return value("a number"); }
+  bool number_unsigned(json::number_unsigned_t) { return value("a number"); }
+  bool number_float(json::number_float_t, const json::string_t&) { return value("a number"); }
+  bool binary(json::binary_t&) { return value("binary"); }
+  bool string(json::string_t& v) {
+    if (in_weight_map()) {
+      entries_.emplace_back(std::move(frames_.back().key), std::move(v));
+      return true;
+    }
+    return value("a string");
+  }
+  bool start_object(size_t) {
+    if (!enter("an object")) return false;
+    frames_.push_back(Frame{true, false, {}, {}});
+    frames_.back().is_weight_map = frames_.size() == 2 && frames_[0].key == "weight_map";
+    if (frames_.back().is_weight_map) saw_weight_map_ = true;
+    return true;
+  }
+  bool key(json::string_t& k) {
+    Frame& f = frames_.back();
+    if (!f.keys.insert(k).second) {
+      return error("{}: duplicate key {}, expected each key once", label_, printable(k));
+    }
+    f.key = std::move(k);
+    return true;
+  }
+  bool end_object() {
+    frames_.pop_back();
+    return frames_.empty() ? finish() : true;
+  }
+  bool start_array(size_t) {
+    if (!enter("an array")) return false;
+    frames_.push_back(Frame{false, false, {}, {}});
+    return true;
+  }
+  bool end_array() {
+    frames_.pop_back();
+    return true;
+  }
+  bool parse_error(size_t position, const std::string& token, const nlohmann::detail::exception&) {
+    return error("{}: not valid JSON at byte {} (last read '{}')", label_, position, printable(token));
+  }
+
+  const std::string& message() const { return message_; }
+  std::vector<std::pair<std::string, std::string>> take_entries() { return std::move(entries_); }
+
+ private:
+  struct Frame {
+    bool is_object;
+    bool is_weight_map;
+    std::set<std::string> keys;
+    std::string key;  // the key whose value comes next
+  };
+
+  template <class... Args>
+  bool error(fmt::format_string<Args...> f, Args&&... args) {
+    if (message_.empty()) message_ = fmt::format(f, std::forward<Args>(args)...);
+    return false;
+  }
+  bool in_weight_map() const { return !frames_.empty() && frames_.back().is_weight_map; }
+  bool at_weight_map_key() const {
+    return frames_.size() == 1 && frames_[0].is_object && frames_[0].key == "weight_map";
+  }
+  // A value of `kind` is about to start (objects and arrays included): check it fits where it stands.
+  bool enter(std::string_view kind) {
+    if (frames_.size() >= static_cast<size_t>(kMaxIndexDepth)) {
+      return error("{}: nested too deep, expected at most {} levels", label_, kMaxIndexDepth);
+    }
+    if (frames_.empty() && kind != "an object")
+      return error("{}: expected a JSON object, got {}", label_, kind);
+    if (at_weight_map_key() && kind != "an object") {
+      return error("{}: weight_map, expected an object, got {}", label_, kind);
+    }
+    if (in_weight_map()) {
+      return error("{}: weight_map: {}, expected a shard file name (string), got {}", label_,
+                   printable(frames_.back().key), kind);
+    }
+    return true;
+  }
+  bool value(std::string_view kind) { return enter(kind); }
+  bool finish() {
+    if (!saw_weight_map_) return error("{}: expected an object with a \"weight_map\" object", label_);
+    return true;
+  }
+
+  std::string_view label_;
+  std::vector<Frame> frames_;
+  bool saw_weight_map_ = false;
+  std::vector<std::pair<std::string, std::string>> entries_;
+  std::string message_;
+};
+
 }  // namespace
+
+Result<std::vector<std::pair<std::string, std::string>>> parse_safetensors_index(std::string_view text,
+                                                                                 std::string_view label) {
+  IndexSax sax(label);
+  bool ok = false;
+  try {
+    ok = json::sax_parse(text.begin(), text.end(), &sax);
+  } catch (const std::exception& e) {  // nlohmann reports through parse_error; this is belt and braces
+    return fail("{}: not valid JSON: {}", label, printable(e.what()));
+  }
+  if (!ok) return tl::unexpected(Error{sax.message()});
+  return sax.take_entries();
+}
 
 Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   std::error_code ec;
@@ -93,12 +178,17 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   std::vector<std::string> shards;  // file names inside dir
   std::vector<std::pair<std::string, std::string>> weight_map;
   const std::string index_path = (root / kIndexFileName).string();
+  // note: transformers' precedence: model.safetensors wins over an index. With an index, files it does not
+  // name (e.g. Mistral's consolidated.safetensors beside the HF shards) are never opened.
   const bool single = is_file(root / kSingleFileName);
   const bool sharded = !single && is_file(index_path);
   if (single) {
     shards.emplace_back(kSingleFileName);
   } else if (sharded) {
-    Result<std::vector<std::pair<std::string, std::string>>> parsed = parse_index(index_path);
+    Result<std::string> text = read_index(index_path);
+    if (!text) return tl::unexpected(text.error());
+    Result<std::vector<std::pair<std::string, std::string>>> parsed =
+        parse_safetensors_index(*text, index_path);
     if (!parsed) return tl::unexpected(parsed.error());
     weight_map = std::move(*parsed);
     if (weight_map.empty()) return fail("{}: weight_map is empty, expected at least one tensor", index_path);
@@ -116,14 +206,17 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
     }
     shards.assign(distinct.begin(), distinct.end());
   } else {
-    for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.ends_with(".safetensors") && is_file(e.path())) shards.push_back(name);
+    // No index: every *.safetensors file, sorted so that file order and errors are deterministic. The
+    // writer's temp files ("x.safetensors.tmp.XXXXXX") do not match.
+    for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.ends_with(".safetensors") && is_file(it->path())) shards.push_back(name);
     }
     if (ec) return fail("{}: cannot list: {}", dir, ec.message());
     std::sort(shards.begin(), shards.end());
     if (shards.empty()) {
-      return fail("{}: no checkpoint, expected {}, {} or *.safetensors files", dir, kSingleFileName, kIndexFileName);
+      return fail("{}: no checkpoint, expected {}, {} or *.safetensors files", dir, kSingleFileName,
+                  kIndexFileName);
     }
   }
 
@@ -141,7 +234,8 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
     for (const auto& [name, shard] : weight_map) {
       const SafetensorsFile* f = ck.file_of(name);
       if (f == nullptr) {  // covers L-20 (index names a tensor its shard lacks)
-        return fail("{}: {}: listed in shard {}, which lacks it", index_path, printable(name), printable(shard));
+        return fail("{}: {}: listed in shard {}, which lacks it", index_path, printable(name),
+                    printable(shard));
       }
       const std::string actual = fs::path(f->path()).filename().string();
       if (actual != shard) {

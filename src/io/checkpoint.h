@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -18,14 +19,21 @@ namespace mxq {
 inline constexpr std::string_view kSingleFileName = "model.safetensors";
 inline constexpr std::string_view kIndexFileName = "model.safetensors.index.json";
 
+// The weight_map of a model.safetensors.index.json text, tensor -> shard file name, in file order. Refuses
+// invalid JSON, duplicate keys in any object (the parser callback sees every key: nlohmann alone keeps the
+// last of two), nesting past 16 levels, and a weight_map that is missing or maps to non-strings. Shard names
+// are checked by Checkpoint::open. `label` names the file in errors. The fuzz harness drives this directly.
+Result<std::vector<std::pair<std::string, std::string>>> parse_safetensors_index(std::string_view text,
+                                                                                 std::string_view label);
+
 // What check_names does with tensors the caller did not ask for (L-21).
 enum class ExtraTensors { kReject, kIgnore };
 
 class Checkpoint {  // move-only: owns the mappings
  public:
   // Picks the files as transformers does: model.safetensors if present; else the index and exactly the shards
-  // it names; else every *.safetensors in `dir` (sorted). Refused (L-20): a missing shard, a shard name that is
-  // not a plain "*.safetensors" file name, a tensor in two files, an index entry its shard lacks, a shard
+  // it names; else every *.safetensors in `dir` (sorted). Refused (L-20): a missing shard, a shard name that
+  // is not a plain "*.safetensors" file name, a tensor in two files, an index entry its shard lacks, a shard
   // tensor the index does not list, duplicate keys in the index. Tensor names never become paths (L-17).
   static Result<Checkpoint> open(const std::string& dir);
 

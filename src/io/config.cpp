@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <span>
 
 namespace mxq {
@@ -22,6 +24,8 @@ constexpr int kMaxJsonDepth = 64;
 // larger value could only be a corrupt file (layers, heads, experts).
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
+// One row per integer key: where it lands in ModelConfig, whether transformers would fall back to a default,
+// and the range outside of which the file is corrupt rather than merely unusual.
 struct IntField {
   const char* key;
   int64_t ModelConfig::*dst;
@@ -46,11 +50,15 @@ constexpr IntField kMoeFields[] = {
 
 std::string_view type_name(const json& v) { return v.type_name(); }
 
+// nlohmann keeps non-negative integers as number_unsigned and negative ones as number_integer; a value past
+// u64 parses as a float. Each is checked before any cast so no size reaches int64 through a narrowing.
+
 // Integer JSON value in [min, max]; floats (even 64.0), strings and out-of-range values are named errors.
 Result<int64_t> get_int(const json& v, std::string_view key, int64_t min, int64_t max) {
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(max)) return fail("{}: expected an integer in [{}, {}], got {}", key, min, max, u);
+    if (u > static_cast<uint64_t>(max))
+      return fail("{}: expected an integer in [{}, {}], got {}", key, min, max, u);
     const auto i = static_cast<int64_t>(u);
     if (i < min) return fail("{}: expected an integer in [{}, {}], got {}", key, min, max, i);
     return i;
@@ -63,13 +71,16 @@ Result<int64_t> get_int(const json& v, std::string_view key, int64_t min, int64_
   return fail("{}: expected an integer, got {} {}", key, type_name(v), v.dump());
 }
 
+// eps and theta: JSON floats or ints; NaN cannot be written in JSON but 1e400 parses to inf.
 Result<double> get_positive_number(const json& v, std::string_view key) {
   if (!v.is_number()) return fail("{}: expected a number, got {}", key, type_name(v));
   const double d = v.get<double>();
-  if (!std::isfinite(d) || d <= 0) return fail("{}: expected a positive finite number, got {}", key, v.dump());
+  if (!std::isfinite(d) || d <= 0)
+    return fail("{}: expected a positive finite number, got {}", key, v.dump());
   return d;
 }
 
+// null means "use transformers' default", as PreTrainedConfig treats an explicit None.
 Result<bool> get_bool(const json& obj, const char* key, bool fallback) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return fallback;
@@ -159,13 +170,16 @@ void record_remote_code(const json& obj, std::string_view prefix, std::vector<st
     auto it = obj.find(key);
     if (it == obj.end()) continue;
     if (it->is_object()) {
-      for (const auto& [k, v] : it->items()) refs.push_back(fmt::format("{}{}.{}={}", prefix, key, k, v.dump()));
+      for (const auto& [k, v] : it->items())
+        refs.push_back(fmt::format("{}{}.{}={}", prefix, key, k, v.dump()));
     } else {
       refs.push_back(fmt::format("{}{}={}", prefix, key, it->dump()));
     }
   }
 }
 
+// Cross-field checks the modelling code relies on: GQA groups whole heads, RoPE rotates pairs, the router
+// picks at most every expert.
 Status check_shapes(const ModelConfig& c) {
   if (c.num_key_value_heads > c.num_attention_heads || c.num_attention_heads % c.num_key_value_heads != 0)
     return fail("num_attention_heads {} must be a multiple of num_key_value_heads {}", c.num_attention_heads,
@@ -174,13 +188,15 @@ Status check_shapes(const ModelConfig& c) {
   if (c.num_attention_heads * c.head_dim > kInt32Max)
     return fail("num_attention_heads {} x head_dim {} exceeds 2^31-1", c.num_attention_heads, c.head_dim);
   if (c.head_dim < 2) return fail("head_dim: expected at least 2, got {}", c.head_dim);
-  if (c.head_dim % 2 != 0) return fail("head_dim: expected an even number (RoPE rotates pairs), got {}", c.head_dim);
+  if (c.head_dim % 2 != 0)
+    return fail("head_dim: expected an even number (RoPE rotates pairs), got {}", c.head_dim);
   if (c.is_moe()) {
     if (c.num_experts_per_tok > c.num_experts)
       return fail("num_experts_per_tok {} exceeds num_experts {}", c.num_experts_per_tok, c.num_experts);
     for (int64_t layer : c.mlp_only_layers)
       if (layer >= c.num_hidden_layers)
-        return fail("mlp_only_layers: layer {} is not below num_hidden_layers {}", layer, c.num_hidden_layers);
+        return fail("mlp_only_layers: layer {} is not below num_hidden_layers {}", layer,
+                    c.num_hidden_layers);
   }
   return {};
 }
@@ -198,10 +214,11 @@ Result<ModelConfig> parse_object(const json& obj) {
   cfg.model_type = *model_type;
   if (cfg.architecture.empty() && cfg.model_type.empty())
     return fail("missing both \"architectures\" and \"model_type\"");
-  cfg.architecture_known = cfg.architecture == "Qwen3ForCausalLM" || cfg.architecture == "Qwen3MoeForCausalLM";
+  cfg.architecture_known =
+      cfg.architecture == "Qwen3ForCausalLM" || cfg.architecture == "Qwen3MoeForCausalLM";
 
   if (auto s = read_int_fields(obj, kDenseFields, cfg); !s) return tl::unexpected(s.error());
-  cfg.num_key_value_heads = cfg.num_attention_heads;  // transformers' default when the key is absent
+  cfg.num_key_value_heads = cfg.num_attention_heads;  // transformers' default when the key is absent (MHA)
   if (auto it = obj.find("num_key_value_heads"); it != obj.end() && !it->is_null()) {
     auto v = get_int(*it, "num_key_value_heads", 1, 4096);
     if (!v) return tl::unexpected(v.error());
@@ -230,6 +247,7 @@ Result<ModelConfig> parse_object(const json& obj) {
   if (!bias) return tl::unexpected(bias.error());
   cfg.tie_word_embeddings = *tie;
   cfg.attention_bias = *bias;
+  // transformers 5 writes "dtype", 4.x wrote "torch_dtype"; the newer key wins when both are present.
   for (const char* key : {"dtype", "torch_dtype"}) {
     auto d = get_string(obj, key);
     if (!d) return tl::unexpected(d.error());
@@ -245,6 +263,8 @@ Result<ModelConfig> parse_object(const json& obj) {
   cfg.bos_token_ids = std::move(*bos);
   cfg.eos_token_ids = std::move(*eos);
 
+  // Qwen3MoeConfig 5.x stores num_local_experts (attribute_map aliases num_experts); 4.x files say
+  // num_experts.
   for (const char* key : {"num_experts", "num_local_experts"}) {
     auto it = obj.find(key);
     if (it == obj.end() || it->is_null()) continue;
@@ -259,7 +279,8 @@ Result<ModelConfig> parse_object(const json& obj) {
     if (!norm) return tl::unexpected(norm.error());
     cfg.norm_topk_prob = *norm;
     if (auto it = obj.find("mlp_only_layers"); it != obj.end() && !it->is_null()) {
-      if (!it->is_array()) return fail("mlp_only_layers: expected a list of layer indices, got {}", type_name(*it));
+      if (!it->is_array())
+        return fail("mlp_only_layers: expected a list of layer indices, got {}", type_name(*it));
       for (const json& v : *it) {
         auto layer = get_int(v, "mlp_only_layers[]", 0, 4095);
         if (!layer) return tl::unexpected(layer.error());
@@ -271,6 +292,8 @@ Result<ModelConfig> parse_object(const json& obj) {
   }
   if (auto s = check_shapes(cfg); !s) return tl::unexpected(s.error());
 
+  // Multimodal wrappers nest the language model's config (and its quantization_config) under text_config;
+  // the vt engine and vLLM look there after the top level.
   const json* text_config = nullptr;
   if (auto it = obj.find("text_config"); it != obj.end() && it->is_object()) text_config = &*it;
   for (const json* where : {&obj, text_config}) {
@@ -292,6 +315,14 @@ bool ModelConfig::layer_is_sparse(int64_t layer) const {
   if (!is_moe()) return false;
   if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
   return (layer + 1) % decoder_sparse_step == 0;
+}
+
+Status check_architecture(const ModelConfig& config) {
+  if (config.architecture_known) return {};
+  return fail(
+      "architecture \"{}\" (model_type \"{}\") is not supported; mxq runs Qwen3ForCausalLM and "
+      "Qwen3MoeForCausalLM",
+      config.architecture, config.model_type);
 }
 
 Result<json> parse_json_text(std::string_view json_text, std::string_view origin) {
@@ -320,15 +351,19 @@ Result<ModelConfig> parse_config(std::string_view json_text, std::string_view or
   auto cfg = parse_object(*parsed);
   if (!cfg) return fail_in(origin, cfg.error());
   if (!cfg->remote_code_refs.empty())
-    spdlog::warn("{}: references checkpoint code ({}); mxq never executes checkpoint code and ignores it", origin,
-                 fmt::join(cfg->remote_code_refs, ", "));
+    spdlog::warn("{}: references checkpoint code ({}); mxq never executes checkpoint code and ignores it",
+                 origin, fmt::join(cfg->remote_code_refs, ", "));
   return cfg;
 }
 
-Result<ModelConfig> read_config(const std::string& dir) {
-  const std::string path = dir + "/config.json";
+// note: read in 64 KB chunks with a running size check, so a multi-GB "config.json" is refused without
+// being loaded.
+static Result<std::optional<std::string>> read_small_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return fail("{}: cannot open", path);
+  if (!in) {
+    if (!std::filesystem::exists(path)) return std::optional<std::string>();
+    return fail("{}: cannot open", path);
+  }
   std::string text;
   char buf[65536];
   while (in.read(buf, sizeof buf) || in.gcount() > 0) {
@@ -336,7 +371,25 @@ Result<ModelConfig> read_config(const std::string& dir) {
     if (text.size() > kMaxConfigBytes)
       return fail("{}: expected at most {} bytes, the file is larger", path, kMaxConfigBytes);
   }
-  return parse_config(text, path);
+  return std::optional<std::string>(std::move(text));
+}
+
+Result<ModelConfig> read_config(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  auto text = read_small_file(path);
+  if (!text) return tl::unexpected(text.error());
+  if (!*text) return fail("{}: missing", path);
+  return parse_config(**text, path);
+}
+
+Result<std::optional<json>> read_hf_quant_config(const std::string& dir) {
+  const std::string path = dir + "/hf_quant_config.json";
+  auto text = read_small_file(path);
+  if (!text) return tl::unexpected(text.error());
+  if (!*text) return std::optional<json>();
+  auto parsed = parse_json_text(**text, path);
+  if (!parsed) return tl::unexpected(parsed.error());
+  return std::optional<json>(std::move(*parsed));
 }
 
 }  // namespace mxq

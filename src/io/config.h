@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,14 +16,14 @@
 namespace mxq {
 
 struct RopeConfig {
-  double theta = 10000.0;          // rope_parameters.rope_theta, else legacy top-level rope_theta
-  std::string type = "default";    // rope_parameters.rope_type (legacy rope_scaling.type)
-  nlohmann::json parameters;       // the whole rope_parameters / rope_scaling object (null if absent)
+  double theta = 10000.0;        // rope_parameters.rope_theta, else legacy top-level rope_theta
+  std::string type = "default";  // rope_parameters.rope_type (legacy rope_scaling.type)
+  nlohmann::json parameters;     // the whole rope_parameters / rope_scaling object (null if absent)
 };
 
 struct ModelConfig {
-  std::string architecture;  // architectures[0]
-  std::string model_type;    // "qwen3", "qwen3_moe", ...
+  std::string architecture;         // architectures[0]
+  std::string model_type;           // "qwen3", "qwen3_moe", ...
   bool architecture_known = false;  // one mxq has a forward for
 
   int64_t hidden_size = 0;
@@ -64,6 +65,12 @@ struct ModelConfig {
 Result<ModelConfig> parse_config(std::string_view json_text, std::string_view origin);
 // Reads <dir>/config.json.
 Result<ModelConfig> read_config(const std::string& dir);
+
+// Reads <dir>/hf_quant_config.json (ModelOpt's file); nullopt when the checkpoint has none.
+Result<std::optional<nlohmann::json>> read_hf_quant_config(const std::string& dir);
+
+// The loader's refusal of an architecture mxq has no forward for, naming it and the ones it has.
+Status check_architecture(const ModelConfig& config);
 
 // Parses JSON text with a nesting limit, naming `origin` on failure (shared with hf_quant_config.json).
 Result<nlohmann::json> parse_json_text(std::string_view json_text, std::string_view origin);

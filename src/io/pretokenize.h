@@ -33,7 +33,7 @@ class PreTokenizer {
   void split(std::string_view text, const std::function<void(std::string_view)>& emit) const;
 
  private:
-  std::vector<Regex> splits_;   // Split steps, each with behavior Isolated
+  std::vector<Regex> splits_;  // Split steps, each with behavior Isolated
   bool add_prefix_space_ = false;
   std::shared_ptr<Regex> byte_level_regex_;  // set when ByteLevel has use_regex=true (the GPT-2 pattern)
 };

@@ -27,11 +27,11 @@ struct DtypeRow {
 };
 
 constexpr DtypeRow kDtypes[] = {
-    {Dtype::kBool, "BOOL", 8},       {Dtype::kF4, "F4", 4},         {Dtype::kU8, "U8", 8},
+    {Dtype::kBool, "BOOL", 8},       {Dtype::kF4, "F4", 4},           {Dtype::kU8, "U8", 8},
     {Dtype::kI8, "I8", 8},           {Dtype::kF8_E5M2, "F8_E5M2", 8}, {Dtype::kF8_E4M3, "F8_E4M3", 8},
-    {Dtype::kF8_E8M0, "F8_E8M0", 8}, {Dtype::kI16, "I16", 16},      {Dtype::kU16, "U16", 16},
-    {Dtype::kF16, "F16", 16},        {Dtype::kBF16, "BF16", 16},    {Dtype::kI32, "I32", 32},
-    {Dtype::kU32, "U32", 32},        {Dtype::kF32, "F32", 32},      {Dtype::kF64, "F64", 64},
+    {Dtype::kF8_E8M0, "F8_E8M0", 8}, {Dtype::kI16, "I16", 16},        {Dtype::kU16, "U16", 16},
+    {Dtype::kF16, "F16", 16},        {Dtype::kBF16, "BF16", 16},      {Dtype::kI32, "I32", 32},
+    {Dtype::kU32, "U32", 32},        {Dtype::kF32, "F32", 32},        {Dtype::kF64, "F64", 64},
     {Dtype::kI64, "I64", 64},        {Dtype::kU64, "U64", 64},
 };
 static_assert(std::size(kDtypes) == static_cast<size_t>(Dtype::kCount), "one row per Dtype");
@@ -65,7 +65,8 @@ class HeaderSax {
   }
   bool number_unsigned(json::number_unsigned_t v) {
     if (where_ == Where::kShape) {
-      if (v > kMaxOffset) return error("{}: shape, expected an integer in [0, 2^63), got {}", tensor_label(), v);
+      if (v > kMaxOffset)
+        return error("{}: shape, expected an integer in [0, 2^63), got {}", tensor_label(), v);
       if (cur_.shape.size() == kMaxRank) {
         return error("{}: shape, expected rank <= {}, got more dimensions", tensor_label(), kMaxRank);
       }
@@ -149,7 +150,8 @@ class HeaderSax {
     static constexpr std::array<std::string_view, 3> kFieldNames = {"dtype", "shape", "data_offsets"};
     const auto it = std::find(kFieldNames.begin(), kFieldNames.end(), k);
     if (it == kFieldNames.end()) {
-      return error("{}: unknown field {}, expected dtype, shape or data_offsets", tensor_label(), printable(k));
+      return error("{}: unknown field {}, expected dtype, shape or data_offsets", tensor_label(),
+                   printable(k));
     }
     field_ = static_cast<Field>(it - kFieldNames.begin());
     const unsigned bit = 1u << static_cast<unsigned>(field_);
@@ -201,9 +203,9 @@ class HeaderSax {
     std::string_view what = e.what();
     const size_t dash = what.rfind(" - ");
     const size_t semi = what.rfind("; last read");
-    std::string_view reason =
-        dash != std::string_view::npos ? what.substr(dash + 3, semi > dash ? semi - dash - 3 : what.npos)
-                                       : std::string_view("syntax error");
+    std::string_view reason = dash != std::string_view::npos
+                                  ? what.substr(dash + 3, semi > dash ? semi - dash - 3 : what.npos)
+                                  : std::string_view("syntax error");
     return error("{}: header is not valid JSON at byte {}: {} (last read '{}')", label_, position,
                  printable(reason), printable(token));
   }
@@ -230,15 +232,17 @@ class HeaderSax {
       case Where::kTop:
         return error("{}: header, expected a JSON object, got {}", label_, got);
       case Where::kRoot:
-        if (in_metadata_key_) return error("{}: {}, expected an object of strings, got {}", label_, kMetadataKey, got);
-        return error("{}: expected an object with dtype, shape and data_offsets, got {}", tensor_label(), got);
+        if (in_metadata_key_)
+          return error("{}: {}, expected an object of strings, got {}", label_, kMetadataKey, got);
+        return error("{}: expected an object with dtype, shape and data_offsets, got {}", tensor_label(),
+                     got);
       case Where::kMetadata:
         return error("{}: {}: value of {}, expected a string, got {}", label_, kMetadataKey,
                      printable(pending_key_), got);
       case Where::kTensor: {
-        static constexpr std::array<std::string_view, 3> kWant = {"dtype, expected a string",
-                                                                  "shape, expected an array of integers",
-                                                                  "data_offsets, expected an array of 2 integers"};
+        static constexpr std::array<std::string_view, 3> kWant = {
+            "dtype, expected a string", "shape, expected an array of integers",
+            "data_offsets, expected an array of 2 integers"};
         return error("{}: {}, got {}", tensor_label(), kWant[static_cast<unsigned>(field_)], got);
       }
       case Where::kShape:
@@ -282,7 +286,8 @@ Status check_utf8(std::string_view text, std::string_view label) {
 // The first 8 bytes: N, the header length. `prefix` holds min(8, file_size) bytes.
 Result<uint64_t> header_length(std::span<const uint8_t> prefix, uint64_t file_size, std::string_view label) {
   if (file_size < 8) {  // covers L-01
-    return fail("{}: file too short for the header length, expected at least 8 bytes, got {}", label, file_size);
+    return fail("{}: file too short for the header length, expected at least 8 bytes, got {}", label,
+                file_size);
   }
   uint64_t n = 0;
   std::memcpy(&n, prefix.data(), 8);
@@ -297,7 +302,8 @@ Result<uint64_t> header_length(std::span<const uint8_t> prefix, uint64_t file_si
 }
 
 // Everything after N: JSON schema, then sizes and the exact tiling of the data section.
-Result<SafetensorsHeader> parse_header(std::string_view json_text, uint64_t file_size, std::string_view label) {
+Result<SafetensorsHeader> parse_header(std::string_view json_text, uint64_t file_size,
+                                       std::string_view label) {
   SafetensorsHeader out;
   out.header_bytes = json_text.size();
   out.data_offset = 8 + out.header_bytes;
@@ -305,7 +311,8 @@ Result<SafetensorsHeader> parse_header(std::string_view json_text, uint64_t file
 
   if (Status s = check_utf8(json_text, label); !s) return tl::unexpected(s.error());
   // note: nlohmann's lexer takes a raw NUL for the end of input (so "{}\0junk" would pass) and skips a
-  // leading UTF-8 BOM; JSON allows neither (a NUL inside a string must be escaped) and the reference refuses both.
+  // leading UTF-8 BOM; JSON allows neither (a NUL inside a string must be escaped) and the reference refuses
+  // both.
   if (const size_t nul = json_text.find('\0'); nul != std::string_view::npos) {
     return fail("{}: header has a raw NUL at byte {}, expected none", label, 8 + nul);
   }
@@ -356,8 +363,8 @@ Result<SafetensorsHeader> parse_header(std::string_view json_text, uint64_t file
                   printable(prev->name), cursor, t.begin);
     }
     if (t.begin > cursor) {  // covers L-13 (hole)
-      return fail("{}: {}: hole before the tensor, expected begin {}, got {}", label, printable(t.name), cursor,
-                  t.begin);
+      return fail("{}: {}: hole before the tensor, expected begin {}, got {}", label, printable(t.name),
+                  cursor, t.begin);
     }
     cursor = t.end;
     prev = &t;
@@ -374,9 +381,10 @@ Result<SafetensorsHeader> parse_header(std::string_view json_text, uint64_t file
 Result<Dtype> parse_dtype(std::string_view name) {
   for (const DtypeRow& row : kDtypes)
     if (row.name == name) return row.dtype;
-  return fail("unsupported dtype {}, expected one of BOOL F4 U8 I8 F8_E5M2 F8_E4M3 F8_E8M0 I16 U16 F16 BF16 "
-              "I32 U32 F32 F64 I64 U64",
-              printable(name));
+  return fail(
+      "unsupported dtype {}, expected one of BOOL F4 U8 I8 F8_E5M2 F8_E4M3 F8_E8M0 I16 U16 F16 BF16 "
+      "I32 U32 F32 F64 I64 U64",
+      printable(name));
 }
 
 std::string_view dtype_name(Dtype dtype) {
@@ -394,7 +402,8 @@ Result<uint64_t> tensor_nbytes(Dtype dtype, std::span<const int64_t> shape, std:
   for (int64_t d : shape) {
     if (d < 0) return fail("{}: shape, expected dimensions >= 0, got {}", what, d);
     if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel)) {  // covers L-15
-      return fail("{}: shape {} overflows, expected an element count below 2^64", what, fmt::join(shape, "x"));
+      return fail("{}: shape {} overflows, expected an element count below 2^64", what,
+                  fmt::join(shape, "x"));
     }
   }
   uint64_t bits = 0;
@@ -475,14 +484,15 @@ std::span<const uint8_t> SafetensorsFile::bytes(const TensorEntry& entry) const 
 Status SafetensorsFile::read(const TensorEntry& entry, std::span<uint8_t> dst) const {
   const std::span<const uint8_t> src = bytes(entry);
   if (dst.size() != src.size()) {
-    return fail("{}: {}: destination size, expected {} bytes, got {}", path(), printable(entry.name), src.size(),
-                dst.size());
+    return fail("{}: {}: destination size, expected {} bytes, got {}", path(), printable(entry.name),
+                src.size(), dst.size());
   }
   if (Status s = map_.check_unchanged(printable(entry.name)); !s) return s;
   if (!copy_guarding_sigbus(src.data(), src.size(), dst.data())) {  // covers L-19
-    return fail("{}: {}: bus error reading the mapping, expected {} readable bytes at offset {} (file truncated "
-                "while reading?)",
-                path(), printable(entry.name), src.size(), header_.data_offset + entry.begin);
+    return fail(
+        "{}: {}: bus error reading the mapping, expected {} readable bytes at offset {} (file truncated "
+        "while reading?)",
+        path(), printable(entry.name), src.size(), header_.data_offset + entry.begin);
   }
   return {};
 }

@@ -2,11 +2,12 @@
 //
 // File layout: u64 little-endian N | N bytes of UTF-8 JSON header | data section. The header maps each tensor
 // name to {dtype, shape, data_offsets: [begin, end)} relative to the data section, plus an optional
-// "__metadata__" object of string values. mxq accepts a file only if the tensors tile the data section exactly
-// (sorted by offset: no hole, no overlap, no trailing byte) and every byte range equals shape x dtype.
-// Stricter than the reference reader: duplicate keys, unknown fields in a tensor entry, NUL in names and
-// rank > kMaxRank are refused. Accepted like the reference (since safetensors#686): JSON whitespace (space,
-// tab, CR, LF) before and after the header object, e.g. the writer's space padding.
+// "__metadata__" object of string values. mxq accepts a file only if the tensors tile the data section
+// exactly (sorted by offset: no hole, no overlap, no trailing byte) and every byte range equals shape x
+// dtype. Stricter than the reference reader: duplicate keys, unknown fields in a tensor entry, NUL in names,
+// names over kMaxNameBytes and rank > kMaxRank are refused. Like the reference: JSON whitespace (space, tab,
+// CR, LF) before and after the header object is accepted (since safetensors#686; our writer pads with
+// spaces); a raw NUL or a leading BOM is refused.
 #pragma once
 
 #include <cstdint>

@@ -117,7 +117,8 @@ Status write_safetensors(const std::string& path, std::span<const TensorToWrite>
   uint64_t offset = 0;
   for (const TensorToWrite* t : order) {
     const uint64_t end = offset + t->bytes.size();  // cannot wrap: each span lives in our address space
-    header[t->name] = {{"dtype", std::string(dtype_name(t->dtype))}, {"shape", t->shape}, {"data_offsets", {offset, end}}};
+    header[t->name] = {
+        {"dtype", std::string(dtype_name(t->dtype))}, {"shape", t->shape}, {"data_offsets", {offset, end}}};
     offset = end;
   }
   Result<std::string> text = dump(header, fmt::format("{}: {}", path, kMetadataKey));

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "format/codec.h"
 #include "io/scheme_config.h"
@@ -23,6 +24,8 @@ struct ModuleTensors {
   const std::pair<const std::string, TensorMeta>* global_scale = nullptr;  // NVFP4's weight_global_scale
 };
 
+// The suffixes that make a tensor part of a linear module. Anything else (bias, norms' weights are ".weight"
+// too) is not a scheme question.
 struct Suffix {
   std::string_view text;
   const std::pair<const std::string, TensorMeta>* ModuleTensors::*slot;
@@ -38,6 +41,7 @@ constexpr Suffix kSuffixes[] = {
 
 bool is_float_dtype(std::string_view d) { return d == "BF16" || d == "F16" || d == "F32"; }
 
+// Bytes per element of the safetensors dtypes a Qwen3 checkpoint can hold; 0 = unknown (no byte check).
 int64_t dtype_bytes(std::string_view d) {
   if (d == "F64" || d == "I64" || d == "U64") return 8;
   if (d == "F32" || d == "I32" || d == "U32") return 4;
@@ -52,12 +56,12 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
-// note: 2^62 bounds any element count so later byte arithmetic (x8 at most) cannot overflow int64.
-constexpr int64_t kMaxElements = int64_t{1} << 62;
+// note: 2^59 bounds any element count so bytes (x8 at most) and packed K (x2) stay below 2^63.
+constexpr int64_t kMaxElements = int64_t{1} << 59;
 Result<int64_t> checked_numel(const std::string& name, const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
-    if (d < 0 || (d != 0 && n > kMaxElements / d))
+    if (d < 0 || d > kMaxElements || (d != 0 && n > kMaxElements / d))
       return fail("{}: shape {} is negative or overflows", name, shape_str(shape));
     n *= d;
   }
@@ -90,7 +94,12 @@ Status check_mx_scale(const std::string& module, const ModuleTensors& t, const s
   return {};
 }
 
-// Checks one module that the scheme quantizes and returns its QuantizedLinear.
+// Checks one module that the scheme quantizes and returns its QuantizedLinear. Layout per scheme:
+//   MXFP8 (ModelOpt, CT):  weight F8_E4M3 [..., N, K],    weight_scale U8 [..., N, K/32]
+//   MXFP4 (CT):            weight_packed U8 [..., N, K/2], weight_scale U8 [..., N, K/32]
+//   FP8-B128:              weight F8_E4M3 [..., N, K],    weight_scale_inv F32|BF16 [..., cdiv(N,128),
+//   cdiv(K,128)]
+// Leading dims are stacked experts; a scale's leading dims must equal the weight's.
 Result<QuantizedLinear> check_quantized(SchemeKind kind, const std::string& module, const ModuleTensors& t) {
   if (t.global_scale != nullptr)
     return fail("{}: weight_global_scale is NVFP4's, which mxq does not read", t.global_scale->first);
@@ -99,10 +108,12 @@ Result<QuantizedLinear> check_quantized(SchemeKind kind, const std::string& modu
                 t.input_scale->first, scheme_name(kind));
   if (kind == SchemeKind::kCtMxfp4) {
     if (t.weight_packed == nullptr)
-      return fail("{}: expected {}.weight_packed U8 [N, K/2] for mxfp4-pack-quantized, got {}", module, module,
+      return fail("{}: expected {}.weight_packed U8 [N, K/2] for mxfp4-pack-quantized, got {}", module,
+                  module,
                   t.weight ? t.weight->first + " " + t.weight->second.dtype : std::string("no weight"));
     const TensorMeta& v = t.weight_packed->second;
-    if (v.dtype != "U8") return fail("{}: expected dtype U8 (packed E2M1), got {}", t.weight_packed->first, v.dtype);
+    if (v.dtype != "U8")
+      return fail("{}: expected dtype U8 (packed E2M1), got {}", t.weight_packed->first, v.dtype);
     std::vector<int64_t> logical = v.shape;
     if (logical.back() > kMaxElements / 2) return fail("{}: shape overflows", t.weight_packed->first);
     logical.back() *= 2;
@@ -119,9 +130,11 @@ Result<QuantizedLinear> check_quantized(SchemeKind kind, const std::string& modu
     return fail("{}: expected dtype F8_E4M3 for {}, got {}", t.weight->first, scheme_name(kind), v.dtype);
   if (kind == SchemeKind::kFp8Block128) {
     if (t.weight_scale_inv == nullptr)
-      return fail("{}: F8_E4M3 weight with weight_block_size but no {}.weight_scale_inv", t.weight->first, module);
+      return fail("{}: F8_E4M3 weight with weight_block_size but no {}.weight_scale_inv", t.weight->first,
+                  module);
     if (t.weight_scale != nullptr)
-      return fail("{}: expected weight_scale_inv only for block-128 FP8, got weight_scale too", t.weight_scale->first);
+      return fail("{}: expected weight_scale_inv only for block-128 FP8, got weight_scale too",
+                  t.weight_scale->first);
     const TensorMeta& s = t.weight_scale_inv->second;
     if (s.dtype != "F32" && s.dtype != "BF16")
       return fail("{}: expected dtype F32 (or BF16, widened), got {}", t.weight_scale_inv->first, s.dtype);
@@ -129,8 +142,8 @@ Result<QuantizedLinear> check_quantized(SchemeKind kind, const std::string& modu
     std::vector<int64_t> want(v.shape.begin(), v.shape.end() - 2);
     want.insert(want.end(), rows_cols.begin(), rows_cols.end());
     if (s.shape != want)
-      return fail("{}: expected shape {} (cdiv by 128 of {}), got {}", t.weight_scale_inv->first, shape_str(want),
-                  shape_str(v.shape), shape_str(s.shape));
+      return fail("{}: expected shape {} (cdiv by 128 of {}), got {}", t.weight_scale_inv->first,
+                  shape_str(want), shape_str(v.shape), shape_str(s.shape));
     return QuantizedLinear{Format::kFP8_B128, t.weight->first, t.weight_scale_inv->first, v.shape};
   }
   if (t.weight_scale_inv != nullptr)
@@ -150,10 +163,12 @@ Status check_unquantized(SchemeKind kind, const std::string& module, const Modul
                 t.weight_scale_inv->first);
   if (!is_float_dtype(w->second.dtype)) {
     if (kind == SchemeKind::kNone)
-      return fail("{}: dtype {} but config.json declares no quantization_config (N-16: expected BF16/F16/F32)",
-                  w->first, w->second.dtype);
+      return fail(
+          "{}: dtype {} but config.json declares no quantization_config (N-16: expected BF16/F16/F32)",
+          w->first, w->second.dtype);
     return fail("{}: dtype {} in a module {} leaves unquantized ({})", w->first, w->second.dtype,
-                scheme_name(kind), listed ? "listed in its ignore list" : "matched by no config group's targets");
+                scheme_name(kind),
+                listed ? "listed in its ignore list" : "matched by no config group's targets");
   }
   for (const auto* s : {t.weight_scale, t.weight_scale_inv, t.input_scale, t.global_scale}) {
     if (s == nullptr) continue;
@@ -165,6 +180,8 @@ Status check_unquantized(SchemeKind kind, const std::string& module, const Modul
   return {};
 }
 
+// Which byte rule a tensor gets: its dtype decides, except that U8 / BF16 / F32 scales get the scale rules
+// (E8M0 NaN, positive multiplier) rather than the plain-value ones.
 Result<ByteCheck> byte_check_for(const std::string& name, const TensorMeta& meta, bool is_scale) {
   auto numel = checked_numel(name, meta.shape);
   if (!numel) return tl::unexpected(numel.error());
@@ -182,11 +199,16 @@ Result<ByteCheck> byte_check_for(const std::string& name, const TensorMeta& meta
 
 std::string_view scheme_name(SchemeKind kind) {
   switch (kind) {
-    case SchemeKind::kNone: return "none";
-    case SchemeKind::kModelOptMxfp8: return "modelopt-mxfp8";
-    case SchemeKind::kCtMxfp8: return "compressed-tensors-mxfp8";
-    case SchemeKind::kCtMxfp4: return "compressed-tensors-mxfp4";
-    case SchemeKind::kFp8Block128: return "fp8-block128";
+    case SchemeKind::kNone:
+      return "none";
+    case SchemeKind::kModelOptMxfp8:
+      return "modelopt-mxfp8";
+    case SchemeKind::kCtMxfp8:
+      return "compressed-tensors-mxfp8";
+    case SchemeKind::kCtMxfp4:
+      return "compressed-tensors-mxfp4";
+    case SchemeKind::kFp8Block128:
+      return "fp8-block128";
   }
   return "unknown";
 }
@@ -200,18 +222,26 @@ Result<Scheme> detect_scheme(const nlohmann::json& quantization_config, const nl
 
   // Group tensors by module; scale-like suffixes on a tensor that has no module weight still count (a stray
   // scale is refused below). note: the longest suffix wins, ".weight_scale" before ".weight".
+  // Shapes first: every later product and cdiv works on dims that are known non-negative and bounded.
+  for (const auto& [name, meta] : tensors)
+    if (auto n = checked_numel(name, meta.shape); !n) return tl::unexpected(n.error());
+
   std::map<std::string, ModuleTensors> modules;
   for (const auto& entry : tensors) {
     const std::string& name = entry.first;
     const Suffix* best = nullptr;
     for (const Suffix& s : kSuffixes)
-      if (name.ends_with(s.text) && name.size() > s.text.size() && (!best || s.text.size() > best->text.size()))
+      if (name.ends_with(s.text) && name.size() > s.text.size() &&
+          (!best || s.text.size() > best->text.size()))
         best = &s;
     if (best == nullptr) continue;
     modules[name.substr(0, name.size() - best->text.size())].*(best->slot) = &entry;
   }
 
+  // Each linear module is in exactly one of three states: quantized as the scheme says (-> linears),
+  // deliberately left in float (-> ignored), or refused. Non-linear tensors must simply be float.
   bool any_float_linear = false;
+  std::optional<Error> float_but_targeted;
   for (const auto& [module, t] : modules) {
     if (t.weight == nullptr && t.weight_packed == nullptr) {
       for (const auto* s : {t.weight_scale, t.weight_scale_inv, t.input_scale, t.global_scale})
@@ -219,13 +249,15 @@ Result<Scheme> detect_scheme(const nlohmann::json& quantization_config, const nl
       continue;
     }
     const std::string& wname = (t.weight ? t.weight : t.weight_packed)->first;
-    if (t.weight && t.weight_packed) return fail("{}: both .weight and .weight_packed", module);
+    if (t.weight && t.weight_packed)
+      return fail("{}: both .weight and .weight_packed; expected one values tensor", module);
     if (!is_linear(module, t)) {
       const auto& meta = (t.weight ? t.weight : t.weight_packed)->second;
       if (!is_float_dtype(meta.dtype) || t.weight_scale || t.weight_scale_inv || t.input_scale)
-        return fail("{}: dtype {} (with or without a scale) for a tensor mxq does not quantize; expected a float "
-                    "weight without scales",
-                    wname, meta.dtype);
+        return fail(
+            "{}: dtype {} (with or without a scale) for a tensor mxq does not quantize; expected a float "
+            "weight without scales",
+            wname, meta.dtype);
       continue;
     }
     const bool listed = declared->ignore.matches(module);
@@ -241,29 +273,37 @@ Result<Scheme> detect_scheme(const nlohmann::json& quantization_config, const nl
       return fail("{}: dtype {} next to a scale (N-16: expected {} values)", wname, wmeta.dtype,
                   scheme.kind == SchemeKind::kCtMxfp4 ? "U8 packed" : "F8_E4M3");
     if (auto s = check_unquantized(declared->kind, module, t, listed); !s) return tl::unexpected(s.error());
-    if (targeted)
-      return fail("{}: dtype {} but {} quantizes this module (not in its ignore list); expected {}", wname,
-                  wmeta.dtype, scheme_name(declared->kind),
-                  declared->kind == SchemeKind::kCtMxfp4 ? "U8 weight_packed" : "F8_E4M3");
-    if (!any_float_linear) scheme.format = wmeta.dtype == "F16" ? Format::kF16
-                                           : wmeta.dtype == "F32" ? Format::kF32
-                                                                  : Format::kBF16;
+    // note: reported after the walk, so that a checkpoint with no quantized weight at all gets Q-01's
+    // message.
+    if (targeted && !float_but_targeted)
+      float_but_targeted =
+          Error{fmt::format("{}: dtype {} but {} quantizes this module (not in its ignore list); "
+                            "expected {}",
+                            wname, wmeta.dtype, scheme_name(declared->kind),
+                            declared->kind == SchemeKind::kCtMxfp4 ? "U8 weight_packed" : "F8_E4M3")};
+    if (!any_float_linear)
+      scheme.format = wmeta.dtype == "F16"   ? Format::kF16
+                      : wmeta.dtype == "F32" ? Format::kF32
+                                             : Format::kBF16;
     any_float_linear = true;
     if (declared->kind != SchemeKind::kNone) scheme.ignored.push_back(module);
   }
   if (declared->kind != SchemeKind::kNone) {
     // covers Q-01: a quantization_config over weights that are all 16-bit.
     if (scheme.linears.empty())
-      return fail("quantization_config declares {} but no linear weight is quantized (all are float): "
-                  "config/weights mismatch",
-                  scheme_name(declared->kind));
+      return fail(
+          "quantization_config declares {} but no linear weight is quantized (all are float): "
+          "config/weights mismatch",
+          scheme_name(declared->kind));
+    if (float_but_targeted) return tl::unexpected(*float_but_targeted);
     scheme.format = scheme.linears.begin()->second.format;
   }
 
+  // Byte rules for every tensor, so the loader can call check_tensor_bytes on whatever it reads.
   for (const auto& [name, meta] : tensors) {
     if (dtype_bytes(meta.dtype) == 0) continue;
-    const bool is_scale =
-        name.ends_with(".weight_scale") || name.ends_with(".weight_scale_inv") || name.ends_with(".input_scale");
+    const bool is_scale = name.ends_with(".weight_scale") || name.ends_with(".weight_scale_inv") ||
+                          name.ends_with(".input_scale");
     auto check = byte_check_for(name, meta, is_scale);
     if (!check) return tl::unexpected(check.error());
     scheme.byte_checks.emplace(name, *check);
@@ -278,7 +318,8 @@ Status check_tensor_bytes(const Scheme& scheme, const std::string& tensor, std::
   if (static_cast<int64_t>(bytes.size()) != c.bytes)
     return fail("{}: expected {} bytes, got {}", tensor, c.bytes, bytes.size());
   const size_t n = bytes.size();
-  // note: values are read with memcpy, never through typed pointers: the mmapped bytes may be unaligned (L-18).
+  // note: values are read with memcpy, never through typed pointers: the mmapped bytes may be unaligned
+  // (L-18).
   auto u16 = [&](size_t i) {
     uint16_t h;
     std::memcpy(&h, bytes.data() + 2 * i, 2);
@@ -290,11 +331,13 @@ Status check_tensor_bytes(const Scheme& scheme, const std::string& tensor, std::
     return f;
   };
   switch (c.rule) {
-    case ByteRule::kLengthOnly: return {};
+    case ByteRule::kLengthOnly:
+      return {};
     case ByteRule::kE4M3:
       // covers Q-08: NaN codes are refused (policy), there is no Inf in E4M3.
       for (size_t i = 0; i < n; ++i)
-        if ((bytes[i] & 0x7F) == 0x7F) return fail("{}: element {} is an E4M3 NaN code 0x{:02X}", tensor, i, bytes[i]);
+        if ((bytes[i] & 0x7F) == 0x7F)
+          return fail("{}: element {} is an E4M3 NaN code 0x{:02X}", tensor, i, bytes[i]);
       return {};
     case ByteRule::kE8M0:
       // covers Q-07: 0xFF is NaN and refused; 0x00 is the legal scale 2^-127.
@@ -327,6 +370,8 @@ Status check_tensor_bytes(const Scheme& scheme, const std::string& tensor, std::
   return {};
 }
 
+// vLLM's create_weights checks the same per-partition divisibility (fp8.py, mxfp8.py); with tp = 1 only the
+// whole-tensor rules of detect_scheme apply (a short final FP8-B128 block is legal).
 Status check_partitions(const Scheme& scheme, int64_t tp_size) {
   if (tp_size < 1) return fail("tensor-parallel size {} must be >= 1", tp_size);
   for (const auto& [module, q] : scheme.linears) {
@@ -336,10 +381,11 @@ Status check_partitions(const Scheme& scheme, int64_t tp_size) {
     const int64_t dim = row_parallel ? q.shape.back() : q.shape[q.shape.size() - 2];
     const int64_t block = row_parallel ? tr.block_cols : tr.block_rows;
     if (dim % tp_size != 0)
-      return fail("{}: {} = {} does not split over {} ranks", q.values, row_parallel ? "K" : "N", dim, tp_size);
+      return fail("{}: {} = {} does not split over {} ranks", q.values, row_parallel ? "K" : "N", dim,
+                  tp_size);
     if (tp_size > 1 && (dim / tp_size) % block != 0)
-      return fail("{}: per-rank {} = {} is not a multiple of the {} block {}", q.values, row_parallel ? "K" : "N",
-                  dim / tp_size, tr.name, block);
+      return fail("{}: per-rank {} = {} is not a multiple of the {} block {}", q.values,
+                  row_parallel ? "K" : "N", dim / tp_size, tr.name, block);
   }
   return {};
 }

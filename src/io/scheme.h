@@ -1,7 +1,7 @@
-// Quantization scheme of a checkpoint, decided from config.json's quantization_config (+ hf_quant_config.json)
-// AND the tensors' dtypes and shapes, never from one alone (spec/formats.md, "Checkpoint schemes mxq reads").
-// Everything outside the five schemes below is refused by name. The writer half produces the configs mxq
-// writes for `mxq quantize`; detect_scheme accepts exactly what it writes.
+// Quantization scheme of a checkpoint, decided from config.json's quantization_config (+
+// hf_quant_config.json) AND the tensors' dtypes and shapes, never from one alone (spec/formats.md,
+// "Checkpoint schemes mxq reads"). Everything outside the five schemes below is refused by name. The writer
+// half produces the configs mxq writes for `mxq quantize`; detect_scheme accepts exactly what it writes.
 #pragma once
 
 #include <cstdint>
@@ -31,12 +31,12 @@ struct QuantizedLinear {
 
 // What check_tensor_bytes verifies for one tensor besides its byte count.
 enum class ByteRule : uint8_t {
-  kLengthOnly,   // packed E2M1 and integer tensors: every byte pattern is a value
-  kE4M3,         // refuse NaN codes 0x7F / 0xFF
-  kE8M0,         // refuse 0xFF (NaN); 0x00 is accepted as 2^-127
-  kScaleF32,     // FP8-B128 weight_scale_inv: finite and > 0
+  kLengthOnly,  // packed E2M1 and integer tensors: every byte pattern is a value
+  kE4M3,        // refuse NaN codes 0x7F / 0xFF
+  kE8M0,        // refuse 0xFF (NaN); 0x00 is accepted as 2^-127
+  kScaleF32,    // FP8-B128 weight_scale_inv: finite and > 0
   kScaleBF16,
-  kFloatBF16,    // unquantized tensors: refuse NaN / Inf
+  kFloatBF16,  // unquantized tensors: refuse NaN / Inf
   kFloatF16,
   kFloatF32,
 };
@@ -48,8 +48,8 @@ struct ByteCheck {
 
 struct Scheme {
   SchemeKind kind = SchemeKind::kNone;
-  Format format = Format::kBF16;      // quantized format; for kNone the dtype of the linear weights
-  std::vector<std::string> ignored;   // linear modules left unquantized, resolved to names, sorted
+  Format format = Format::kBF16;     // quantized format; for kNone the dtype of the linear weights
+  std::vector<std::string> ignored;  // linear modules left unquantized, resolved to names, sorted
   std::map<std::string, QuantizedLinear> linears;  // module "<m>" -> its tensors
   std::map<std::string, ByteCheck> byte_checks;    // every tensor of the checkpoint with a known dtype
 };

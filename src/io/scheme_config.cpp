@@ -59,8 +59,8 @@ bool regex_match_prefix(const std::string& pattern, std::string_view subject) {
 Status check_regex(const std::string& pattern, std::string_view where) {
   int err = 0;
   PCRE2_SIZE err_off = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_ANCHORED,
-                                   &err, &err_off, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_ANCHORED, &err, &err_off, nullptr);
   if (code == nullptr) return fail("{}: \"re:{}\" is not a valid regular expression", where, pattern);
   pcre2_code_free(code);
   return {};
@@ -71,10 +71,12 @@ Result<std::vector<std::string>> get_name_list(const json& obj, const char* key,
   std::vector<std::string> out;
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return out;
-  if (!it->is_array()) return fail("{}.{}: expected a list of module names, got {}", where, key, it->type_name());
+  if (!it->is_array())
+    return fail("{}.{}: expected a list of module names, got {}", where, key, it->type_name());
   if (it->size() > kMaxPatterns) return fail("{}.{}: expected at most {} entries", where, key, kMaxPatterns);
   for (const json& v : *it) {
-    if (!v.is_string()) return fail("{}.{}: expected module names (strings), got {}", where, key, v.type_name());
+    if (!v.is_string())
+      return fail("{}.{}: expected module names (strings), got {}", where, key, v.type_name());
     std::string s = v.get<std::string>();
     if (s.size() > kMaxPatternChars || s.find('\0') != std::string::npos)
       return fail("{}.{}: entry of {} bytes (or with NUL) is not a module name", where, key, s.size());
@@ -95,7 +97,8 @@ Result<DeclaredScheme> parse_modelopt(const json& qc, const json* hf) {
   auto read_section = [&](const json& obj, std::string_view where) -> Status {
     const json* sec = &obj;
     if (auto it = obj.find("quantization"); it != obj.end()) {
-      if (!it->is_object()) return fail("{}.quantization: expected an object, got {}", where, it->type_name());
+      if (!it->is_object())
+        return fail("{}.quantization: expected an object, got {}", where, it->type_name());
       sec = &*it;
     }
     const std::string a = get_str(*sec, "quant_algo");
@@ -120,7 +123,8 @@ Result<DeclaredScheme> parse_modelopt(const json& qc, const json* hf) {
     const char* hint = algo.find("NVFP4") != std::string::npos ? " (NVFP4 is not supported)" : "";
     return fail("ModelOpt quant_algo \"{}\" is not supported{}; mxq reads ModelOpt \"MXFP8\"", algo, hint);
   }
-  return DeclaredScheme{SchemeKind::kModelOptMxfp8, {MatchStyle::kGlob, std::move(ignore)},
+  return DeclaredScheme{SchemeKind::kModelOptMxfp8,
+                        {MatchStyle::kGlob, std::move(ignore)},
                         {MatchStyle::kCompressedTensors, {"Linear"}}};
 }
 
@@ -145,8 +149,8 @@ Result<SchemeKind> parse_ct_weights(const json& w, std::string_view where) {
   if (auto gs = w.find("group_size"); fp4 && gs != w.end() && *gs == json(16))
     return fail("{}: fp4 with group_size 16 is NVFP4, which mxq does not read (MXFP4 has group 32)", where);
   if (fp4 && scale_dtype.find("float8_e4m3") != std::string::npos)
-    return fail("{}: fp4 with {} scales is NVFP4, which mxq does not read (MXFP4 scales are torch.uint8)", where,
-                scale_dtype);
+    return fail("{}: fp4 with {} scales is NVFP4, which mxq does not read (MXFP4 scales are torch.uint8)",
+                where, scale_dtype);
   if (auto s = want("group_size", 32); !s) return tl::unexpected(s.error());
   if (auto s = want("symmetric", true); !s) return tl::unexpected(s.error());
   if (auto it = w.find("dynamic"); it != w.end() && *it != json(false))
@@ -168,8 +172,10 @@ Result<DeclaredScheme> parse_compressed_tensors(const json& qc) {
   auto groups = qc.find("config_groups");
   if (groups == qc.end() || !groups->is_object() || groups->empty())
     return fail("{}.config_groups: expected at least one group", where);
-  if (groups->size() > 64) return fail("{}.config_groups: expected at most 64 groups, got {}", where, groups->size());
-  DeclaredScheme d{SchemeKind::kNone, {MatchStyle::kCompressedTensors, {}}, {MatchStyle::kCompressedTensors, {}}};
+  if (groups->size() > 64)
+    return fail("{}.config_groups: expected at most 64 groups, got {}", where, groups->size());
+  DeclaredScheme d{
+      SchemeKind::kNone, {MatchStyle::kCompressedTensors, {}}, {MatchStyle::kCompressedTensors, {}}};
   for (const auto& [name, g] : groups->items()) {
     const std::string gw = where + ".config_groups." + name;
     if (!g.is_object()) return fail("{}: expected an object, got {}", gw, g.type_name());
@@ -177,8 +183,9 @@ Result<DeclaredScheme> parse_compressed_tensors(const json& qc) {
     if (format.empty()) format = top_format;
     if (format == "nvfp4-pack-quantized") return fail("{}: format {} (NVFP4) is not supported", gw, format);
     if (format != "mxfp8-quantized" && format != "mxfp4-pack-quantized")
-      return fail("{}: format \"{}\" is not supported; expected \"mxfp8-quantized\" or \"mxfp4-pack-quantized\"", gw,
-                  format);
+      return fail(
+          "{}: format \"{}\" is not supported; expected \"mxfp8-quantized\" or \"mxfp4-pack-quantized\"", gw,
+          format);
     auto w = g.find("weights");
     if (w == g.end()) return fail("{}.weights: missing", gw);
     auto kind = parse_ct_weights(*w, gw);
@@ -192,8 +199,8 @@ Result<DeclaredScheme> parse_compressed_tensors(const json& qc) {
     if (auto a = g.find("input_activations"); a != g.end() && !a->is_null()) {
       auto dyn = a->is_object() ? a->find("dynamic") : a->end();
       if (dyn == a->end() || *dyn != json(true))
-        return fail("{}.input_activations: expected null or dynamic (mxq has no static input scales), got {}", gw,
-                    a->dump().substr(0, 80));
+        return fail("{}.input_activations: expected null or dynamic (mxq has no static input scales), got {}",
+                    gw, a->dump().substr(0, 80));
     }
     auto targets = get_name_list(g, "targets", gw);
     if (!targets) return tl::unexpected(targets.error());
@@ -219,24 +226,28 @@ Result<DeclaredScheme> parse_fp8(const json& qc) {
     return fail("{}.activation_scheme: expected \"dynamic\", got {}", where,
                 scheme == qc.end() ? std::string("nothing") : scheme->dump());
   if (*scheme != "dynamic")
-    return fail("{}.activation_scheme: expected \"dynamic\" (block-128 FP8 has no static input scales), got {}",
-                where, scheme->dump());
+    return fail(
+        "{}.activation_scheme: expected \"dynamic\" (block-128 FP8 has no static input scales), got {}",
+        where, scheme->dump());
   if (auto fmt_it = qc.find("fmt"); fmt_it != qc.end() && !fmt_it->is_null() && *fmt_it != "e4m3")
     return fail("{}.fmt: expected \"e4m3\", got {}", where, fmt_it->dump());
   auto block = qc.find("weight_block_size");
   if (block == qc.end() || block->is_null())
-    return fail("{}: quant_method \"fp8\" without weight_block_size is per-tensor FP8, which mxq does not read "
-                "(expected weight_block_size [128, 128])",
-                where);
+    return fail(
+        "{}: quant_method \"fp8\" without weight_block_size is per-tensor FP8, which mxq does not read "
+        "(expected weight_block_size [128, 128])",
+        where);
   // covers Q-02: the block is a 2-D pair of positive, bounded integers, and mxq's kernels want 128x128.
   if (!block->is_array() || block->size() != 2)
-    return fail("{}.weight_block_size: expected 2 dimensions [128, 128], got {}", where, block->dump().substr(0, 80));
+    return fail("{}.weight_block_size: expected 2 dimensions [128, 128], got {}", where,
+                block->dump().substr(0, 80));
   for (const json& v : *block)
     if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 16))
       return fail("{}.weight_block_size: expected positive integers, got {}", where, block->dump());
   if ((*block)[0] != 128 || (*block)[1] != 128)
     return fail("{}.weight_block_size: expected [128, 128], got {}", where, block->dump());
-  DeclaredScheme d{SchemeKind::kFp8Block128, {MatchStyle::kExact, {}}, {MatchStyle::kCompressedTensors, {"Linear"}}};
+  DeclaredScheme d{
+      SchemeKind::kFp8Block128, {MatchStyle::kExact, {}}, {MatchStyle::kCompressedTensors, {"Linear"}}};
   for (const char* key : {"ignored_layers", "modules_to_not_convert"}) {
     auto names = get_name_list(qc, key, where);
     if (!names) return tl::unexpected(names.error());
@@ -284,9 +295,10 @@ Result<DeclaredScheme> parse_declared_scheme(const json& qc, const json* hf) {
     return fail("hf_quant_config.json (ModelOpt) contradicts quantization_config.quant_method \"{}\"", m);
   if (m == "compressed-tensors") return parse_compressed_tensors(qc);
   if (m == "fp8") return parse_fp8(qc);
-  return fail("quantization_config.quant_method \"{}\" is not supported; mxq reads \"modelopt\" (MXFP8), "
-              "\"compressed-tensors\" (mxfp8-quantized, mxfp4-pack-quantized) and \"fp8\" (block 128)",
-              m.substr(0, 80));
+  return fail(
+      "quantization_config.quant_method \"{}\" is not supported; mxq reads \"modelopt\" (MXFP8), "
+      "\"compressed-tensors\" (mxfp8-quantized, mxfp4-pack-quantized) and \"fp8\" (block 128)",
+      m.substr(0, 80));
 }
 
 }  // namespace mxq

@@ -1,5 +1,6 @@
 // The config half of scheme detection: what quantization_config / hf_quant_config.json declare, checked
-// key by key against what each producer writes. detect_scheme (scheme.cpp) then checks it against the tensors.
+// key by key against what each producer writes. detect_scheme (scheme.cpp) then checks it against the
+// tensors.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -31,8 +31,9 @@ class AddedMatcher {
   void add(const AddedToken* t) { by_first_[static_cast<uint8_t>(t->content[0])].push_back(t); }
   void finish() {
     for (auto& v : by_first_) {
-      std::stable_sort(v.begin(), v.end(),
-                       [](const AddedToken* a, const AddedToken* b) { return a->content.size() > b->content.size(); });
+      std::stable_sort(v.begin(), v.end(), [](const AddedToken* a, const AddedToken* b) {
+        return a->content.size() > b->content.size();
+      });
     }
   }
   bool empty() const {
@@ -83,7 +84,8 @@ Result<std::vector<AddedToken>> parse_added(const nlohmann::json& j, std::vector
       return fail("{}: added token {} has empty or non-UTF-8 content", where, id.dump());
     }
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t{1} << 24)) {
-      return fail("{}: added token '{}' has id {}, expected an integer in [0, 2^24)", where, content, id.dump());
+      return fail("{}: added token '{}' has id {}, expected an integer in [0, 2^24)", where, content,
+                  id.dump());
     }
     for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
       if (t.value(flag, false)) {
@@ -105,21 +107,23 @@ Status check_type(const nlohmann::json& j, const char* what, std::initializer_li
   for (auto a : allowed) {
     if (type == a) return {};
   }
-  return fail("{}: {} {} is not supported (expected {}{})", where, what, j.is_null() ? "null" : "'" + type + "'",
-              fmt::join(allowed, " or "), null_ok ? " or null" : "");
+  return fail("{}: {} {} is not supported (expected {}{})", where, what,
+              j.is_null() ? "null" : "'" + type + "'", fmt::join(allowed, " or "), null_ok ? " or null" : "");
 }
 
 }  // namespace
 
+// note: `bytes` and `kind` are indexed by id over [0, vocab_size()); ids that neither the BPE vocab nor the
+// added tokens use are kAbsent, which decode skips and decode_checked reports.
 struct Tokenizer::Impl {
   BpeModel bpe;
   PreTokenizer pre;
   bool nfc = false;
   std::vector<AddedToken> added;
-  AddedMatcher raw_matcher;   // normalized=false tokens, matched on the text as given
-  AddedMatcher norm_matcher;  // normalized=true tokens, matched after NFC
-  std::vector<std::string> bytes;     // id -> decoded bytes
-  std::vector<uint8_t> kind;          // id -> kAbsent / kModel / kAdded / kSpecial
+  AddedMatcher raw_matcher;        // normalized=false tokens, matched on the text as given
+  AddedMatcher norm_matcher;       // normalized=true tokens, matched after NFC
+  std::vector<std::string> bytes;  // id -> decoded bytes
+  std::vector<uint8_t> kind;       // id -> kAbsent / kModel / kAdded / kSpecial
   std::unordered_map<std::string, int32_t> added_ids;
   enum : uint8_t { kAbsent, kModel, kAdded, kSpecial };
 };
@@ -130,7 +134,8 @@ Result<Tokenizer> Tokenizer::load(const std::string& path) {
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
   if (size < 0 || static_cast<uint64_t>(size) > kMaxFileBytes) {
-    return fail("{}: tokenizer file is {} bytes, expected at most {}", path, static_cast<int64_t>(size), kMaxFileBytes);
+    return fail("{}: tokenizer file is {} bytes, expected at most {}", path, static_cast<int64_t>(size),
+                kMaxFileBytes);
   }
   in.seekg(0);
   std::string text(static_cast<size_t>(size), '\0');
@@ -145,15 +150,18 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view json_text, std::str
   // errors, never as exceptions to the caller.
   try {
     for (const char* key : {"truncation", "padding"}) {
-      if (j.contains(key) && !j[key].is_null()) return fail("{}: {} is set, which is not supported", where, key);
+      if (j.contains(key) && !j[key].is_null())
+        return fail("{}: {} is set, which is not supported", where, key);
     }
     const nlohmann::json none;
     auto field = [&](const char* k) -> const nlohmann::json& { return j.contains(k) ? j[k] : none; };
-    if (auto s = check_type(field("normalizer"), "normalizer", {"NFC"}, true, where); !s) return tl::unexpected(s.error());
+    if (auto s = check_type(field("normalizer"), "normalizer", {"NFC"}, true, where); !s)
+      return tl::unexpected(s.error());
     if (auto s = check_type(field("post_processor"), "post_processor", {"ByteLevel"}, true, where); !s) {
       return tl::unexpected(s.error());
     }
-    if (auto s = check_type(field("decoder"), "decoder", {"ByteLevel"}, false, where); !s) return tl::unexpected(s.error());
+    if (auto s = check_type(field("decoder"), "decoder", {"ByteLevel"}, false, where); !s)
+      return tl::unexpected(s.error());
 
     auto impl = std::make_shared<Impl>();
     impl->nfc = !field("normalizer").is_null();
@@ -178,7 +186,8 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view json_text, std::str
     impl->kind.assign(static_cast<size_t>(end), Impl::kAbsent);
     for (int32_t id = 0; id < impl->bpe.id_end(); ++id) {
       if (const std::string* tok = impl->bpe.token(id)) {
-        // note: HF's ByteLevel decoder passes a token through unchanged when a character is not a byte symbol.
+        // note: HF's ByteLevel decoder passes a token through unchanged when a character is not a byte
+        // symbol.
         impl->bytes[static_cast<size_t>(id)] = byte_level_to_bytes(*tok).value_or(*tok);
         impl->kind[static_cast<size_t>(id)] = Impl::kModel;
       }
@@ -202,6 +211,10 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view json_text, std::str
   }
 }
 
+// Order of HF's AddedVocabulary::extract_and_normalize: tokens with normalized=false are cut out of the raw
+// text first; each remaining run is normalized on its own, then tokens with normalized=true are cut out of
+// it; what is left goes through the pre-tokenizer and BPE. note: no post-processor step: ByteLevel adds no
+// ids.
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
   const Impl& m = *impl_;
   std::string repaired;
@@ -216,7 +229,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
   auto encode_raw_piece = [&](std::string_view piece) {
     std::string normalized;
     if (m.nfc) {
-      // note: NFC fails only past ICU's int32 lengths (>512 MB pieces); encode_checked caps input before that.
+      // note: NFC fails only past ICU's int32 lengths (>512 MB pieces); encode_checked caps input before
+      // that.
       auto n = utf8::nfc(piece);
       if (n) {
         normalized = std::move(*n);
@@ -231,9 +245,11 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
 
 Result<std::vector<int32_t>> Tokenizer::encode_checked(std::string_view text, bool parse_special,
                                                        size_t max_bytes) const {
-  if (text.size() > max_bytes) return fail("text of {} bytes exceeds the limit of {} bytes", text.size(), max_bytes);
+  if (text.size() > max_bytes)
+    return fail("text of {} bytes exceeds the limit of {} bytes", text.size(), max_bytes);
   if (const size_t bad = utf8::first_error(text); bad != text.size()) {
-    return fail("text is not UTF-8: invalid byte 0x{:02X} at offset {}", static_cast<uint8_t>(text[bad]), bad);
+    return fail("text is not UTF-8: invalid byte 0x{:02X} at offset {}", static_cast<uint8_t>(text[bad]),
+                bad);
   }
   return encode(text, parse_special);
 }
@@ -256,7 +272,8 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
 Result<std::string> Tokenizer::decode_checked(std::span<const int32_t> ids, bool skip_special) const {
   for (size_t i = 0; i < ids.size(); ++i) {
     if (token_bytes(ids[i]) == nullptr) {
-      return fail("token id {} at position {} is not in the vocabulary (vocab size {})", ids[i], i, vocab_size());
+      return fail("token id {} at position {} is not in the vocabulary (vocab size {})", ids[i], i,
+                  vocab_size());
     }
   }
   return decode(ids, skip_special);
@@ -265,7 +282,8 @@ Result<std::string> Tokenizer::decode_checked(std::span<const int32_t> ids, bool
 int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->kind.size()); }
 
 std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
-  if (const auto it = impl_->added_ids.find(std::string(token)); it != impl_->added_ids.end()) return it->second;
+  if (const auto it = impl_->added_ids.find(std::string(token)); it != impl_->added_ids.end())
+    return it->second;
   return impl_->bpe.token_id(token);
 }
 

@@ -44,13 +44,14 @@ class Tokenizer {
   const std::string* token_bytes(int32_t id) const;
 
  private:
+  Tokenizer() = default;  // only load/from_json_text make one, so impl_ is never null
   struct Impl;
   std::shared_ptr<const Impl> impl_;  // immutable after load; copies share it (the BPE cache is locked)
 };
 
 // Turns a stream of generated ids into text for a terminal: each push returns only whole UTF-8 characters and
 // keeps a trailing partial character until its remaining bytes arrive. The concatenation of all push() and
-// finish() results equals Tokenizer::decode of the whole sequence.
+// finish() results equals Tokenizer::decode of the whole sequence. The tokenizer must outlive the decoder.
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tok, bool skip_special = false) : tok_(&tok), skip_(skip_special) {}

@@ -51,7 +51,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   json qc = nullptr;
   if (cfg) {
     qc = cfg->quantization_config;
-    for (int64_t layer = 0; layer < std::min<int64_t>(cfg->num_hidden_layers, 8); ++layer) cfg->layer_is_sparse(layer);
+    for (int64_t layer = 0; layer < std::min<int64_t>(cfg->num_hidden_layers, 8); ++layer)
+      cfg->layer_is_sparse(layer);
   } else if (auto it = obj.find("quantization_config"); it != obj.end()) {
     qc = *it;
   }

@@ -97,12 +97,13 @@ TEST_P(ChatRefused, NamesTheProblem) {
   EXPECT_NE(r.error().message.find(GetParam().expect), std::string::npos) << r.error().message;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Cases, ChatRefused,
-    testing::Values(BadChat{"empty", {}, "no messages"},
-                    BadChat{"developer_role", {{"user", "a", {}}, {"developer", "b", {}}}, "message 1 has role 'developer'"},
-                    BadChat{"empty_role", {{"", "a", {}}}, "message 0 has role ''"}),
-    [](const testing::TestParamInfo<BadChat>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Cases, ChatRefused,
+                         testing::Values(BadChat{"empty", {}, "no messages"},
+                                         BadChat{"developer_role",
+                                                 {{"user", "a", {}}, {"developer", "b", {}}},
+                                                 "message 1 has role 'developer'"},
+                                         BadChat{"empty_role", {{"", "a", {}}}, "message 0 has role ''"}),
+                         [](const testing::TestParamInfo<BadChat>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace mxq

@@ -54,13 +54,12 @@ TEST_P(ConfigOracle, MatchesTransformers) {
   EXPECT_EQ(cfg->dtype, "bfloat16");
 }
 
-INSTANTIATE_TEST_SUITE_P(, ConfigOracle, testing::ValuesIn(oracle_cases()),
-                         [](const auto& info) {
-                           std::string n = info.param.name;
-                           for (char& ch : n)
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(, ConfigOracle, testing::ValuesIn(oracle_cases()), [](const auto& info) {
+  std::string n = info.param.name;
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+});
 
 // ---- the golden checkpoints read from disk ---------------------------------------------------------------
 TEST(ConfigRead, GoldenCheckpointsMatchTheirConfigJson) {
@@ -100,8 +99,8 @@ TEST(ConfigRead, MissingDirectoryIsANamedError) {
 // ---- edits of the dense golden config: accepted ones check a field, refused ones name the problem ------
 struct EditCase {
   std::string name;
-  std::string patch;     // JSON merge patch (RFC 7386) applied to qwen3-dense-bf16/config.json
-  std::string error;     // substring of the one-line error; "" = accepted
+  std::string patch;  // JSON merge patch (RFC 7386) applied to qwen3-dense-bf16/config.json
+  std::string error;  // substring of the one-line error; "" = accepted
 };
 void PrintTo(const EditCase& c, std::ostream* os) { *os << c.name << " " << c.patch; }
 
@@ -142,7 +141,8 @@ const EditCase kEdits[] = {
     {"eos_out_of_vocab", R"({"eos_token_id": 256})", "eos_token_id: expected an integer in [0, 255]"},
     {"eos_string", R"({"eos_token_id": ["2"]})", "eos_token_id: expected an integer, got string"},
     {"eps_negative", R"({"rms_norm_eps": -1e-6})", "rms_norm_eps: expected a positive finite number"},
-    {"theta_string", R"({"rope_parameters": {"rope_theta": "1e4"}})", "rope_parameters.rope_theta: expected a number"},
+    {"theta_string", R"({"rope_parameters": {"rope_theta": "1e4"}})",
+     "rope_parameters.rope_theta: expected a number"},
     {"rope_not_object", R"({"rope_parameters": [1]})", "rope_parameters: expected an object"},
     {"tie_string", R"({"tie_word_embeddings": "yes"})", "tie_word_embeddings: expected true/false"},
     {"arch_not_list", R"({"architectures": "Qwen3ForCausalLM"})", "architectures: expected a non-empty list"},
@@ -216,6 +216,23 @@ TEST(ConfigQuantization, TakenFromTextConfigWhenNotAtTopLevel) {
   auto parsed = parse_config(cfg.dump(), "ckpt/config.json");
   ASSERT_TRUE(parsed) << parsed.error().message;
   EXPECT_EQ(parsed->quantization_config, qc);
+}
+
+TEST(ConfigArchitecture, UnknownIsRefusedByNameWhenTheLoaderAsks) {
+  json cfg = load_json(kGolden + "/qwen3-dense-bf16/config.json");
+  auto dense = parse_config(cfg.dump(), "a/config.json");
+  ASSERT_TRUE(dense);
+  EXPECT_TRUE(check_architecture(*dense));
+  cfg["architectures"] = {"LlamaForCausalLM"};
+  cfg["model_type"] = "llama";
+  auto llama = parse_config(cfg.dump(), "a/config.json");
+  ASSERT_TRUE(llama) << llama.error().message;
+  auto st = check_architecture(*llama);
+  ASSERT_FALSE(st);
+  EXPECT_NE(
+      st.error().message.find("architecture \"LlamaForCausalLM\" (model_type \"llama\") is not supported"),
+      std::string::npos)
+      << st.error().message;
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
-// Reader tests: one case per bad_inputs.md ID that applies to safetensors (crafted bytes in temp files), valid
-// files of every dtype, zero-size and rank-0 tensors, unaligned data, truncation after open, and the golden
-// file written by the python `safetensors` library (tests/golden/make_safetensors_golden.py).
+// Reader tests: one case per bad_inputs.md ID that applies to safetensors (crafted bytes in temp files),
+// valid files of every dtype, zero-size and rank-0 tensors, unaligned data, truncation after open, and the
+// golden file written by the python `safetensors` library (tests/golden/make_safetensors_golden.py).
+#include "io/safetensors.h"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -14,8 +16,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include "io/safetensors.h"
 
 namespace mxq {
 namespace {
@@ -98,7 +98,8 @@ std::vector<BadCase> bad_cases() {
       {"L-02", "header_past_eof", le64(100) + std::string(50, ' '), "expected at most 50 bytes, got 100"},
       {"L-02", "header_one_past_eof", le64(3) + "{}", "expected at most 2 bytes, got 3"},
       // covers L-03
-      {"L-03", "header_over_100MB", le64(100'000'001) + "{}", "expected at most 100000000 bytes, got 100000001"},
+      {"L-03", "header_over_100MB", le64(100'000'001) + "{}",
+       "expected at most 100000000 bytes, got 100000001"},
       {"L-03", "header_len_u64_max", le64(UINT64_MAX) + "{}", "header length too large"},
       // covers G-01: N + 8 wraps to 0 in u64
       {"G-01", "header_len_wraps", le64(UINT64_MAX - 7) + "{}", "header length too large"},
@@ -122,7 +123,8 @@ std::vector<BadCase> bad_cases() {
        "__metadata__: value of k, expected a string, got an object"},
       {"L-05", "top_level_string", image(R"("x")"), "header, expected a JSON object, got a string"},
       // covers L-06: NUL padding is not JSON whitespace
-      {"L-06", "nul_padding", image(std::string("{}\0\0", 4)), "header has a raw NUL at byte 10, expected none"},
+      {"L-06", "nul_padding", image(std::string("{}\0\0", 4)),
+       "header has a raw NUL at byte 10, expected none"},
       {"L-05", "nul_then_junk", image(std::string("{}\0{\"x\":1}", 10)), "raw NUL at byte 10"},
       {"L-06", "byte_order_mark", image("\xef\xbb\xbf{}"), "starts with a UTF-8 byte-order mark"},
       // covers L-07
@@ -132,7 +134,8 @@ std::vector<BadCase> bad_cases() {
        "duplicate key __metadata__"},
       {"L-07", "duplicate_metadata_key", image(R"({"__metadata__":{"k":"1","k":"2"}})"),
        "__metadata__: duplicate key k"},
-      {"L-07", "duplicate_field", image(R"({"a":{"dtype":"U8","dtype":"I8","shape":[1],"data_offsets":[0,1]}})", "x"),
+      {"L-07", "duplicate_field",
+       image(R"({"a":{"dtype":"U8","dtype":"I8","shape":[1],"data_offsets":[0,1]}})", "x"),
        "a: duplicate field dtype"},
       // covers L-08
       {"L-08", "metadata_number", image(R"({"__metadata__":{"k":1}})"),
@@ -143,9 +146,11 @@ std::vector<BadCase> bad_cases() {
       {"L-08", "metadata_not_object", image(R"({"__metadata__":"x"})"),
        "__metadata__, expected an object of strings, got a string"},
       // covers L-09
-      {"L-09", "unknown_dtype_f6", image(R"({"a":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[0,3]}})", "xyz"),
+      {"L-09", "unknown_dtype_f6",
+       image(R"({"a":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[0,3]}})", "xyz"),
        "a: unsupported dtype F6_E2M3"},
-      {"L-09", "unknown_dtype_c64", image(R"({"a":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", "12345678"),
+      {"L-09", "unknown_dtype_c64",
+       image(R"({"a":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", "12345678"),
        "unsupported dtype C64"},
       {"L-09", "lowercase_dtype", image(R"({"a":{"dtype":"f32","shape":[1],"data_offsets":[0,4]}})", "1234"),
        "unsupported dtype f32"},
@@ -160,11 +165,13 @@ std::vector<BadCase> bad_cases() {
        "a: shape, expected an integer in [0, 2^63), got 2.5"},
       {"L-10", "exponent_dim", image(R"({"a":{"dtype":"U8","shape":[2e0],"data_offsets":[0,2]}})", "xy"),
        "got 2e0"},
-      {"L-10", "dim_2pow63", image(R"({"a":{"dtype":"U8","shape":[9223372036854775808],"data_offsets":[0,2]}})", "xy"),
+      {"L-10", "dim_2pow63",
+       image(R"({"a":{"dtype":"U8","shape":[9223372036854775808],"data_offsets":[0,2]}})", "xy"),
        "got 9223372036854775808"},
       {"L-10", "negative_offset", image(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[-2,0]}})", "xy"),
        "a: data_offsets, expected an integer in [0, 2^63), got -2"},
-      {"L-10", "offset_past_u64", image(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,18446744073709551618]}})", "xy"),
+      {"L-10", "offset_past_u64",
+       image(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,18446744073709551618]}})", "xy"),
        "data_offsets, expected an integer in [0, 2^63), got 18446744073709551618"},
       {"L-10", "three_offsets", image(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2,2]}})", "xy"),
        "data_offsets, expected 2 values, got more"},
@@ -177,17 +184,19 @@ std::vector<BadCase> bad_cases() {
       {"L-11", "end_before_begin", image(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[4,0]}})", "wxyz"),
        "a: data_offsets, expected end >= begin, got [4, 0]"},
       // covers L-12
-      {"L-12", "two_alias_one_range",
-       image("{\"a\":{" + kU8x2 + "},\"b\":{" + kU8x2 + "}}", "xy"), "b: overlaps a, expected begin >= 2, got 0"},
+      {"L-12", "two_alias_one_range", image("{\"a\":{" + kU8x2 + "},\"b\":{" + kU8x2 + "}}", "xy"),
+       "b: overlaps a, expected begin >= 2, got 0"},
       {"L-12", "partial_overlap",
-       image(R"({"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},"b":{"dtype":"U8","shape":[3],"data_offsets":[2,5]}})",
+       image(R"({"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},)"
+             R"("b":{"dtype":"U8","shape":[3],"data_offsets":[2,5]}})",
              "12345"),
        "b: overlaps a, expected begin >= 3, got 2"},
       // covers L-13
       {"L-13", "hole_at_start", image(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})", "xy"),
        "a: hole before the tensor, expected begin 0, got 1"},
       {"L-13", "hole_between",
-       image(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[1],"data_offsets":[2,3]}})",
+       image(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+             R"("b":{"dtype":"U8","shape":[1],"data_offsets":[2,3]}})",
              "xyz"),
        "b: hole before the tensor, expected begin 1, got 2"},
       {"L-13", "trailing_bytes", image("{\"a\":{" + kU8x2 + "}}", "xy<html>"),
@@ -200,7 +209,8 @@ std::vector<BadCase> bad_cases() {
        image(R"({"a":{"dtype":"F32","shape":[1000,1000],"data_offsets":[0,4]}})", "1234"),
        "a: byte range does not match F32 1000x1000, expected 4000000 bytes, got 4"},
       {"G-05", "logical_larger_than_physical",
-       image(R"({"a":{"dtype":"BF16","shape":[3],"data_offsets":[0,4]}})", "1234"), "expected 6 bytes, got 4"},
+       image(R"({"a":{"dtype":"BF16","shape":[3],"data_offsets":[0,4]}})", "1234"),
+       "expected 6 bytes, got 4"},
       {"G-05", "logical_smaller_than_physical",
        image(R"({"a":{"dtype":"U16","shape":[1],"data_offsets":[0,4]}})", "1234"), "expected 2 bytes, got 4"},
       // covers L-15
@@ -215,7 +225,8 @@ std::vector<BadCase> bad_cases() {
        "of F64 overflows"},
       // covers G-04: offsets sum far past the data; refused before anything adds them up
       {"G-04", "offset_near_2pow63",
-       image(R"({"a":{"dtype":"U8","shape":[9223372036854775807],"data_offsets":[0,9223372036854775807]}})", "1"),
+       image(R"({"a":{"dtype":"U8","shape":[9223372036854775807],"data_offsets":[0,9223372036854775807]}})",
+             "1"),
        "expected end <= 1, got 9223372036854775807"},
       // covers L-17
       {"L-17", "nul_in_name", image(R"({"a\u0000b":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", "xy"),
@@ -233,7 +244,8 @@ std::vector<BadCase> bad_cases() {
   // covers L-12: allocation amplification, 1000 tensors over one 4-byte range
   std::string many = "{";
   for (int i = 0; i < 1000; ++i) {
-    many += fmt::format("{}\"t{}\":{{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", i ? "," : "", i);
+    many +=
+        fmt::format("{}\"t{}\":{{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", i ? "," : "", i);
   }
   v.push_back({"L-12", "thousand_aliases", image(many + "}", "1234"), "overlaps"});
   return v;
@@ -255,23 +267,23 @@ TEST_P(SafetensorsBadInput, RefusedWithOneLineNamingTheFile) {
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   EXPECT_LT(msg.size(), 600u) << msg;
   // The in-memory validator used by the fuzzer agrees with the file path.
-  Result<SafetensorsHeader> h = parse_safetensors(
-      std::span(reinterpret_cast<const uint8_t*>(c.bytes.data()), c.bytes.size()), path);
+  Result<SafetensorsHeader> h =
+      parse_safetensors(std::span(reinterpret_cast<const uint8_t*>(c.bytes.data()), c.bytes.size()), path);
   ASSERT_FALSE(h.has_value());
   EXPECT_EQ(h.error().message, msg);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, SafetensorsBadInput, ::testing::ValuesIn(bad_cases()),
-                         [](const auto& info) {
-                           std::string id = info.param.id;
-                           id.erase(std::remove(id.begin(), id.end(), '-'), id.end());
-                           return id + "_" + info.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Cases, SafetensorsBadInput, ::testing::ValuesIn(bad_cases()), [](const auto& info) {
+  std::string id = info.param.id;
+  id.erase(std::remove(id.begin(), id.end(), '-'), id.end());
+  return id + "_" + info.param.name;
+});
 
 // covers G-08: names are printed safely (control bytes escaped, nothing raw reaches the log line)
 TEST(SafetensorsErrors, ControlBytesInNamesAreEscaped) {
   ScopedTempDir dir;
-  const std::string bytes = image(R"({"a\n\u001b[31m":{"dtype":"U8","shape":[3],"data_offsets":[0,2]}})", "xy");
+  const std::string bytes =
+      image(R"({"a\n\u001b[31m":{"dtype":"U8","shape":[3],"data_offsets":[0,2]}})", "xy");
   Result<SafetensorsFile> f = SafetensorsFile::open(write_file(dir.path(), "x.safetensors", bytes));
   ASSERT_FALSE(f.has_value());
   EXPECT_NE(f.error().message.find("a\\x0a\\x1b[31m: byte range"), std::string::npos) << f.error().message;
@@ -311,10 +323,11 @@ TEST_P(SafetensorsEveryDtype, OpensAndReadsBytes) {
   EXPECT_EQ(dtype_name(*d), c.name);
   EXPECT_EQ(dtype_bits(*d), c.bits);
   const std::string shape = fmt::format("{}", fmt::join(c.shape, ","));
-  const std::string header = fmt::format(R"({{"t":{{"dtype":"{}","shape":[{}],"data_offsets":[0,{}]}}}})", c.name,
-                                         shape, c.bytes.size());
+  const std::string header = fmt::format(R"({{"t":{{"dtype":"{}","shape":[{}],"data_offsets":[0,{}]}}}})",
+                                         c.name, shape, c.bytes.size());
   ScopedTempDir dir;
-  Result<SafetensorsFile> f = SafetensorsFile::open(write_file(dir.path(), "t.safetensors", image(header, c.bytes)));
+  Result<SafetensorsFile> f =
+      SafetensorsFile::open(write_file(dir.path(), "t.safetensors", image(header, c.bytes)));
   ASSERT_TRUE(f.has_value()) << f.error().message;
   ASSERT_EQ(f->tensors().size(), 1u);
   const TensorEntry* t = f->find("t");
@@ -332,8 +345,10 @@ INSTANTIATE_TEST_SUITE_P(
                       DtypeCase{"F8_E5M2", 8, {1}, "\x3c"}, DtypeCase{"F8_E4M3", 8, {2}, "\x38\x7f"},
                       DtypeCase{"F8_E8M0", 8, {2}, "\x7f\xff"}, DtypeCase{"I16", 16, {1}, "\x01\x80"},
                       DtypeCase{"U16", 16, {2}, "\xff\xff\x00\x01"s}, DtypeCase{"F16", 16, {1}, "\x00\x3c"s},
-                      DtypeCase{"BF16", 16, {1, 1}, "\x80\x3f"}, DtypeCase{"I32", 32, {1}, "\x01\x02\x03\x04"},
-                      DtypeCase{"U32", 32, {1}, "\xff\xff\xff\xff"}, DtypeCase{"F32", 32, {1}, "\x00\x00\x80\x3f"s},
+                      DtypeCase{"BF16", 16, {1, 1}, "\x80\x3f"},
+                      DtypeCase{"I32", 32, {1}, "\x01\x02\x03\x04"},
+                      DtypeCase{"U32", 32, {1}, "\xff\xff\xff\xff"},
+                      DtypeCase{"F32", 32, {1}, "\x00\x00\x80\x3f"s},
                       DtypeCase{"F64", 64, {1}, "\x00\x00\x00\x00\x00\x00\xf0\x3f"s},
                       DtypeCase{"I64", 64, {1}, "\xfe\xff\xff\xff\xff\xff\xff\xff"},
                       DtypeCase{"U64", 64, {1}, "\x01\x00\x00\x00\x00\x00\x00\x80"s}),
@@ -341,15 +356,15 @@ INSTANTIATE_TEST_SUITE_P(
 
 // covers L-16: zero-size tensors (also sharing an offset with a neighbour) and rank 0
 TEST(SafetensorsValid, ZeroSizeAndRankZero) {
-  const std::string header =
-      R"({"z0":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
-      R"("s":{"dtype":"BF16","shape":[],"data_offsets":[0,2]},)"
-      R"("z1":{"dtype":"I64","shape":[3,0,2],"data_offsets":[2,2]},)"
-      R"("z2":{"dtype":"U8","shape":[0],"data_offsets":[2,2]},)"
-      R"("b":{"dtype":"U8","shape":[1],"data_offsets":[2,3]},)"
-      R"("zend":{"dtype":"F4","shape":[0],"data_offsets":[3,3]}})";
+  const std::string header = R"({"z0":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
+                             R"("s":{"dtype":"BF16","shape":[],"data_offsets":[0,2]},)"
+                             R"("z1":{"dtype":"I64","shape":[3,0,2],"data_offsets":[2,2]},)"
+                             R"("z2":{"dtype":"U8","shape":[0],"data_offsets":[2,2]},)"
+                             R"("b":{"dtype":"U8","shape":[1],"data_offsets":[2,3]},)"
+                             R"("zend":{"dtype":"F4","shape":[0],"data_offsets":[3,3]}})";
   ScopedTempDir dir;
-  Result<SafetensorsFile> f = SafetensorsFile::open(write_file(dir.path(), "z.safetensors", image(header, "\x80\x3f!")));
+  Result<SafetensorsFile> f =
+      SafetensorsFile::open(write_file(dir.path(), "z.safetensors", image(header, "\x80\x3f!")));
   ASSERT_TRUE(f.has_value()) << f.error().message;
   ASSERT_EQ(f->tensors().size(), 6u);
   // Data order: ascending offsets, zero-size before the tensor starting at the same offset, then by name.
@@ -372,7 +387,8 @@ TEST(SafetensorsValid, ZeroSizeAndRankZero) {
 TEST(SafetensorsValid, WhitespaceAroundHeader) {
   const std::string header = " \t\r\n{\"a\":{" + kU8x2 + "}}\n      ";
   ScopedTempDir dir;
-  Result<SafetensorsFile> f = SafetensorsFile::open(write_file(dir.path(), "w.safetensors", image(header, "xy")));
+  Result<SafetensorsFile> f =
+      SafetensorsFile::open(write_file(dir.path(), "w.safetensors", image(header, "xy")));
   ASSERT_TRUE(f.has_value()) << f.error().message;
   EXPECT_EQ(f->data_offset(), 8 + header.size());
   EXPECT_EQ(u8(f->tensors()[0], *f), "xy");
@@ -383,7 +399,8 @@ TEST(SafetensorsValid, PathLikeNamesAreJustNames) {
   const std::string header = R"({"../../etc/passwd":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
                              R"("/abs":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})";
   ScopedTempDir dir;
-  Result<SafetensorsFile> f = SafetensorsFile::open(write_file(dir.path(), "p.safetensors", image(header, "xy")));
+  Result<SafetensorsFile> f =
+      SafetensorsFile::open(write_file(dir.path(), "p.safetensors", image(header, "xy")));
   ASSERT_TRUE(f.has_value()) << f.error().message;
   ASSERT_NE(f->find("../../etc/passwd"), nullptr);
   EXPECT_EQ(u8(*f->find("/abs"), *f), "y");
@@ -391,12 +408,13 @@ TEST(SafetensorsValid, PathLikeNamesAreJustNames) {
 
 // covers L-18: data at odd file offsets comes out byte-exact through the copying accessor
 TEST(SafetensorsValid, UnalignedData) {
-  std::string padded =
-      R"({"u":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"f":{"dtype":"F32","shape":[2],"data_offsets":[1,9]}})";
+  std::string padded = R"({"u":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                       R"("f":{"dtype":"F32","shape":[2],"data_offsets":[1,9]}})";
   while ((8 + padded.size() + 1) % 4 != 2) padded += ' ';  // puts "f" at a file offset = 2 (mod 4)
   const std::string data = "\x07\x00\x00\x80\x3f\x00\x00\x00\xc0"s;
   ScopedTempDir dir;
-  Result<SafetensorsFile> f = SafetensorsFile::open(write_file(dir.path(), "u.safetensors", image(padded, data)));
+  Result<SafetensorsFile> f =
+      SafetensorsFile::open(write_file(dir.path(), "u.safetensors", image(padded, data)));
   ASSERT_TRUE(f.has_value()) << f.error().message;
   const TensorEntry* t = f->find("f");
   ASSERT_NE(t, nullptr);
@@ -431,11 +449,13 @@ TEST(SafetensorsTruncation, ReadAfterTruncateFails) {
   std::vector<uint8_t> dst(8192);
   Status s = f->read(f->tensors()[0], dst);
   ASSERT_FALSE(s.has_value());
-  EXPECT_NE(s.error().message.find(path + ": big: file size changed after it was validated"), std::string::npos)
+  EXPECT_NE(s.error().message.find(path + ": big: file size changed after it was validated"),
+            std::string::npos)
       << s.error().message;
 }
 
-// covers L-19: the guard itself, on pages past the end of a truncated mapping (the race the size check misses)
+// covers L-19: the guard itself, on pages past the end of a truncated mapping (the race the size check
+// misses)
 TEST(SafetensorsTruncation, GuardedCopyTurnsSigbusIntoFalse) {
   ScopedTempDir dir;
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
@@ -458,7 +478,8 @@ TEST(SafetensorsTruncation, GuardedCopyTurnsSigbusIntoFalse) {
 
 std::string unhex(const std::string& hex) {
   std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
   return out;
 }
 
@@ -478,6 +499,43 @@ TEST(SafetensorsGolden, ReadsPythonWrittenFile) {
     EXPECT_EQ(e->shape, t["shape"].get<std::vector<int64_t>>());
     EXPECT_EQ(u8(*e, *f), unhex(t["hex"].get<std::string>()));
   }
+}
+
+// Differential: random near-valid images with the reference reader's verdict
+// (tests/golden/make_safetensors_differential.py). mxq never accepts what the reference refuses, and refuses
+// what it accepts only by its documented stricter rules.
+TEST(SafetensorsDifferential, NeverLooserThanTheReference) {
+  const std::string blob = read_file(MXQ_SOURCE_DIR "/tests/golden/safetensors/differential.bin");
+  const std::vector<std::string> stricter = {"unsupported dtype", "unknown field", "name contains NUL",
+                                             "duplicate key"};
+  size_t cases = 0, both_accept = 0, only_reference = 0;
+  for (size_t at = 0; at + 5 <= blob.size(); ++cases) {
+    uint32_t len = 0;
+    std::memcpy(&len, blob.data() + at, 4);
+    const bool reference_accepts = blob[at + 4] == 1;
+    ASSERT_LE(at + 5 + len, blob.size());
+    const std::string_view img(blob.data() + at + 5, len);
+    at += 5 + len;
+    Result<SafetensorsHeader> h =
+        parse_safetensors(std::span(reinterpret_cast<const uint8_t*>(img.data()), img.size()), "case");
+    SCOPED_TRACE(fmt::format("case {}: {}", cases, printable(img.substr(8, 300))));
+    if (!reference_accepts) {
+      EXPECT_FALSE(h.has_value());
+      continue;
+    }
+    if (h) {
+      ++both_accept;
+      continue;
+    }
+    ++only_reference;
+    const bool documented = std::any_of(stricter.begin(), stricter.end(), [&](const std::string& rule) {
+      return h.error().message.find(rule) != std::string::npos;
+    });
+    EXPECT_TRUE(documented) << h.error().message;
+  }
+  EXPECT_EQ(cases, 600u);
+  EXPECT_GT(both_accept, 100u);  // the set exercises acceptance, not only refusals
+  EXPECT_GT(only_reference, 0u);
 }
 
 }  // namespace

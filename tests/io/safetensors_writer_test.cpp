@@ -1,5 +1,7 @@
 // Writer tests: byte-for-byte equality with the file the python safetensors library wrote for the same
 // tensors (tests/golden/make_safetensors_golden.py), determinism, round trip through the reader, refusals.
+#include "io/safetensors_writer.h"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -10,7 +12,6 @@
 #include <sstream>
 
 #include "io/safetensors.h"
-#include "io/safetensors_writer.h"
 
 namespace mxq {
 namespace {
@@ -65,7 +66,8 @@ Golden load_golden_tensors() {
     g.storage.push_back(unhex(t["hex"].get<std::string>()));
     Result<Dtype> d = parse_dtype(t["dtype"].get<std::string>());
     EXPECT_TRUE(d.has_value());
-    g.tensors.push_back({name, d.value_or(Dtype::kU8), t["shape"].get<std::vector<int64_t>>(), g.storage.back()});
+    g.tensors.push_back(
+        {name, d.value_or(Dtype::kU8), t["shape"].get<std::vector<int64_t>>(), g.storage.back()});
   }
   return g;
 }
@@ -80,7 +82,8 @@ TEST(SafetensorsWriter, ReproducesPythonLibraryFileByteForByte) {
   const std::string got = read_file(out);
   ASSERT_EQ(got.size(), want.size());
   EXPECT_TRUE(got == want) << "first difference at byte "
-                           << std::distance(got.begin(), std::mismatch(got.begin(), got.end(), want.begin()).first);
+                           << std::distance(got.begin(),
+                                            std::mismatch(got.begin(), got.end(), want.begin()).first);
   // Input order does not matter.
   std::reverse(g.tensors.begin(), g.tensors.end());
   ASSERT_TRUE(write_safetensors(out, g.tensors, g.metadata).has_value());
@@ -93,8 +96,9 @@ TEST(SafetensorsWriter, RoundTripThroughReader) {
   std::vector<std::vector<uint8_t>> storage;
   std::vector<TensorToWrite> tensors;
   const std::vector<std::pair<Dtype, std::vector<int64_t>>> specs = {
-      {Dtype::kBF16, {3, 5}}, {Dtype::kU8, {7}}, {Dtype::kF4, {2, 6}}, {Dtype::kF32, {}}, {Dtype::kI64, {0, 4}},
-      {Dtype::kF8_E4M3, {4, 32}}, {Dtype::kF8_E8M0, {4, 1}}, {Dtype::kF64, {3}}, {Dtype::kBool, {1}}};
+      {Dtype::kBF16, {3, 5}},    {Dtype::kU8, {7}},     {Dtype::kF4, {2, 6}},
+      {Dtype::kF32, {}},         {Dtype::kI64, {0, 4}}, {Dtype::kF8_E4M3, {4, 32}},
+      {Dtype::kF8_E8M0, {4, 1}}, {Dtype::kF64, {3}},    {Dtype::kBool, {1}}};
   storage.reserve(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto& [dtype, shape] = specs[i];
@@ -104,7 +108,8 @@ TEST(SafetensorsWriter, RoundTripThroughReader) {
     for (uint8_t& b : storage.back()) b = static_cast<uint8_t>(rng());
     tensors.push_back({fmt::format("layer.{}.{}", i % 3, dtype_name(dtype)), dtype, shape, storage.back()});
   }
-  const std::map<std::string, std::string> meta = {{"z", "last"}, {"a", "first \"quoted\"\n"}, {"format", "pt"}};
+  const std::map<std::string, std::string> meta = {
+      {"z", "last"}, {"a", "first \"quoted\"\n"}, {"format", "pt"}};
   ScopedTempDir dir;
   const std::string path = dir.path() + "/rt.safetensors";
   ASSERT_TRUE(write_safetensors(path, tensors, meta).has_value());
@@ -140,7 +145,9 @@ struct WriterBadCase {
   TensorToWrite tensor;
   std::string expect;
 };
-void PrintTo(const WriterBadCase& c, std::ostream* os) { *os << c.name << " (expects \"" << c.expect << "\")"; }
+void PrintTo(const WriterBadCase& c, std::ostream* os) {
+  *os << c.name << " (expects \"" << c.expect << "\")";
+}
 
 const uint8_t kFour[4] = {1, 2, 3, 4};
 
@@ -160,15 +167,19 @@ TEST_P(SafetensorsWriterRefuses, ByNameAndLeavesNoFile) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, SafetensorsWriterRefuses,
     ::testing::Values(
-        WriterBadCase{"size_mismatch", {"w", Dtype::kF32, {2}, kFour}, "w: byte count for F32 2, expected 8, got 4"},
+        WriterBadCase{
+            "size_mismatch", {"w", Dtype::kF32, {2}, kFour}, "w: byte count for F32 2, expected 8, got 4"},
         WriterBadCase{"f4_odd", {"p", Dtype::kF4, {3}, std::span(kFour, 2)}, "do not fill whole bytes"},
         WriterBadCase{"empty_name", {"", Dtype::kU8, {4}, kFour}, "empty tensor name"},
         WriterBadCase{"metadata_name", {"__metadata__", Dtype::kU8, {4}, kFour}, "tensor named __metadata__"},
-        WriterBadCase{"nul_name", {std::string("a\0b", 3), Dtype::kU8, {4}, kFour}, "a\\x00b: name contains NUL"},
+        WriterBadCase{
+            "nul_name", {std::string("a\0b", 3), Dtype::kU8, {4}, kFour}, "a\\x00b: name contains NUL"},
         WriterBadCase{"bad_utf8_name", {"w\xff", Dtype::kU8, {4}, kFour}, "tensor w\\xff: not valid UTF-8"},
         WriterBadCase{"negative_dim", {"n", Dtype::kU8, {-4}, kFour}, "expected dimensions >= 0, got -4"},
-        WriterBadCase{"bad_dtype", {"d", static_cast<Dtype>(200), {4}, kFour}, "d: dtype, expected an enumerator"},
-        WriterBadCase{"rank_17", {"r", Dtype::kU8, std::vector<int64_t>(17, 1), std::span(kFour, 1)},
+        WriterBadCase{
+            "bad_dtype", {"d", static_cast<Dtype>(200), {4}, kFour}, "d: dtype, expected an enumerator"},
+        WriterBadCase{"rank_17",
+                      {"r", Dtype::kU8, std::vector<int64_t>(17, 1), std::span(kFour, 1)},
                       "r: rank, expected at most 16, got 17"}),
     [](const auto& info) { return info.param.name; });
 

@@ -1,0 +1,66 @@
+// CUDA error tier of the three (see STYLE.md): one check macro for cudart / cuBLAS(Lt) calls, and a tiny RAII
+// device buffer. Library failures come back as a Status naming the statement, file, line and error name.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "base/error.h"
+
+namespace mxq::cuda {
+
+inline const char* error_name(cudaError_t e) { return cudaGetErrorName(e); }
+inline const char* error_name(cublasStatus_t s) { return cublasGetStatusName(s); }
+inline bool is_ok(cudaError_t e) { return e == cudaSuccess; }
+inline bool is_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
+
+}  // namespace mxq::cuda
+
+// Use inside a function returning mxq::Status or mxq::Result<T>.
+#define MXQ_CUDA_CHECK(stmt)                                                  \
+  do {                                                                        \
+    const auto mxq_cuda_status_ = (stmt);                                     \
+    if (!::mxq::cuda::is_ok(mxq_cuda_status_))                                \
+      return ::mxq::fail("{} failed at {}:{}: {}", #stmt, __FILE__, __LINE__, \
+                         ::mxq::cuda::error_name(mxq_cuda_status_));          \
+  } while (0)
+
+namespace mxq::cuda {
+
+// Owns one cudaMalloc allocation; movable, not copyable. Bytes are uninitialised.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  static Result<DeviceBuffer> alloc(size_t bytes) {
+    DeviceBuffer b;
+    if (bytes > 0) MXQ_CUDA_CHECK(cudaMalloc(&b.ptr_, bytes));
+    b.bytes_ = bytes;
+    return b;
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);  // note: a failing free at teardown has no caller left to tell
+  }
+
+  template <class T = void>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace mxq::cuda

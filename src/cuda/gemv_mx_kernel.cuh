@@ -1,0 +1,227 @@
+// The GEMV skeleton shared by gemv_mxfp8.cu and gemv_mxfp4.cu; each supplies a decode policy.
+// Layout contract: gemv_layout.h. Tiles: a block of 8 warps owns 16 weight rows; its warps split K by
+// groups and add up in shared memory. Per group a quad lane loads 16 B of row r and 16 B of row r+8,
+// decodes them to bf16 pairs in registers and feeds mma.sync m16n8k16 (A = weights, B = x^T, one n-tile
+// of 8 activation rows per 8 of M). The MMAs of one 32-element scale block accumulate from zero; the
+// E8M0 scale multiplies that partial in f32.
+// note: 1, 2 or 4 warps per tile with longer K slices measured slower on every Qwen3 shape, as did a
+// ping-pong register pipeline (bench/RESULTS.md, runs 3-4): 8 warps split one tile's K.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/gemv_mx_launch.h"
+
+namespace mxq::cuda::gemv {
+
+inline constexpr int kWarps = 8;
+inline constexpr int kThreads = kWarps * 32;
+inline constexpr int kRowsPerTile = 16;
+// note: 4 groups per step and one step prefetched: up to 8 x 2 x 16 B per lane in flight, 64 KiB per block;
+// 2 groups at 3 blocks per SM (run 5) and no prefetch at 3 blocks per SM (run 1) measured slower in sum.
+inline constexpr int kUnroll = 4;
+
+// Streaming 16-byte weight load: read once, so keep it out of L1 (x lives there).
+__device__ __forceinline__ uint4 load_stream16(const uint8_t* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// E8M0 byte → 2^(b-127) as f32: 0 is the subnormal 2^-127, 255 is NaN.
+__device__ __forceinline__ float e8m0_to_f32(uint32_t b) {
+  if (b == 0xFF) return __uint_as_float(0x7FC00000u);
+  return __uint_as_float(b == 0 ? 0x00400000u : b << 23);
+}
+
+// Scale bytes of kCount consecutive blocks (2 or 4) at p; one vector load when p is known aligned.
+template <int kCount, bool kAligned>
+__device__ __forceinline__ uint32_t load_scales(const uint8_t* p) {
+  if constexpr (kAligned) {
+    if constexpr (kCount == 4)
+      return __ldg(reinterpret_cast<const uint32_t*>(p));
+    else
+      return __ldg(reinterpret_cast<const uint16_t*>(p));
+  } else {
+    uint32_t r = 0;
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) r |= static_cast<uint32_t>(__ldg(p + i)) << (8 * i);
+    return r;
+  }
+}
+
+// Policy (Fmt): kGroupK elements per group; kPairsPerWord bf16x2 pairs decoded from one 32-bit word, in MMA
+// slot order (MMA j: pair 2j feeds slots 2t..2t+1, pair 2j+1 feeds 2t+8..2t+9); kRowBytesNum/Den: row bytes
+// per element; load_tail(p) reads the 4 elements a lane owns of one MMA in a short group.
+template <class Fmt, int kNTiles, bool kHasTail>
+__global__ void __launch_bounds__(kThreads, 2)
+    gemv_mx_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
+                   const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k) {
+  constexpr int kMmas = Fmt::kGroupK / 16, kBlocks = Fmt::kGroupK / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int row0 = blockIdx.x * kRowsPerTile;
+  // note: rows past n read row n-1 (valid memory) and are never stored.
+  const int64_t ra = min(row0 + g, n - 1), rb = min(row0 + g + 8, n - 1);
+  const int64_t row_bytes = static_cast<int64_t>(k) * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
+  const uint8_t* va = wv + ra * row_bytes;
+  const uint8_t* vb = wv + rb * row_bytes;
+  const int kb = k / 32;
+  const uint8_t* sa = ws + ra * kb;
+  const uint8_t* sb = ws + rb * kb;
+  const __nv_bfloat16* xr[kNTiles];
+  bool xok[kNTiles];
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+    xok[nt] = nt * 8 + g < m;
+    xr[nt] = x + static_cast<int64_t>(xok[nt] ? nt * 8 + g : 0) * k + 4 * t;
+  }
+  float acc[kNTiles][4] = {};
+
+  // One 16-k MMA-pair block: pairs = the lane's 4 bf16x2 words for MMAs (2b, 2b+1), kx = group start + 32b.
+  auto block_mma = [&](const uint32_t* pa, const uint32_t* pb, int kx, uint32_t sbyte_a, uint32_t sbyte_b) {
+    const float s_a = e8m0_to_f32(sbyte_a), s_b = e8m0_to_f32(sbyte_b);
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint2 bx = make_uint2(0, 0);
+        if (xok[nt]) bx = __ldg(reinterpret_cast<const uint2*>(xr[nt] + kx + 16 * h));
+        const uint32_t a[4] = {pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1]};
+        mma_bf16_16816(d, a, bx.x, bx.y);
+      }
+      acc[nt][0] = fmaf(d[0], s_a, acc[nt][0]);
+      acc[nt][1] = fmaf(d[1], s_a, acc[nt][1]);
+      acc[nt][2] = fmaf(d[2], s_b, acc[nt][2]);
+      acc[nt][3] = fmaf(d[3], s_b, acc[nt][3]);
+    }
+  };
+
+  // Main loop, software-pipelined: the next kUnroll groups are in flight while the current ones compute.
+  const int nfull = k / Fmt::kGroupK;
+  constexpr int kStride = kWarps * kUnroll;
+  uint4 wa[kUnroll], wb[kUnroll], na[kUnroll], nb[kUnroll];
+  uint32_t sca[kUnroll], scb[kUnroll], nsa[kUnroll], nsb[kUnroll];
+  auto load = [&](int q0, uint4(&la)[kUnroll], uint4(&lb)[kUnroll], uint32_t(&ls)[kUnroll],
+                  uint32_t(&lt)[kUnroll]) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (q0 + u >= nfull) break;
+      const int q = q0 + u;
+      la[u] = load_stream16(va + q * 64 + 16 * t);  // note: a group is 64 bytes in both formats
+      lb[u] = load_stream16(vb + q * 64 + 16 * t);
+      ls[u] = load_scales<kBlocks, !kHasTail>(sa + q * kBlocks);
+      lt[u] = load_scales<kBlocks, !kHasTail>(sb + q * kBlocks);
+    }
+  };
+  int q0 = warp * kUnroll;
+  if (q0 < nfull) load(q0, wa, wb, sca, scb);
+  for (; q0 < nfull; q0 += kStride) {
+    if (q0 + kStride < nfull) load(q0 + kStride, na, nb, nsa, nsb);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (q0 + u >= nfull) break;
+      uint32_t pa[kMmas * 2], pb[kMmas * 2];
+      const uint32_t wa4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w},
+                     wb4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        Fmt::decode(wa4[i], pa + i * Fmt::kPairsPerWord);
+        Fmt::decode(wb4[i], pb + i * Fmt::kPairsPerWord);
+      }
+      const int kx = (q0 + u) * Fmt::kGroupK;
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b)
+        block_mma(pa + 4 * b, pb + 4 * b, kx + 32 * b, (sca[u] >> (8 * b)) & 0xFF,
+                  (scb[u] >> (8 * b)) & 0xFF);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) wa[u] = na[u], wb[u] = nb[u], sca[u] = nsa[u], scb[u] = nsb[u];
+  }
+
+  if constexpr (kHasTail) {
+    // note: the short last group (J = 2, 4 or 6 MMAs) is read per MMA; lane t's run starts at 4J·t.
+    const int k0 = nfull * Fmt::kGroupK, tail_blocks = (k - k0) / 32, tail_mmas = 2 * tail_blocks;
+    if (warp == kWarps - 1) {
+      for (int b = 0; b < tail_blocks; ++b) {
+        uint32_t pa[4], pb[4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t elem = k0 + 4 * tail_mmas * t + 4 * (2 * b + h);
+          const int64_t byte = elem * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
+          uint32_t tmp[Fmt::kPairsPerWord];
+          Fmt::decode(Fmt::load_tail(va + byte), tmp);
+          pa[2 * h] = tmp[0], pa[2 * h + 1] = tmp[1];
+          Fmt::decode(Fmt::load_tail(vb + byte), tmp);
+          pb[2 * h] = tmp[0], pb[2 * h + 1] = tmp[1];
+        }
+        block_mma(pa, pb, k0 + 32 * b, __ldg(sa + k0 / 32 + b), __ldg(sb + k0 / 32 + b));
+      }
+    }
+  }
+
+  // Cross-warp sum: red[warp][value][lane], then warp 0 adds and stores.
+  __shared__ float red[kWarps][kNTiles * 4][32];
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) red[warp][nt * 4 + c][lane] = acc[nt][c];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) s += red[w][nt * 4 + c][lane];
+      // c0, c1: row g, activations 2t, 2t+1; c2, c3: row g+8.
+      const int row = row0 + g + (c >= 2 ? 8 : 0), mi = nt * 8 + 2 * t + (c & 1);
+      if (row < n && mi < m) y[static_cast<int64_t>(mi) * n + row] = __float2bfloat16_rn(s);
+    }
+}
+
+// Template dispatch on (n-tiles, tail); arguments were checked by gemv_mx.cpp.
+template <class Fmt>
+cudaError_t launch_gemv(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y,
+                        int n, int k, cudaStream_t stream) {
+  const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
+  auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
+  const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
+  const bool tail = k % Fmt::kGroupK != 0;
+#define MXQ_GEMV_LAUNCH(NT, TAIL) \
+  gemv_mx_kernel<Fmt, NT, TAIL><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, yb, n, k)
+  if (m <= 8) {
+    if (tail)
+      MXQ_GEMV_LAUNCH(1, true);
+    else
+      MXQ_GEMV_LAUNCH(1, false);
+  } else {
+    if (tail)
+      MXQ_GEMV_LAUNCH(2, true);
+    else
+      MXQ_GEMV_LAUNCH(2, false);
+  }
+#undef MXQ_GEMV_LAUNCH
+  return cudaGetLastError();
+}
+
+}  // namespace mxq::cuda::gemv

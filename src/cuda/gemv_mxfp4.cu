@@ -1,0 +1,46 @@
+// W4A16 MXFP4 GEMV for decode, y[M,N] = x[M,K] · W[N,K]^T, M = 1..16.
+// Layout contract (gemv_layout.h, written by prepare_gemv_values):
+//   values: [N, K/2] bytes, E2M1 nibbles (element 2i in bits 3:0 of byte i), each row a byte permutation of
+//           the canonical row in groups of 128 elements (tail 32, 64 or 96): canonical element
+//           k0 + 16j + 4t + e → native k0 + 4J·t + 4j + e (J = 8, or tail/16); bytes move whole;
+//   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
+// Arch: sm_80+ (mma.sync bf16). Decode: nibble bits placed as bf16 bits (code << 6, sign << 12) are the
+// value · 2^-126 (code 1 = 0.5 becomes a bf16 subnormal); one bf16x2 multiply by 2^126 makes them exact.
+#include "cuda/gemv_mx_kernel.cuh"
+
+namespace mxq::cuda {
+namespace {
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+struct Mxfp4Decode {
+  static constexpr int kGroupK = 128, kPairsPerWord = 4, kRowBytesNum = 1, kRowBytesDen = 2;
+  // Byte p of `word` (elements 2p, 2p+1) becomes pair p.
+  __device__ static void decode(uint32_t word, uint32_t* pairs) {
+    const uint32_t even = word & 0x0F0F0F0Fu, odd = (word >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      // note: selector nibble 8 sign-replicates byte 0 of `even`, whose bit 7 is clear: a zero byte.
+      const uint32_t q = prmt(even, odd, 0x8080u | p | ((4u + p) << 8));
+      // note: q * 4160 = (q << 6) + (q << 12); a 4-bit code per half keeps the two terms from overlapping.
+      const uint32_t raw = (q * 4160u) & 0x81C081C0u;
+      pairs[p] = gemv::bf16x2_mul(raw, 0x7E807E80u);  // note: bf16 0x7E80 = 2^126
+    }
+  }
+  __device__ static uint32_t load_tail(const uint8_t* p) {
+    return __ldg(reinterpret_cast<const uint16_t*>(p));
+  }
+};
+
+}  // namespace
+
+cudaError_t launch_gemv_mxfp4(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
+                              uint16_t* y, int n, int k, cudaStream_t stream) {
+  return gemv::launch_gemv<Mxfp4Decode>(x, m, values, scales, y, n, k, stream);
+}
+
+}  // namespace mxq::cuda

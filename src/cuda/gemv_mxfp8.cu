@@ -1,0 +1,48 @@
+// W8A16 MXFP8 GEMV for decode, y[M,N] = x[M,K] · W[N,K]^T, M = 1..16.
+// Layout contract (gemv_layout.h, written by prepare_gemv_values):
+//   values: [N, K] E4M3, each row a byte permutation of the canonical row in groups of 64 (tail 32):
+//           canonical k0 + 16j + 4t + e → native k0 + 4J·t + 4j + e (J = 4, or 2 for a 32-wide tail group);
+//   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
+// Arch: sm_80+ (mma.sync bf16); sm_89+ converts E4M3 pairs with cvt.rn.f16x2.e4m3x2, sm_80 with bit moves.
+// Decode: E4M3 pair → f16x2 (exact: every E4M3 value is an f16 normal or zero) → bf16 bits by moving the
+// exponent field (value · 2^-112, still a bf16 normal) → one bf16x2 multiply by 2^112 (exact).
+#include "cuda/gemv_mx_kernel.cuh"
+
+namespace mxq::cuda {
+namespace {
+
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t pair) {
+  uint32_t h;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n .reg .b16 lo;\n cvt.u16.u32 lo, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(h) : "r"(pair));
+#else
+  // note: E4M3 bits placed as f16 bits are the value · 2^-8 (subnormals included); f16 handles the rest.
+  const uint32_t u = __byte_perm(pair, 0, 0x7170);  // bytes: b0, 0, b1, 0
+  h = ((u & 0x007F007Fu) << 7) | ((u & 0x00800080u) << 8);
+  __half2 hv =
+      __hmul2(*reinterpret_cast<__half2*>(&h), __half2(__ushort_as_half(0x5C00), __ushort_as_half(0x5C00)));
+  h = *reinterpret_cast<uint32_t*>(&hv);
+#endif
+  const uint32_t raw = ((h >> 3) & 0x0FFF0FFFu) | (h & 0x80008000u);
+  return gemv::bf16x2_mul(raw, 0x77807780u);  // note: bf16 0x7780 = 2^112
+}
+
+struct Mxfp8Decode {
+  static constexpr int kGroupK = 64, kPairsPerWord = 2, kRowBytesNum = 1, kRowBytesDen = 1;
+  __device__ static void decode(uint32_t word, uint32_t* pairs) {
+    pairs[0] = e4m3x2_to_bf16x2(word & 0xFFFFu);
+    pairs[1] = e4m3x2_to_bf16x2(word >> 16);
+  }
+  __device__ static uint32_t load_tail(const uint8_t* p) {
+    return __ldg(reinterpret_cast<const uint32_t*>(p));
+  }
+};
+
+}  // namespace
+
+cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
+                              uint16_t* y, int n, int k, cudaStream_t stream) {
+  return gemv::launch_gemv<Mxfp8Decode>(x, m, values, scales, y, n, k, stream);
+}
+
+}  // namespace mxq::cuda

@@ -1,0 +1,115 @@
+// Device element and scale encoders for the quantize kernels, bit-exact with spec/formats.md: RNE, ties to
+// even, saturating; scale bytes from exponent and mantissa bits (never a floating-point log2).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace mxq::cuda::quant {
+
+// f32 → E4M3 (float8_e4m3fn) byte: RNE, saturating to ±448, sign of zero kept; input is never NaN.
+__device__ __forceinline__ uint32_t f32_to_e4m3(float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(v));
+  return r & 0xFFu;
+#else
+  const uint32_t sign = (__float_as_uint(v) >> 24) & 0x80u;
+  const float a = fabsf(v);
+  uint32_t code;
+  if (a >= 448.0f) {
+    code = 0x7E;
+  } else if (a < 0.015625f) {  // note: below 2^-6 the codes are multiples of 2^-9 (subnormals, up to 0x08)
+    code = static_cast<uint32_t>(__float2int_rn(a * 512.0f));
+  } else {  // note: round the f32 mantissa to 3 bits (RNE), then rebias the exponent 127 → 7
+    uint32_t ua = __float_as_uint(a);
+    ua += 0x7FFFFu + ((ua >> 20) & 1u);
+    code = (ua >> 20) - (120u << 3);
+  }
+  return sign | code;
+#endif
+}
+
+// f32 → E2M1 code: RNE to the nearest code, ties to the even code (= even mantissa bit), saturating at ±6.
+// The sign comes from `sign_src`, the unscaled input: strictly negative → bit 3 (a negative value that
+// rounds or underflows to zero is code 8; -0.0 is code 0, as compressed-tensors gives).
+__device__ __forceinline__ uint32_t f32_to_e2m1(float v, float sign_src) {
+  const float a = fabsf(v);
+  // Below 1 the codes are 0, 0.5, 1 (codes 0..2): round 2a to an integer, RNE, by adding 2^23 in f32.
+  const uint32_t low = __float_as_uint(fmaf(a, 2.0f, 8388608.0f)) - 0x4B000000u;
+  // From 1 up: round the f32 mantissa to 1 bit (RNE); (exponent, bit) - (126, 0) is the code; saturate at 7.
+  uint32_t u = __float_as_uint(a);
+  u += 0x1FFFFFu + ((u >> 22) & 1u);
+  const uint32_t high = min((u >> 22) - (126u << 1), 7u);
+  const uint32_t code = a < 1.0f ? low : high;
+  return sign_src < 0.0f ? code | 8u : code;
+}
+
+// 2^e for e in [-127, 127] as f32 (2^-127 is subnormal).
+__device__ __forceinline__ float exp2_int(int e) {
+  return e == -127 ? __uint_as_float(0x00400000u) : __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
+}
+
+// f32 bits as (k, mantissa) with value = 1.mantissa · 2^k, subnormals normalised; x must be > 0.
+__device__ __forceinline__ void split_f32(float x, int& k, uint32_t& mant) {
+  const uint32_t u = __float_as_uint(x);
+  const uint32_t field = u >> 23;
+  if (field != 0) {
+    k = static_cast<int>(field) - 127;
+    mant = u & 0x7FFFFFu;
+  } else {
+    const int lead = 31 - __clz(u);  // note: subnormal: value = u · 2^-149
+    k = lead - 149;
+    mant = (u << (23 - lead)) & 0x7FFFFFu;
+  }
+}
+
+// MXFP8 rule `ceil`: b = clamp(ceil(log2(max(amax, FLT_MIN) / 448)) + 127, 0, 254).
+__device__ __forceinline__ uint32_t mxfp8_ceil_scale(float amax) {
+  const float q = fmaxf(amax, 1.17549435e-38f) / 448.0f;
+  int k;
+  uint32_t mant;
+  split_f32(q, k, mant);
+  const int b = k + (mant != 0 ? 1 : 0) + 127;
+  return static_cast<uint32_t>(b < 0 ? 0 : (b > 254 ? 254 : b));
+}
+
+// MXFP4 rule `ct`: amax = m·2^k, b = clamp(127 + k - 2 + [m >= 1.75], 0, 254); amax = 0 → 0.
+__device__ __forceinline__ uint32_t mxfp4_ct_scale(float amax) {
+  if (amax == 0.0f) return 0;
+  int k;
+  uint32_t mant;
+  split_f32(amax, k, mant);
+  const int b = 127 + k - 2 + (mant >= 0x600000u ? 1 : 0);  // note: 0x600000 = mantissa of 1.75
+  return static_cast<uint32_t>(b < 0 ? 0 : (b > 254 ? 254 : b));
+}
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
+
+__device__ __forceinline__ bool is_finite_f32(float v) {
+  return (__float_as_uint(v) & 0x7F800000u) != 0x7F800000u;
+}
+
+// MX kernels: loads 1x32 block i of bf16 (64 B) into 16 words and returns its amax; flags a NaN/Inf block.
+__device__ __forceinline__ float load_mx_block(const uint16_t* x, int64_t i, uint32_t (&w)[16],
+                                               unsigned long long* bad_block) {
+  const uint4* src = reinterpret_cast<const uint4*>(x + i * 32);
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    const uint4 r = __ldg(src + v);
+    w[4 * v] = r.x, w[4 * v + 1] = r.y, w[4 * v + 2] = r.z, w[4 * v + 3] = r.w;
+  }
+  float amax = 0.0f;
+  bool finite = true;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float lo = bf16_bits_to_f32(w[j] & 0xFFFFu), hi = bf16_bits_to_f32(w[j] >> 16);
+    finite = finite && is_finite_f32(lo) && is_finite_f32(hi);
+    amax = fmaxf(amax, fmaxf(fabsf(lo), fabsf(hi)));
+  }
+  if (!finite) atomicMin(bad_block, static_cast<unsigned long long>(i));
+  return amax;
+}
+
+}  // namespace mxq::cuda::quant

@@ -1,0 +1,20 @@
+// Unchecked quantize launchers (nvcc side); quantize.cpp checks the arguments and reads back `bad_block`.
+// Every kernel reads bf16 [rows, cols] row-major and writes canonical planes (spec/formats.md). A block that
+// holds NaN or Inf lowers *bad_block (initialised to ~0) to its index: blocks are numbered row-major over the
+// scales plane.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace mxq::cuda {
+
+cudaError_t launch_quantize_mxfp8_ceil(const uint16_t* x, int64_t rows, int64_t cols, uint8_t* values,
+                                       uint8_t* scales, unsigned long long* bad_block, cudaStream_t stream);
+cudaError_t launch_quantize_mxfp4_ct(const uint16_t* x, int64_t rows, int64_t cols, uint8_t* values,
+                                     uint8_t* scales, unsigned long long* bad_block, cudaStream_t stream);
+cudaError_t launch_quantize_fp8_b128(const uint16_t* x, int64_t rows, int64_t cols, uint8_t* values,
+                                     float* scales, unsigned long long* bad_block, cudaStream_t stream);
+
+}  // namespace mxq::cuda

@@ -1,0 +1,253 @@
+// GPU quantizers, bitwise against references written here from spec/formats.md: brute-force nearest-code
+// encoders over codec.h's exact decoders (ties to the even code), and the scale rules through std::frexp.
+#include "cuda/quantize.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "format/codec.h"
+#include "format/quantize.h"
+#include "gpu_test_util.h"
+
+namespace mxq::cuda {
+namespace {
+
+// ---- references ---------------------------------------------------------------------------------------
+uint8_t ref_e4m3(float v) {
+  static const std::array<float, 0x7F> table = [] {
+    std::array<float, 0x7F> t{};
+    for (int c = 0; c < 0x7F; ++c) t[static_cast<size_t>(c)] = e4m3_to_f32(static_cast<uint8_t>(c));
+    return t;
+  }();
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
+  const float a = std::fabs(v);
+  if (a >= 448.0f) return sign | 0x7E;
+  const auto hi = std::lower_bound(table.begin(), table.end(), a);
+  int c = static_cast<int>(hi - table.begin());
+  if (c > 0) {
+    const float d_lo = a - table[static_cast<size_t>(c - 1)], d_hi = table[static_cast<size_t>(c)] - a;
+    if (d_lo < d_hi || (d_lo == d_hi && (c - 1) % 2 == 0)) c -= 1;
+  }
+  return static_cast<uint8_t>(sign | c);
+}
+
+// Sign from the unscaled input `sign_src` (spec: a negative value that rounds to zero is code 8, -0 is 0).
+uint8_t ref_e2m1(float v, float sign_src) {
+  const float a = std::fabs(v);
+  int best = 7;
+  if (a < 6.0f) {
+    best = 0;
+    for (int c = 1; c < 8; ++c) {
+      const float d = std::fabs(a - kE2M1Values[c]), db = std::fabs(a - kE2M1Values[best]);
+      if (d < db || (d == db && c % 2 == 0)) best = c;
+    }
+  }
+  return static_cast<uint8_t>(sign_src < 0.0f ? best | 8 : best);
+}
+
+int clamp_scale(int b) { return std::clamp(b, 0, 254); }
+
+uint8_t ref_mxfp8_scale(float amax) {
+  const float q = std::max(amax, FLT_MIN) / 448.0f;
+  int e = 0;
+  const float fr = std::frexp(q, &e);  // q = fr · 2^e, fr in [0.5, 1)
+  return static_cast<uint8_t>(clamp_scale((fr == 0.5f ? e - 1 : e) + 127));
+}
+
+uint8_t ref_mxfp4_scale(float amax) {
+  if (amax == 0.0f) return 0;
+  int e = 0;
+  const float m = 2.0f * std::frexp(amax, &e);  // amax = m · 2^(e-1), m in [1, 2)
+  return static_cast<uint8_t>(clamp_scale(127 + (e - 1) - 2 + (m >= 1.75f ? 1 : 0)));
+}
+
+struct Planes {
+  std::vector<uint8_t> values, scales;
+};
+
+Planes ref_quantize(Format f, const std::vector<uint16_t>& x, int64_t rows, int64_t cols) {
+  Planes p{std::vector<uint8_t>(static_cast<size_t>(values_bytes(f, rows, cols)), 0),
+           std::vector<uint8_t>(static_cast<size_t>(scales_bytes(f, rows, cols)), 0)};
+  auto xf = [&](int64_t r, int64_t c) { return bf16_to_f32(x[static_cast<size_t>(r * cols + c)]); };
+  if (f == Format::kFP8_B128) {
+    const auto shape = scales_shape(f, rows, cols);
+    for (int64_t br = 0; br < shape[0]; ++br)
+      for (int64_t bc = 0; bc < shape[1]; ++bc) {
+        float amax = 0.0f;
+        for (int64_t r = br * 128; r < std::min(rows, br * 128 + 128); ++r)
+          for (int64_t c = bc * 128; c < std::min(cols, bc * 128 + 128); ++c)
+            amax = std::max(amax, std::fabs(xf(r, c)));
+        const float amax_c = std::max(amax, 1e-4f), factor = 448.0f / amax_c, scale = amax_c / 448.0f;
+        std::memcpy(&p.scales[static_cast<size_t>((br * shape[1] + bc) * 4)], &scale, 4);
+        for (int64_t r = br * 128; r < std::min(rows, br * 128 + 128); ++r)
+          for (int64_t c = bc * 128; c < std::min(cols, bc * 128 + 128); ++c)
+            p.values[static_cast<size_t>(r * cols + c)] = ref_e4m3(xf(r, c) * factor);
+      }
+    return p;
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      float amax = 0.0f;
+      for (int64_t c = b * 32; c < b * 32 + 32; ++c) amax = std::max(amax, std::fabs(xf(r, c)));
+      const uint8_t s = f == Format::kMXFP8 ? ref_mxfp8_scale(amax) : ref_mxfp4_scale(amax);
+      p.scales[static_cast<size_t>(r * (cols / 32) + b)] = s;
+      const float factor = std::ldexp(1.0f, 127 - s);
+      for (int64_t c = b * 32; c < b * 32 + 32; ++c) {
+        const size_t i = static_cast<size_t>(r * cols + c);
+        if (f == Format::kMXFP8)
+          p.values[i] = ref_e4m3(xf(r, c) * factor);
+        else
+          p.values[i / 2] |= static_cast<uint8_t>(ref_e2m1(xf(r, c) * factor, xf(r, c)) << (4 * (i % 2)));
+      }
+    }
+  return p;
+}
+
+// Random bf16 with a regime per 32-run: ordinary, huge, tiny (bf16 subnormals too), signed zeros, or
+// values built to land on encoder ties (few mantissa bits set).
+std::vector<uint16_t> regime_bf16(std::mt19937_64& rng, size_t count) {
+  std::vector<uint16_t> v(count);
+  std::uniform_int_distribution<int> regime_dist(0, 9), bit(0, 1), man(0, 127), few(0, 7);
+  for (size_t run = 0; run < count; run += 32) {
+    const int regime = regime_dist(rng);
+    int lo = 119, hi = 135;  // note: biased exponent fields; 127 = 2^0
+    if (regime == 7) lo = 200, hi = 254;
+    if (regime == 8) lo = 0, hi = 8;
+    for (size_t i = run; i < std::min(count, run + 32); ++i) {
+      std::uniform_int_distribution<int> exp_dist(lo, hi);
+      const int mant = regime == 6 ? few(rng) << 4 : man(rng);
+      v[i] = regime == 9 ? static_cast<uint16_t>(bit(rng) << 15)
+                         : static_cast<uint16_t>(bit(rng) << 15 | exp_dist(rng) << 7 | mant);
+    }
+  }
+  return v;
+}
+
+// ---- cases ----------------------------------------------------------------------------------------------
+struct QuantCase {
+  Format format;
+  int64_t rows, cols;
+};
+void PrintTo(const QuantCase& c, std::ostream* os) {
+  *os << traits(c.format).name << " [" << c.rows << ", " << c.cols << "]";
+}
+std::string case_name(const QuantCase& c) {
+  std::string n(traits(c.format).name);
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n + "_" + std::to_string(c.rows) + "x" + std::to_string(c.cols);
+}
+
+class GpuQuantize : public ::testing::TestWithParam<QuantCase> {};
+
+TEST_P(GpuQuantize, BitwiseEqualsSpecReference) {  // covers N-11, N-12
+  const QuantCase c = GetParam();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<uint16_t> x = regime_bf16(rng, static_cast<size_t>(c.rows * c.cols));
+  const Planes ref = ref_quantize(c.format, x, c.rows, c.cols);
+
+  auto dx = test::upload(x);
+  auto dv = test::poisoned<uint8_t>(ref.values.size());
+  auto ds = test::poisoned<uint8_t>(ref.scales.size());
+  ASSERT_TRUE(dx && dv && ds);
+  const Status st = quantize_bf16(c.format, dx->as<uint16_t>(), c.rows, c.cols, dv->as<uint8_t>(), ds->as(),
+                                  "test.weight", nullptr);
+  ASSERT_TRUE(st) << st.error().message;
+  auto values = test::download<uint8_t>(*dv, ref.values.size());
+  auto scales = test::download<uint8_t>(*ds, ref.scales.size());
+  ASSERT_TRUE(values && scales);
+  for (size_t i = 0; i < ref.scales.size(); ++i) ASSERT_EQ((*scales)[i], ref.scales[i]) << "scale byte " << i;
+  for (size_t i = 0; i < ref.values.size(); ++i) {
+    const size_t elem = c.format == Format::kMXFP4 ? 2 * i : i;
+    ASSERT_EQ((*values)[i], ref.values[i]) << "value byte " << i << ", input bf16 0x" << std::hex << x[elem];
+  }
+}
+
+// The CPU twin (format/quantize.h, default rules) on the same fresh input: identical planes, byte for byte.
+TEST_P(GpuQuantize, BitwiseEqualsCpuQuantize) {  // covers N-12
+  const QuantCase c = GetParam();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<uint16_t> x = regime_bf16(rng, static_cast<size_t>(c.rows * c.cols));
+  std::vector<uint8_t> cpu_values(static_cast<size_t>(values_bytes(c.format, c.rows, c.cols)));
+  std::vector<uint8_t> cpu_scales(static_cast<size_t>(scales_bytes(c.format, c.rows, c.cols)));
+  const Status cpu = quantize(c.format, default_scale_rule(c.format), Format::kBF16, x.data(), c.rows, c.cols,
+                              cpu_values.data(), cpu_scales.data(), "test.weight");
+  ASSERT_TRUE(cpu) << cpu.error().message;
+
+  auto dx = test::upload(x);
+  auto dv = test::poisoned<uint8_t>(cpu_values.size());
+  auto ds = test::poisoned<uint8_t>(cpu_scales.size());
+  ASSERT_TRUE(dx && dv && ds);
+  const Status st = quantize_bf16(c.format, dx->as<uint16_t>(), c.rows, c.cols, dv->as<uint8_t>(), ds->as(),
+                                  "test.weight", nullptr);
+  ASSERT_TRUE(st) << st.error().message;
+  auto values = test::download<uint8_t>(*dv, cpu_values.size());
+  auto scales = test::download<uint8_t>(*ds, cpu_scales.size());
+  ASSERT_TRUE(values && scales);
+  for (size_t i = 0; i < cpu_scales.size(); ++i) ASSERT_EQ((*scales)[i], cpu_scales[i]) << "scale byte " << i;
+  for (size_t i = 0; i < cpu_values.size(); ++i) {
+    const size_t elem = c.format == Format::kMXFP4 ? 2 * i : i;
+    ASSERT_EQ((*values)[i], cpu_values[i]) << "value byte " << i << ", input bf16 0x" << std::hex << x[elem];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuQuantize,
+    ::testing::Values(QuantCase{Format::kMXFP8, 1, 32}, QuantCase{Format::kMXFP8, 3, 96},
+                      QuantCase{Format::kMXFP8, 61, 4096}, QuantCase{Format::kMXFP8, 300, 1024},
+                      QuantCase{Format::kMXFP4, 1, 32}, QuantCase{Format::kMXFP4, 5, 160},
+                      QuantCase{Format::kMXFP4, 61, 4096}, QuantCase{Format::kMXFP4, 300, 1024},
+                      QuantCase{Format::kFP8_B128, 1, 1}, QuantCase{Format::kFP8_B128, 128, 128},
+                      QuantCase{Format::kFP8_B128, 130, 260}, QuantCase{Format::kFP8_B128, 257, 300},
+                      QuantCase{Format::kFP8_B128, 256, 4096}),
+    [](const auto& info) { return case_name(info.param); });
+
+class GpuQuantizeRefuses : public ::testing::TestWithParam<Format> {};
+
+TEST_P(GpuQuantizeRefuses, NanOrInfBlockByIndex) {  // covers N-10
+  const Format f = GetParam();
+  const int64_t rows = 256, cols = 256;
+  std::mt19937_64 rng(test::fresh_seed());
+  std::vector<uint16_t> x = test::random_bf16(rng, static_cast<size_t>(rows * cols));
+  x[static_cast<size_t>(130 * cols + 200)] = 0x7F80;  // +inf at row 130, col 200
+  x[static_cast<size_t>(131 * cols + 40)] = 0x7FC0;   // NaN later in row order, lower block column
+  auto dx = test::upload(x);
+  auto dv = test::poisoned<uint8_t>(static_cast<size_t>(values_bytes(f, rows, cols)));
+  auto ds = test::poisoned<uint8_t>(static_cast<size_t>(scales_bytes(f, rows, cols)));
+  ASSERT_TRUE(dx && dv && ds);
+  const Status st =
+      quantize_bf16(f, dx->as<uint16_t>(), rows, cols, dv->as<uint8_t>(), ds->as(), "layers.0.w", nullptr);
+  ASSERT_FALSE(st);
+  // The first bad block in row-major block order: MX (1x32) row 130, block col 6; FP8-B128 block (1, 0).
+  const std::string expect =
+      f == Format::kFP8_B128 ? "block row 1, block col 0" : "block row 130, block col 6";
+  EXPECT_NE(st.error().message.find("layers.0.w"), std::string::npos) << st.error().message;
+  EXPECT_NE(st.error().message.find(expect), std::string::npos) << st.error().message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, GpuQuantizeRefuses,
+                         ::testing::Values(Format::kMXFP8, Format::kMXFP4, Format::kFP8_B128),
+                         [](const auto& info) {
+                           std::string n(traits(info.param).name);
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+TEST(GpuQuantizeArgs, RefusesMxColsNotMultipleOf32) {  // covers N-13
+  const Status st = quantize_bf16(Format::kMXFP8, nullptr, 2, 48, nullptr, nullptr, "w", nullptr);
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.error().message.find("K = 48"), std::string::npos) << st.error().message;
+}
+
+}  // namespace
+}  // namespace mxq::cuda
