@@ -23,9 +23,13 @@ std::vector<int64_t> changed_entries(std::span<const uint8_t> old_plane, std::sp
     std::memcpy(&a, old_plane.data() + i, 8);
     std::memcpy(&b, new_plane.data() + i, 8);
     if (a == b) continue;
-    for (size_t e = i; e < i + 8; e += static_cast<size_t>(entry_bytes))
-      if (std::memcmp(old_plane.data() + e, new_plane.data() + e, static_cast<size_t>(entry_bytes)) != 0)
-        out.push_back(static_cast<int64_t>(e) / entry_bytes);
+    // note: the XOR has a non-zero byte exactly where the planes differ (little-endian: byte k = bits 8k..).
+    const uint64_t x = a ^ b;
+    for (int e = 0; e < 8; e += entry_bytes) {
+      const uint64_t mask =
+          entry_bytes == 8 ? ~uint64_t{0} : ((uint64_t{1} << (8 * entry_bytes)) - 1) << (8 * e);
+      if (x & mask) out.push_back(static_cast<int64_t>(i + static_cast<size_t>(e)) / entry_bytes);
+    }
   }
   for (; i < n; i += static_cast<size_t>(entry_bytes))
     if (std::memcmp(old_plane.data() + i, new_plane.data() + i, static_cast<size_t>(entry_bytes)) != 0)
@@ -52,8 +56,10 @@ PlaneDelta sparse_plane(std::span<const uint8_t> old_plane, std::span<const uint
   PlaneDelta p;
   p.indices = changed_entries(old_plane, new_plane, w);
   p.bytes.resize(p.indices.size() * static_cast<size_t>(w));
+  const size_t width = static_cast<size_t>(w);
   for (size_t k = 0; k < p.indices.size(); ++k)
-    std::memcpy(p.bytes.data() + k * w, new_plane.data() + p.indices[k] * w, static_cast<size_t>(w));
+    for (size_t j = 0; j < width; ++j)
+      p.bytes[k * width + j] = new_plane[static_cast<size_t>(p.indices[k]) * width + j];
   return p;
 }
 

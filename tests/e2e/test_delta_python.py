@@ -1,0 +1,175 @@
+"""The Python trainer client (python/mxq_client) against the real mxq binary: a delta the client writes is
+read by `mxq delta inspect`, rewritten by `mxq delta recode` to the same body bytes, and refused by name when a
+record breaks a W-xx rule. Needs build/mxq and numpy, zstandard, xxhash."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import xxhash
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+import zstandard  # noqa: E402
+import mxq_client as mc  # noqa: E402
+from mxq_client import delta as mcd  # noqa: E402
+
+MXQ = os.environ.get("MXQ_BIN", os.path.join(ROOT, "build", "mxq"))
+
+# (name, format, shape, changed fraction, clustered)
+TENSORS = [
+    ("model.layers.0.mlp.up_proj.weight", "mxfp8", (96, 256), 0.002, False),
+    ("model.layers.0.mlp.gate_proj.weight", "mxfp8", (96, 256), 0.05, True),
+    ("model.layers.0.mlp.down_proj.weight", "mxfp4", (64, 128), 0.25, False),
+    ("model.layers.0.self_attn.o_proj.weight", "fp8-b128", (200, 130), 0.01, False),
+    ("model.layers.0.post_attention_layernorm.weight", "bf16", (256,), 0.5, False),
+    ("model.norm.weight", "f32", (64,), 0.0, False),
+    ("model.layers.0.mlp.experts.down_proj", "mxfp8", (4, 32, 64), 1.0, False),
+]
+
+
+def random_planes(rng, fmt, shape):
+    vb, sb = mc.plane_geometry(fmt, shape)
+    if fmt in ("mxfp8", "fp8-b128"):
+        v = rng.integers(0, 0x7F, vb, dtype=np.uint8) | (rng.integers(0, 2, vb, dtype=np.uint8) << 7)
+    elif fmt == "mxfp4":
+        v = rng.integers(0, 256, vb, dtype=np.uint8)
+    else:
+        f = rng.standard_normal(vb // (2 if fmt == "bf16" else 4)).astype(np.float32)
+        v = ((f.view(np.uint32) >> 16).astype(np.uint16) if fmt == "bf16" else f).view(np.uint8)
+    s = (rng.random(sb // 4).astype(np.float32) + 0.01).view(np.uint8) if fmt == "fp8-b128" else \
+        rng.integers(0, 255, sb, dtype=np.uint8)
+    return v.copy(), s.copy()
+
+
+def stepped(rng, plane, fresh, width, fraction, clustered):
+    n = plane.size // width
+    mask = np.zeros(n, bool)
+    if clustered:
+        for s in rng.choice(n, max(1, int(n * fraction / 16)), replace=False):
+            mask[s:s + 16] = True
+    else:
+        mask = rng.random(n) < fraction
+    out = plane.reshape(n, width).copy()
+    out[mask] = fresh.reshape(n, width)[mask]
+    return out.reshape(-1)
+
+
+def make_delta(seed):
+    rng = np.random.default_rng(seed)
+    tensors, expect = [], {}
+    for name, fmt, shape, fraction, clustered in TENSORS:
+        old, fresh = random_planes(rng, fmt, shape), random_planes(rng, fmt, shape)
+        new = (stepped(rng, old[0], fresh[0], mc.entry_bytes(fmt, "values"), fraction, clustered),
+               stepped(rng, old[1], fresh[1], max(1, mc.entry_bytes(fmt, "scales")), fraction / 4, False))
+        t = mc.diff_tensor(name, fmt, shape, old, new)
+        tensors.append(t)
+        expect[name] = (t, new)
+    return mc.Delta(10 + seed, 11 + seed, tensors), expect
+
+
+def run(*args):
+    return subprocess.run([MXQ, *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def binary():
+    if not os.access(MXQ, os.X_OK):
+        pytest.skip(f"{MXQ} not built (scripts/build)")
+
+
+def body_of(data):
+    return zstandard.ZstdDecompressor().decompress(data[32:])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cpp_reads_what_python_writes(tmp_path, seed):
+    delta, expect = make_delta(seed)
+    path = tmp_path / "d.mxqd"
+    path.write_bytes(mc.write_delta(delta))
+    r = run("delta", "inspect", "--json", str(path))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert (got["base_version"], got["new_version"]) == (delta.base_version, delta.new_version)
+    assert [t["name"] for t in got["tensors"]] == [t.name for t in delta.tensors]
+    for j in got["tensors"]:
+        t, new = expect[j["name"]]
+        # The checksum the client wrote is the xxhash PyPI package's XXH3-64 of the new planes.
+        assert int(j["checksum"], 16) == t.checksum
+        assert j["kind"] == ("anchor" if t.anchor else "sparse")
+        for plane, p in mcd._planes(t):
+            entries = mcd._entries(t, plane)
+            assert j[plane]["entries"] == entries
+            assert j[plane]["changed"] == (entries if t.anchor else len(p.indices))
+            if not t.anchor:
+                names = ["gaps", "bitmap", "runs"]
+                assert j[plane]["encoding"] == names[mcd.choose_encoding(p.indices, entries)]
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_cpp_writer_makes_the_python_bytes(tmp_path, seed):
+    delta, _ = make_delta(seed)
+    src, dst = tmp_path / "py.mxqd", tmp_path / "cpp.mxqd"
+    src.write_bytes(mc.write_delta(delta, level=19))
+    r = run("delta", "recode", str(src), "-o", str(dst), "--level", "5")
+    assert r.returncode == 0, r.stderr
+    cpp = dst.read_bytes()
+    assert body_of(cpp) == mc.encode_body(delta)
+    # Same header apart from nothing: sizes and body hash agree; Python reads the C++ file back.
+    assert cpp[:32] == mc.write_delta(delta)[:32]
+    back = mc.read_delta(cpp)
+    assert mc.encode_body(back) == mc.encode_body(delta)
+
+
+def forge(delta, edit):
+    """A file whose body was edited after the client's checks (what a buggy or hostile writer sends)."""
+    body = bytearray(mc.encode_body(delta))
+    edit(body)
+    frame = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(body))
+    return mcd.MAGIC + struct.pack("<IIQQ", 1, 0, len(body), xxhash.xxh3_64_intdigest(bytes(body))) + frame
+
+
+def one_tensor(fmt, shape, anchor=False):
+    rng = np.random.default_rng(9)
+    old = random_planes(rng, fmt, shape)
+    new = (old[0].copy(), old[1].copy())
+    new[0][5] ^= 1
+    if new[1].size:
+        new[1][0] = (int(new[1][0]) + 1) % 0xFE
+    return mc.Delta(1, 2, [mc.diff_tensor("w", fmt, shape, None if anchor else old, new)])
+
+
+BAD = [
+    # covers W-05: the new scale byte 0xFF is the E8M0 NaN
+    ("e8m0_nan", "mxfp8", False, lambda b: b.__setitem__(len(b) - 1, 0xFF), "0xFF"),
+    # covers W-05: an E4M3 NaN value code in an anchor (its last value byte sits before 64 scale bytes)
+    ("e4m3_nan", "mxfp8", True, lambda b: b.__setitem__(len(b) - 65, 0x7F), "E4M3 NaN"),
+    # covers G-08: a format name the reader does not know
+    ("unknown_format", "mxfp8", False, lambda b: b.__setitem__(20 + 2 + 1 + 1 + 4, ord("Z")), "unknown format"),
+]
+
+
+@pytest.mark.parametrize("name,fmt,anchor,edit,expect", BAD, ids=[c[0] for c in BAD])
+def test_cpp_refuses_by_name(tmp_path, name, fmt, anchor, edit, expect):
+    path = tmp_path / f"{name}.mxqd"
+    path.write_bytes(forge(one_tensor(fmt, (32, 64), anchor), edit))
+    r = run("delta", "inspect", str(path))
+    assert r.returncode == 2, r.stdout
+    assert expect in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_client_refuses_what_cpp_refuses():
+    delta = one_tensor("mxfp8", (32, 64))
+    delta.tensors[0].values.data = b"\x7f" + delta.tensors[0].values.data[1:]  # covers W-05
+    with pytest.raises(ValueError, match="W-05"):
+        mc.encode_body(delta)
+    delta = one_tensor("mxfp8", (32, 64))
+    delta.tensors[0].values = mc.PlaneDelta(np.array([6, 5], np.int64), b"\x01\x02")  # covers W-04
+    with pytest.raises(ValueError, match="W-04"):
+        mc.encode_body(delta)
+    with pytest.raises(ValueError, match="W-12"):
+        mc.encode_body(mc.Delta(5, 5, []))
