@@ -183,17 +183,16 @@ def decode_indices(enc: int, buf: bytes, count: int, entries: int) -> np.ndarray
             length, pos = _read_varint(buf, pos)
             if (out and skip == 0) or length == 0:
                 raise ValueError("empty or touching run")
+            if length > count - len(out) or end + skip + length > entries:
+                raise ValueError("runs pass the changed count or the plane end (W-01/W-03)")
             out.extend(range(end + skip, end + skip + length))
             end += skip + length
-            if len(out) > count:
-                raise ValueError("runs cover more than the changed count (W-03)")
         if len(out) != count:
             raise ValueError(f"runs cover {len(out)} entries, record says {count} (W-03)")
     else:
         raise ValueError(f"index encoding {enc} is not one of 0, 1, 2")
     idx = np.asarray(out, np.int64)
-    if idx.size and (idx[-1] >= entries):
-        raise ValueError(f"index {idx[-1]} outside [0, {entries}) (W-01)")
+    _check_indices(idx, entries, "decoded indices")
     return idx
 
 
