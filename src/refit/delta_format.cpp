@@ -77,7 +77,8 @@ bool printable_name(std::string_view s) {
 
 std::string_view plane_name(Plane p) { return p == Plane::kValues ? "values" : "scales"; }
 
-// W-05 policy on one new entry; `e` points at entry_bytes(format, plane) bytes.
+// W-05 policy on one new entry (docs/refit-format.md section 6); `e` points at entry_bytes(format, plane)
+// bytes.
 Status check_entry(Format format, Plane plane, const uint8_t* e, int64_t index) {
   const FormatTraits& t = traits(format);
   if (plane == Plane::kScales) {
@@ -195,6 +196,8 @@ Status check_tensor_delta(const TensorDelta& t) {
 
 // ---- writer
 // ---------------------------------------------------------------------------------------------------
+// Record layout (docs/refit-format.md section 2): name, format name, rank + dims, kind, checksum, then the
+// values plane record and, for quantized formats, the scales plane record.
 Result<std::vector<uint8_t>> encode_delta_body(const Delta& delta) {
   if (delta.new_version <= delta.base_version)
     return fail("delta new version {} must exceed its base version {} (W-12)", delta.new_version,
@@ -223,6 +226,8 @@ Result<std::vector<uint8_t>> encode_delta_body(const Delta& delta) {
     for (Plane plane : {Plane::kValues, Plane::kScales}) {
       if (plane == Plane::kScales && !is_quantized(t.format)) break;
       const PlaneDelta& p = plane == Plane::kValues ? t.values : t.scales;
+      // note: the encoding is recomputed from the indices, never taken from the caller, so two writers given
+      // the same planes write the same bytes.
       if (!t.anchor) {
         const int64_t entries = g[plane == Plane::kValues ? 0 : 1].entries;
         const IndexEncoding enc = choose_encoding(p.indices, entries);
@@ -356,6 +361,8 @@ Result<Delta> decode_delta_body(std::span<const uint8_t> body) {
   return d;
 }
 
+// The header is checked before the frame is touched, and the frame's declared content size against the header
+// before the body is allocated: a forged size costs nothing beyond `limits.max_body_bytes`.
 Result<Delta> read_delta(std::span<const uint8_t> file, const ReadLimits& limits) {
   if (file.size() < kFileHeaderBytes)
     return fail("{} bytes, shorter than the {}-byte delta header", file.size(), kFileHeaderBytes);
@@ -420,6 +427,8 @@ CoverageReport coverage(const Delta& delta, const TensorTable& table) {
   return r;
 }
 
+// note: the chain rule goes first: a delta for another version is reported as such, not as the coverage or
+// type mismatches that a model from another version would also show.
 Status validate_delta(const Delta& delta, const TensorTable& table, uint64_t live_version) {
   if (delta.new_version == live_version && delta.base_version != live_version)
     return fail("delta {} -> {} is already applied: live version is {} (W-12)", delta.base_version,

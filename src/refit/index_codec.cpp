@@ -6,6 +6,7 @@
 namespace mxq::refit {
 namespace {
 
+// note: LEB128 byte count = ceil(bit length / 7), with 1 for zero.
 int varint_size(uint64_t v) { return v < 128 ? 1 : 1 + (63 - std::countl_zero(v)) / 7; }
 
 void put_varint(uint64_t v, std::vector<uint8_t>& out) {
@@ -90,7 +91,7 @@ int64_t encoded_size(IndexEncoding encoding, std::span<const int64_t> indices, i
         bytes += varint_size(static_cast<uint64_t>(k ? indices[k] - indices[k - 1] : indices[0]));
       return bytes;
     case IndexEncoding::kBitmap:
-      return (entries + 7) / 8;
+      return (entries + 7) / 8;  // independent of the set: a full bit per entry
     case IndexEncoding::kRuns: {
       int64_t end = 0;
       for_each_run(indices, [&](int64_t start, int64_t length) {
@@ -163,6 +164,7 @@ Result<std::vector<int64_t>> decode_gaps(std::span<const uint8_t> data, int64_t 
   return out;
 }
 
+// note: the bits are counted before the output is allocated, so a forged count never sizes an allocation.
 Result<std::vector<int64_t>> decode_bitmap(std::span<const uint8_t> data, int64_t count, int64_t entries) {
   if (static_cast<int64_t>(data.size()) != (entries + 7) / 8)
     return fail("bitmap of {} bytes for {} entries, expected {}", data.size(), entries, (entries + 7) / 8);
@@ -179,6 +181,8 @@ Result<std::vector<int64_t>> decode_bitmap(std::span<const uint8_t> data, int64_
   return out;
 }
 
+// note: runs can describe many entries in few bytes, so the output grows only while it stays within `count`
+// (which the caller bounded by the new bytes present in the body).
 Result<std::vector<int64_t>> decode_runs(std::span<const uint8_t> data, int64_t count, int64_t entries) {
   if (count > entries) return fail("{} changed entries in a plane of {}", count, entries);
   std::vector<int64_t> out;
