@@ -76,7 +76,7 @@ def run(*args):
     return subprocess.run([MXQ, *args], capture_output=True, text=True, timeout=60)
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def binary():
     if not os.access(MXQ, os.X_OK):
         pytest.skip(f"{MXQ} not built (scripts/build)")
@@ -87,7 +87,7 @@ def body_of(data):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_cpp_reads_what_python_writes(tmp_path, seed):
+def test_cpp_reads_what_python_writes(binary, tmp_path, seed):
     delta, expect = make_delta(seed)
     path = tmp_path / "d.mxqd"
     path.write_bytes(mc.write_delta(delta))
@@ -111,7 +111,7 @@ def test_cpp_reads_what_python_writes(tmp_path, seed):
 
 
 @pytest.mark.parametrize("seed", [3, 4])
-def test_cpp_writer_makes_the_python_bytes(tmp_path, seed):
+def test_cpp_writer_makes_the_python_bytes(binary, tmp_path, seed):
     delta, _ = make_delta(seed)
     src, dst = tmp_path / "py.mxqd", tmp_path / "cpp.mxqd"
     src.write_bytes(mc.write_delta(delta, level=19))
@@ -154,7 +154,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("name,fmt,anchor,edit,expect", BAD, ids=[c[0] for c in BAD])
-def test_cpp_refuses_by_name(tmp_path, name, fmt, anchor, edit, expect):
+def test_cpp_refuses_by_name(binary, tmp_path, name, fmt, anchor, edit, expect):
     path = tmp_path / f"{name}.mxqd"
     path.write_bytes(forge(one_tensor(fmt, (32, 64), anchor), edit))
     r = run("delta", "inspect", str(path))
@@ -173,3 +173,24 @@ def test_client_refuses_what_cpp_refuses():
         mc.encode_body(delta)
     with pytest.raises(ValueError, match="W-12"):
         mc.encode_body(mc.Delta(5, 5, []))
+
+
+# The client's index encodings alone: the example bytes of docs/refit-format.md section 3, worked out by hand.
+def test_client_index_bytes_match_the_spec_example():
+    idx = np.array([0, 1, 2, 200], np.int64)
+    assert mcd.encode_indices(mcd.GAPS, idx, 300) == bytes([0x00, 0x01, 0x01, 0xC6, 0x01])
+    assert mcd.encode_indices(mcd.RUNS, idx, 300) == bytes([0x00, 0x03, 0xC5, 0x01, 0x01])
+    bitmap = mcd.encode_indices(mcd.BITMAP, idx, 300)
+    assert len(bitmap) == 38 and bitmap[0] == 0x07 and bitmap[25] == 0x01
+    assert mcd.choose_encoding(idx, 300) == mcd.GAPS  # 5 bytes each for gaps and runs: the lower code
+
+
+@pytest.mark.parametrize("enc", [mcd.GAPS, mcd.BITMAP, mcd.RUNS], ids=["gaps", "bitmap", "runs"])
+@pytest.mark.parametrize("fraction", [0.0, 0.001, 0.2, 1.0])
+def test_client_index_round_trip(enc, fraction):
+    rng = np.random.default_rng(int(fraction * 1000) + enc)
+    entries = 5003
+    idx = np.flatnonzero(rng.random(entries) < fraction).astype(np.int64)
+    data = mcd.encode_indices(enc, idx, entries)
+    assert len(data) == mcd.encoded_size(enc, idx, entries)
+    assert np.array_equal(mcd.decode_indices(enc, data, idx.size, entries), idx)
