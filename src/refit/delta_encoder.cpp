@@ -2,6 +2,7 @@
 
 #include <fmt/ranges.h>
 
+#include <bit>
 #include <cassert>
 #include <cstring>
 
@@ -25,6 +26,14 @@ std::vector<int64_t> changed_entries(std::span<const uint8_t> old_plane, std::sp
     if (a == b) continue;
     // note: the XOR has a non-zero byte exactly where the planes differ (little-endian: byte k = bits 8k..).
     const uint64_t x = a ^ b;
+    if (entry_bytes == 1) {
+      // note: the high bit of each byte of `m` is set iff that byte of x is non-zero (7 low bits carry into
+      // it).
+      constexpr uint64_t kLow7 = 0x7F7F7F7F7F7F7F7Full;
+      for (uint64_t m = (((x & kLow7) + kLow7) | x) & ~kLow7; m; m &= m - 1)
+        out.push_back(static_cast<int64_t>(i) + std::countr_zero(m) / 8);
+      continue;
+    }
     for (int e = 0; e < 8; e += entry_bytes) {
       const uint64_t mask =
           entry_bytes == 8 ? ~uint64_t{0} : ((uint64_t{1} << (8 * entry_bytes)) - 1) << (8 * e);
