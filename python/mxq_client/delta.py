@@ -309,7 +309,11 @@ def encode_body(delta: Delta) -> bytes:
                 out.append(p.data)
                 continue
             entries, width = _entries(t, plane), entry_bytes(t.format, plane)
-            idx = np.asarray(p.indices, np.int64)
+            raw_idx = np.asarray(p.indices)
+            if raw_idx.ndim != 1 or (raw_idx.size and not np.issubdtype(raw_idx.dtype, np.integer)):
+                raise ValueError(f"{t.name} {plane}: indices must be a 1-D integer array, got "
+                                 f"{raw_idx.ndim}-D {raw_idx.dtype} (W-03)")
+            idx = raw_idx.astype(np.int64)
             _check_indices(idx, entries, f"{t.name} {plane}")
             if len(p.data) != idx.size * width:
                 raise ValueError(f"{t.name} {plane}: {idx.size} indices but {len(p.data)} new bytes (W-03)")

@@ -171,6 +171,10 @@ def test_client_refuses_what_cpp_refuses():
     delta.tensors[0].values = mc.PlaneDelta(np.array([6, 5], np.int64), b"\x01\x02")  # covers W-04
     with pytest.raises(ValueError, match="W-04"):
         mc.encode_body(delta)
+    for bad in (np.array([[5]], np.int64), np.array([5.0])):  # covers W-03: non-1-D, not integers
+        delta.tensors[0].values = mc.PlaneDelta(bad, b"\x01")
+        with pytest.raises(ValueError, match="W-03"):
+            mc.encode_body(delta)
     with pytest.raises(ValueError, match="W-12"):
         mc.encode_body(mc.Delta(5, 5, []))
 
