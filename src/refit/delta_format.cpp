@@ -453,4 +453,6 @@ Status validate_delta(const Delta& delta, const TensorTable& table, uint64_t liv
   return {};
 }
 
+#undef MXQ_TRY_ASSIGN
+
 }  // namespace mxq::refit
