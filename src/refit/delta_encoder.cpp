@@ -13,7 +13,7 @@ namespace mxq::refit {
 
 std::vector<int64_t> changed_entries(std::span<const uint8_t> old_plane, std::span<const uint8_t> new_plane,
                                      int entry_bytes) {
-  assert(old_plane.size() == new_plane.size() && 8 % entry_bytes == 0);
+  assert(old_plane.size() == new_plane.size() && (entry_bytes == 1 || entry_bytes == 2 || entry_bytes == 4));
   std::vector<int64_t> out;
   const size_t n = new_plane.size();
   size_t i = 0;
@@ -35,8 +35,7 @@ std::vector<int64_t> changed_entries(std::span<const uint8_t> old_plane, std::sp
       continue;
     }
     for (int e = 0; e < 8; e += entry_bytes) {
-      const uint64_t mask =
-          entry_bytes == 8 ? ~uint64_t{0} : ((uint64_t{1} << (8 * entry_bytes)) - 1) << (8 * e);
+      const uint64_t mask = ((uint64_t{1} << (8 * entry_bytes)) - 1) << (8 * e);
       if (x & mask) out.push_back(static_cast<int64_t>(i + static_cast<size_t>(e)) / entry_bytes);
     }
   }
