@@ -1,13 +1,17 @@
 // mxq delta: refit delta files (docs/refit-format.md).
-//   inspect FILE [--json]     what a delta holds: per tensor, changed entries per plane and the index
-//   encoding recode IN -o OUT          read, check and write again (another zstd level) bench index-encoding
-//   sizes vs changed fraction, encode/decode throughput
+//   make --base DIR --target DIR --quantization Q -o FILE: quantize both checkpoints, diff, write
+//   inspect FILE [--json]: per tensor, changed entries per plane and the index encoding
+//   recode IN -o OUT: read, check and write again (another zstd level)
+//   bench: index-encoding sizes vs changed fraction, encode/decode throughput
+
 #include <fmt/format.h>
 #include <zstd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "refit/checkpoint_delta.h"
 #include "refit/delta_encoder.h"
 #include "refit/delta_format.h"
 #include "refit/index_codec.h"
@@ -91,10 +96,67 @@ int recode(const std::string& in, const std::string& out, int level) {
   return 0;
 }
 
-// ---- bench
-// ---------------------------------------------------------------------------------------------------- An
-// E4M3 plane (no NaN codes) and a copy with `fraction` of its bytes changed, either independently at random
-// or in runs of 16 (a changed row segment of half an MX block).
+struct MakeOptions {
+  std::string base, target, out, quantization = "mxfp8";
+  uint64_t base_version = 0, new_version = 1;
+  bool anchor = false;
+  int level = 3;
+};
+
+double percent(int64_t part, int64_t whole) {
+  return 100.0 * static_cast<double>(part) / std::max(1.0, static_cast<double>(whole));
+}
+
+int make(const MakeOptions& o) {
+  auto q = parse_format(o.quantization);
+  if (!q) {
+    fmt::print(stderr, "mxq delta make: {}\n", q.error().message);
+    return kExitBadInput;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto d = refit::make_checkpoint_delta(o.base, o.target, {*q, o.base_version, o.new_version, o.anchor});
+  auto body = d ? refit::encode_delta_body(*d) : tl::unexpected(d.error());
+  auto file = body ? refit::wrap_body(*body, o.level) : tl::unexpected(body.error());
+  if (!file) {
+    fmt::print(stderr, "mxq delta make: {}\n", file.error().message);
+    return kExitBadInput;
+  }
+  std::ofstream f(o.out, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(file->data()), static_cast<std::streamsize>(file->size()));
+  if (!f.good()) {
+    fmt::print(stderr, "mxq delta make: {}: cannot write {} bytes\n", o.out, file->size());
+    return 1;
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Changed entries per plane kind over the whole model (an anchor counts every entry as changed).
+  int64_t entries[2] = {0, 0}, changed[2] = {0, 0}, anchors = 0, plane_bytes = 0, by_encoding[3] = {0, 0, 0};
+  for (const TensorDelta& t : d->tensors) {
+    auto g = *refit::tensor_geometry(t.format, t.shape, t.name);
+    anchors += t.anchor;
+    for (int p = 0; p < 2; ++p) {
+      const PlaneDelta& pd = p == 0 ? t.values : t.scales;
+      entries[p] += g[p].entries;
+      plane_bytes += g[p].bytes;
+      changed[p] += t.anchor ? g[p].entries : static_cast<int64_t>(pd.indices.size());
+      if (!t.anchor && g[p].entries)
+        ++by_encoding[static_cast<int>(refit::choose_encoding(pd.indices, g[p].entries))];
+    }
+  }
+  fmt::print("delta {} -> {}: {} tensors ({} anchors), {} canonical plane bytes\n", d->base_version,
+             d->new_version, d->tensors.size(), anchors, plane_bytes);
+  fmt::print("changed: values {:.4f}% of {} entries, scales {:.4f}% of {} entries\n",
+             percent(changed[0], entries[0]), entries[0], percent(changed[1], entries[1]), entries[1]);
+  fmt::print("index encodings of the sparse planes: gaps {}, bitmap {}, runs {}\n", by_encoding[0],
+             by_encoding[1], by_encoding[2]);
+  fmt::print("size: body {} bytes, file {} bytes (zstd {}) = {:.3f}% of the planes; {:.2f} s wall\n",
+             body->size(), file->size(), o.level, percent(static_cast<int64_t>(file->size()), plane_bytes),
+             secs);
+  return 0;
+}
+
+// ---- bench ----------------------------------------------------------------------------------------------
+// An E4M3 plane (no NaN codes) and a copy with `fraction` of its bytes changed, either independently at
+// random or in runs of 16 (a changed row segment of half an MX block).
 std::pair<std::vector<uint8_t>, std::vector<uint8_t>> bench_planes(int64_t n, double fraction, bool clustered,
                                                                    uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -199,8 +261,20 @@ int bench(int64_t n) {
 }  // namespace
 
 void add_delta(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("delta", "refit delta files: inspect, recode, bench");
+  auto* cmd = app.add_subcommand("delta", "refit delta files: make, inspect, recode, bench");
   cmd->require_subcommand(1);
+
+  auto mk = std::make_shared<MakeOptions>();
+  auto* mak = cmd->add_subcommand("make", "quantize two unquantized checkpoints, diff them, write the delta");
+  mak->add_option("--base", mk->base, "checkpoint directory of the live (old) master weights")->required();
+  mak->add_option("--target", mk->target, "checkpoint directory of the new master weights")->required();
+  mak->add_option("--quantization", mk->quantization, "mxfp8, mxfp4 or fp8-b128")->required();
+  mak->add_option("-o,--output", mk->out, "delta file")->required();
+  mak->add_option("--base-version", mk->base_version, "version the delta applies to (default 0)");
+  mak->add_option("--new-version", mk->new_version, "version after the delta (default 1)");
+  mak->add_flag("--anchor", mk->anchor, "every tensor in full");
+  mak->add_option("--level", mk->level, "zstd level")->check(CLI::Range(1, 22));
+  mak->callback([&exit_code, mk] { exit_code = make(*mk); });
 
   struct Options {
     std::string in_path, out_path;

@@ -198,3 +198,72 @@ def test_client_index_round_trip(enc, fraction):
     data = mcd.encode_indices(enc, idx, entries)
     assert len(data) == mcd.encoded_size(enc, idx, entries)
     assert np.array_equal(mcd.decode_indices(enc, data, idx.size, entries), idx)
+
+
+# ---- mxq delta make on the default model (models/default), f32 master weights ---------------------------
+def _scatter(plane: bytes, p, width: int) -> bytes:
+    out = np.frombuffer(plane, np.uint8).reshape(-1, width).copy()
+    out[p.indices] = np.frombuffer(p.data, np.uint8).reshape(-1, width)
+    return out.tobytes()
+
+
+@pytest.fixture(scope="module")
+def master_checkpoints(tmp_path_factory):
+    """Base and target f32 checkpoints: the default model's weights off the bf16 grid, then one +-1e-5 step."""
+    import ml_dtypes  # noqa: F401  (registers numpy bfloat16, which safetensors.numpy needs for BF16)
+    from safetensors.numpy import load_file, save_file
+    src = os.path.join(ROOT, "models", "default")
+    if not os.path.isdir(src):
+        pytest.skip("models/default is absent")
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for f in sorted(os.listdir(src)):
+        if f.endswith(".safetensors"):
+            tensors.update(load_file(os.path.join(src, f)))
+    dirs = tmp_path_factory.mktemp("ckpt")
+    base, target = dirs / "base", dirs / "target"
+    for d in (base, target):
+        d.mkdir()
+        (d / "config.json").write_bytes(open(os.path.join(src, "config.json"), "rb").read())
+    b = {n: t.astype(np.float32) * (1 + 1e-3 * rng.standard_normal(t.shape)).astype(np.float32)
+         for n, t in tensors.items()}
+    t = {n: w + np.where(rng.random(w.shape) < 0.5, 1e-5, -1e-5).astype(np.float32) for n, w in b.items()}
+    save_file(b, str(base / "model.safetensors"))
+    save_file(t, str(target / "model.safetensors"))
+    return base, target
+
+
+@pytest.mark.parametrize("quant", ["mxfp8", "mxfp4", "fp8-b128"])
+def test_make_delta_applies_to_the_target_planes(binary, master_checkpoints, tmp_path, quant):
+    base, target = master_checkpoints
+    files = {}
+    for name, args in (("base", [base, base, "--anchor"]), ("target", [target, target, "--anchor"]),
+                       ("step", [base, target, "--base-version", "3", "--new-version", "4"])):
+        files[name] = tmp_path / f"{name}.mxqd"
+        r = run("delta", "make", "--base", str(args[0]), "--target", str(args[1]), "--quantization", quant,
+                "-o", str(files[name]), *map(str, args[2:]))
+        assert r.returncode == 0, r.stderr
+    assert "changed: values" in r.stdout and "file" in r.stdout, r.stdout
+    anchors = {t.name: t for t in mc.read_delta(files["base"].read_bytes()).tensors}
+    fresh = {t.name: t for t in mc.read_delta(files["target"].read_bytes()).tensors}
+    step = mc.read_delta(files["step"].read_bytes())
+    assert (step.base_version, step.new_version) == (3, 4)
+    assert {t.name for t in step.tensors} == set(anchors)
+    changed = 0
+    for t in step.tensors:
+        # Anchors of the base: the C++ checksum equals the xxhash package's over the real quantized planes.
+        a = anchors[t.name]
+        assert mc.canonical_checksum(np.frombuffer(a.values.data, np.uint8),
+                                     np.frombuffer(a.scales.data, np.uint8)) == a.checksum
+        values, scales = a.values.data, a.scales.data
+        if t.anchor:
+            values, scales = t.values.data, t.scales.data
+        else:
+            values = _scatter(values, t.values, mc.entry_bytes(t.format, "values"))
+            if mcd.FORMATS[t.format][3]:
+                scales = _scatter(scales, t.scales, mc.entry_bytes(t.format, "scales"))
+            changed += len(t.values.indices)
+        # base planes + the step's record == a fresh quantization of the target, byte for byte.
+        assert (values, scales) == (fresh[t.name].values.data, fresh[t.name].scales.data), t.name
+        assert xxhash.xxh3_64_intdigest(values + scales) == t.checksum
+    assert changed > 0
