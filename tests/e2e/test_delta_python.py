@@ -18,6 +18,9 @@ import zstandard  # noqa: E402
 import mxq_client as mc  # noqa: E402
 from mxq_client import delta as mcd  # noqa: E402
 
+sys.path.insert(0, os.path.join(ROOT, "tests", "golden"))
+import make_refit_golden  # noqa: E402
+
 MXQ = os.environ.get("MXQ_BIN", os.path.join(ROOT, "build", "mxq"))
 
 # (name, format, shape, changed fraction, clustered)
@@ -33,17 +36,7 @@ TENSORS = [
 
 
 def random_planes(rng, fmt, shape):
-    vb, sb = mc.plane_geometry(fmt, shape)
-    if fmt in ("mxfp8", "fp8-b128"):
-        v = rng.integers(0, 0x7F, vb, dtype=np.uint8) | (rng.integers(0, 2, vb, dtype=np.uint8) << 7)
-    elif fmt == "mxfp4":
-        v = rng.integers(0, 256, vb, dtype=np.uint8)
-    else:
-        f = rng.standard_normal(vb // (2 if fmt == "bf16" else 4)).astype(np.float32)
-        v = ((f.view(np.uint32) >> 16).astype(np.uint16) if fmt == "bf16" else f).view(np.uint8)
-    s = (rng.random(sb // 4).astype(np.float32) + 0.01).view(np.uint8) if fmt == "fp8-b128" else \
-        rng.integers(0, 255, sb, dtype=np.uint8)
-    return v.copy(), s.copy()
+    return make_refit_golden.random_planes(rng, fmt, shape, scale_bytes=(0, 255))
 
 
 def stepped(rng, plane, fresh, width, fraction, clustered):
