@@ -1,0 +1,72 @@
+#include "model/open_checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace mxq {
+namespace {
+
+Result<nlohmann::json> read_json_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return fail("{}: cannot open", path.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_json_text(ss.str(), path.string());
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> read_tensor(const Checkpoint& ckpt, std::string_view name) {
+  const TensorEntry* e = ckpt.find(name);
+  if (!e) return fail("{}: no tensor '{}'", ckpt.dir(), name);
+  std::vector<uint8_t> out(e->nbytes());
+  if (auto st = ckpt.read(name, out); !st) return tl::unexpected(st.error());
+  return out;
+}
+
+std::string shard_of(const Checkpoint& ckpt, std::string_view name) {
+  const SafetensorsFile* f = ckpt.file_of(name);
+  return f ? std::filesystem::path(f->path()).filename().string() : std::string();
+}
+
+Result<ModelCheckpoint> open_model_checkpoint(const std::string& dir, bool check_bytes,
+                                              const ProgressFn& progress) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return fail("{}: not a directory", dir);
+
+  auto config_json = read_json_file(fs::path(dir) / "config.json");
+  if (!config_json) return tl::unexpected(config_json.error());
+  auto config = read_config(dir);
+  if (!config) return tl::unexpected(config.error());
+  if (auto st = check_architecture(*config); !st) return tl::unexpected(st.error());
+
+  auto files = Checkpoint::open(dir);
+  if (!files) return tl::unexpected(files.error());
+
+  auto hf_quant = read_hf_quant_config(dir);
+  if (!hf_quant) return tl::unexpected(hf_quant.error());
+  const TensorMetaMap meta = files->meta();
+  auto scheme = detect_scheme(config->quantization_config, *hf_quant ? &**hf_quant : nullptr, meta);
+  if (!scheme) return fail_in(dir, scheme.error());
+  auto specs = check_qwen3_tensors(*config, *scheme, meta);
+  if (!specs) return fail_in(dir, specs.error());
+
+  if (check_bytes) {
+    std::vector<uint8_t> buf;
+    int64_t done = 0;
+    for (const auto& [name, m] : meta) {
+      if (progress && !progress({"check", name, done, static_cast<int64_t>(meta.size())}))
+        return fail("{}: cancelled", dir);
+      auto bytes = read_tensor(*files, name);
+      if (!bytes) return tl::unexpected(bytes.error());
+      if (auto st = check_tensor_bytes(*scheme, name, *bytes); !st) return fail_in(dir, st.error());
+      ++done;
+    }
+  }
+  return ModelCheckpoint{dir, std::move(*files), std::move(*config_json), std::move(*config),
+                         std::move(*scheme), std::move(*specs)};
+}
+
+}  // namespace mxq

@@ -1,0 +1,23 @@
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MXQ = pathlib.Path(os.environ.get("MXQ_BIN", ROOT / "build" / "mxq"))
+CKPT = ROOT / "tests" / "golden" / "ckpt"
+
+
+def run_mxq(*args, check=True):
+    """Runs build/mxq; returns the CompletedProcess (text mode)."""
+    p = subprocess.run([str(MXQ), *map(str, args)], capture_output=True, text=True, timeout=600)
+    if check and p.returncode != 0:
+        raise AssertionError(f"mxq {' '.join(map(str, args))} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+@pytest.fixture(scope="session")
+def mxq():
+    assert MXQ.exists(), "build/mxq missing: run scripts/build first"
+    return run_mxq
