@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
@@ -101,6 +102,7 @@ struct MakeOptions {
   uint64_t base_version = 0, new_version = 1;
   bool anchor = false;
   int level = 3;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 };
 
 double percent(int64_t part, int64_t whole) {
@@ -114,7 +116,8 @@ int make(const MakeOptions& o) {
     return kExitBadInput;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  auto d = refit::make_checkpoint_delta(o.base, o.target, {*q, o.base_version, o.new_version, o.anchor});
+  auto d = refit::make_checkpoint_delta(o.base, o.target,
+                                        {*q, o.base_version, o.new_version, o.anchor, o.threads});
   auto body = d ? refit::encode_delta_body(*d) : tl::unexpected(d.error());
   auto file = body ? refit::wrap_body(*body, o.level) : tl::unexpected(body.error());
   if (!file) {
@@ -274,6 +277,8 @@ void add_delta(CLI::App& app, int& exit_code) {
   mak->add_option("--new-version", mk->new_version, "version after the delta (default 1)");
   mak->add_flag("--anchor", mk->anchor, "every tensor in full");
   mak->add_option("--level", mk->level, "zstd level")->check(CLI::Range(1, 22));
+  mak->add_option("--threads", mk->threads, "quantization threads (default: all cores)")
+      ->check(CLI::Range(1, 1024));
   mak->callback([&exit_code, mk] { exit_code = make(*mk); });
 
   struct Options {

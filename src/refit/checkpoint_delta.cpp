@@ -2,11 +2,8 @@
 
 #include <fmt/ranges.h>
 
-#include "format/quantize.h"
-#include "io/checkpoint.h"
-#include "io/config.h"
-#include "io/scheme.h"
-#include "model/qwen3_weights.h"
+#include "format/quantize_parallel.h"
+#include "model/open_checkpoint.h"
 #include "refit/delta_encoder.h"
 
 namespace mxq::refit {
@@ -19,48 +16,26 @@ Result<Format> float_format(const std::string& dtype, std::string_view name) {
   return fail("{}: dtype {}, expected BF16, F16 or F32 master weights", name, dtype);
 }
 
-struct Planes {
-  std::vector<uint8_t> values, scales;
-};
-
-// Quantizes a [..., N, K] tensor one [N, K] matrix at a time, so FP8-B128 blocks never span two experts.
-Result<Planes> quantize_planes(Format q, Format src, const std::vector<uint8_t>& raw,
-                               const std::vector<int64_t>& shape, const std::string& name) {
-  const int64_t n = shape[shape.size() - 2], k = shape.back();
-  const int64_t matrix = n * k,
-                batch =
-                    matrix ? static_cast<int64_t>(raw.size()) / (matrix * traits(src).element_bits / 8) : 0;
-  Planes p{std::vector<uint8_t>(static_cast<size_t>(batch * values_bytes(q, n, k))),
-           std::vector<uint8_t>(static_cast<size_t>(batch * scales_bytes(q, n, k)))};
-  for (int64_t e = 0; e < batch; ++e) {
-    const size_t in_at = static_cast<size_t>(e * matrix * traits(src).element_bits / 8);
-    if (auto s = quantize(q, default_scale_rule(q), src, raw.data() + in_at, n, k,
-                          p.values.data() + e * values_bytes(q, n, k),
-                          p.scales.data() + e * scales_bytes(q, n, k), name);
-        !s)
-      return tl::unexpected(s.error());
-  }
-  return p;
+Result<ModelCheckpoint> open_master(const std::string& dir) {
+  auto m = open_model_checkpoint(dir, /*check_bytes=*/false);
+  if (!m) return tl::unexpected(m.error());
+  if (m->scheme.kind != SchemeKind::kNone)
+    return fail("{}: already quantized (scheme {}); a delta is made from unquantized master weights", dir,
+                scheme_name(m->scheme.kind));
+  return m;
 }
 
 }  // namespace
 
 Result<Delta> make_checkpoint_delta(const std::string& base_dir, const std::string& target_dir,
                                     const CheckpointDeltaOptions& options, const ProgressFn& progress) {
-  if (!is_quantized(options.quantization))
-    return fail("--quantization {}: expected mxfp8, mxfp4 or fp8-b128", traits(options.quantization).name);
-  auto cfg = read_config(base_dir);
-  if (!cfg) return tl::unexpected(cfg.error());
-  if (!cfg->quantization_config.is_null())
-    return fail("{}: config.json has a quantization_config; a delta is made from unquantized master weights",
-                base_dir);
-  auto base = Checkpoint::open(base_dir);
+  const Format q = options.quantization;
+  if (!is_quantized(q)) return fail("--quantization {}: expected mxfp8, mxfp4 or fp8-b128", traits(q).name);
+  auto base = open_master(base_dir);
   if (!base) return tl::unexpected(base.error());
-  auto target = Checkpoint::open(target_dir);
+  auto target = open_master(target_dir);
   if (!target) return tl::unexpected(target.error());
-  const TensorMetaMap base_meta = base->meta(), target_meta = target->meta();
-  auto specs = check_qwen3_tensors(*cfg, Scheme{}, base_meta);
-  if (!specs) return fail_in(base_dir, specs.error());
+  const TensorMetaMap base_meta = base->files.meta(), target_meta = target->files.meta();
   for (const auto& [name, meta] : base_meta) {
     auto t = target_meta.find(name);
     if (t == target_meta.end()) return fail("{}: {} is missing from the target", target_dir, name);
@@ -73,29 +48,32 @@ Result<Delta> make_checkpoint_delta(const std::string& base_dir, const std::stri
 
   Delta delta{options.base_version, options.new_version, {}};
   int64_t done = 0;
-  for (const WeightSpec& spec : *specs) {
+  for (const WeightSpec& spec : base->specs) {
     const TensorMeta& meta = base_meta.at(spec.name);
     auto src = float_format(meta.dtype, spec.name);
     if (!src) return tl::unexpected(src.error());
-    std::vector<uint8_t> old_raw(base->find(spec.name)->nbytes()), new_raw(old_raw.size());
-    if (auto s = base->read(spec.name, old_raw); !s) return tl::unexpected(s.error());
-    if (auto s = target->read(spec.name, new_raw); !s) return tl::unexpected(s.error());
+    auto old_raw = read_tensor(base->files, spec.name);
+    if (!old_raw) return tl::unexpected(old_raw.error());
+    auto new_raw = read_tensor(target->files, spec.name);
+    if (!new_raw) return tl::unexpected(new_raw.error());
     Result<TensorDelta> t = fail("unset");
     if (spec.linear) {
-      auto o = quantize_planes(options.quantization, *src, old_raw, spec.shape, spec.name);
+      // note: the loader's rule for `--quantization`: linear projections quantized, all else as stored.
+      const ScaleRule rule = default_scale_rule(q);
+      auto o = quantize_tensor(q, rule, *src, *old_raw, meta.shape, spec.name, options.threads);
       if (!o) return fail_in(base_dir, o.error());
-      auto n = quantize_planes(options.quantization, *src, new_raw, spec.shape, spec.name);
+      auto n = quantize_tensor(q, rule, *src, *new_raw, meta.shape, spec.name, options.threads);
       if (!n) return fail_in(target_dir, n.error());
       CanonicalPlanes op{o->values, o->scales}, np{n->values, n->scales};
-      t = diff_tensor(spec.name, options.quantization, spec.shape, &op, np, options.force_anchor);
+      t = diff_tensor(spec.name, q, meta.shape, &op, np, options.force_anchor);
     } else {
-      CanonicalPlanes op{old_raw, {}}, np{new_raw, {}};
-      t = diff_tensor(spec.name, *src, spec.shape, &op, np, options.force_anchor);
+      CanonicalPlanes op{*old_raw, {}}, np{*new_raw, {}};
+      t = diff_tensor(spec.name, *src, meta.shape, &op, np, options.force_anchor);
     }
     if (!t) return tl::unexpected(t.error());
     delta.tensors.push_back(std::move(*t));
-    if (progress && !progress({"delta", spec.name, ++done, static_cast<int64_t>(specs->size())}))
-      return fail("cancelled after {} of {} tensors", done, specs->size());
+    if (progress && !progress({"delta", spec.name, ++done, static_cast<int64_t>(base->specs.size())}))
+      return fail("cancelled after {} of {} tensors", done, base->specs.size());
   }
   return delta;
 }

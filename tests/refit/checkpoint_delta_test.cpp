@@ -17,7 +17,7 @@ class CheckpointDeltaUnchanged : public ::testing::TestWithParam<ModelCase> {};
 TEST_P(CheckpointDeltaUnchanged, OnlyEmptyRecordsThatValidate) {
   const std::string dir = std::string(MXQ_SOURCE_DIR) + GetParam().dir;
   const Format q = GetParam().quantization;
-  auto d = make_checkpoint_delta(dir, dir, {q, 5, 6, false});
+  auto d = make_checkpoint_delta(dir, dir, {q, 5, 6, false, 1});
   ASSERT_TRUE(d) << d.error().message;
   ASSERT_FALSE(d->tensors.empty());
   int quantized = 0;
@@ -51,7 +51,7 @@ class CheckpointDeltaRefusal : public ::testing::TestWithParam<RefusalCase> {};
 TEST_P(CheckpointDeltaRefusal, NamesTheCause) {
   const RefusalCase& c = GetParam();
   auto d = make_checkpoint_delta(std::string(MXQ_SOURCE_DIR) + c.base, std::string(MXQ_SOURCE_DIR) + c.target,
-                                 {c.quantization, 0, 1, false});
+                                 {c.quantization, 0, 1, false, 1});
   ASSERT_FALSE(d);
   EXPECT_NE(d.error().message.find(c.expect), std::string::npos) << d.error().message;
 }
@@ -61,12 +61,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(RefusalCase{"plain_quantization", "/models/default", "/models/default", Format::kBF16,
                                   "expected mxfp8"},
                       RefusalCase{"quantized_base", "/tests/golden/ckpt/ct-mxfp8",
-                                  "/tests/golden/ckpt/ct-mxfp8", Format::kMXFP8, "quantization_config"},
+                                  "/tests/golden/ckpt/ct-mxfp8", Format::kMXFP8, "already quantized"},
                       RefusalCase{"missing_target", "/models/default", "/models/absent", Format::kMXFP8,
                                   "absent"},
                       // covers W-07 / W-08 on the trainer side: the target is another model
-                      RefusalCase{"other_model", "/models/default", "/tests/golden/ckpt/ct-mxfp8",
-                                  Format::kMXFP8, "in the target"}),
+                      RefusalCase{"other_model", "/models/default", "/tests/golden/ckpt/qwen3-dense-bf16",
+                                  Format::kMXFP8, "target"}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace
