@@ -1,11 +1,11 @@
-"""The Python trainer client (python/mxq_client) against the real mxq binary: a delta the client writes is
+"""The Python trainer client (python/mxq_client) against the real mxq binary (conftest's `mxq` runner): a delta
+the client writes is
 read by `mxq delta inspect`, rewritten by `mxq delta recode` to the same body bytes, and refused by name when a
 record breaks a W-xx rule. Needs build/mxq and numpy, zstandard, xxhash."""
 
 import json
 import os
 import struct
-import subprocess
 import sys
 
 import numpy as np
@@ -21,7 +21,6 @@ from mxq_client import delta as mcd  # noqa: E402
 sys.path.insert(0, os.path.join(ROOT, "tests", "golden"))
 import make_refit_golden  # noqa: E402
 
-MXQ = os.environ.get("MXQ_BIN", os.path.join(ROOT, "build", "mxq"))
 
 # (name, format, shape, changed fraction, clustered)
 TENSORS = [
@@ -65,14 +64,9 @@ def make_delta(seed):
     return mc.Delta(10 + seed, 11 + seed, tensors), expect
 
 
-def run(*args):
-    return subprocess.run([MXQ, *args], capture_output=True, text=True, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def binary():
-    if not os.access(MXQ, os.X_OK):
-        pytest.skip(f"{MXQ} not built (scripts/build)")
+def _run(mxq, *args):
+    """`mxq` is conftest's runner (it fails when build/mxq is missing); exit codes are checked here."""
+    return mxq(*args, check=False)
 
 
 def body_of(data):
@@ -80,11 +74,11 @@ def body_of(data):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_cpp_reads_what_python_writes(binary, tmp_path, seed):
+def test_cpp_reads_what_python_writes(mxq, tmp_path, seed):
     delta, expect = make_delta(seed)
     path = tmp_path / "d.mxqd"
     path.write_bytes(mc.write_delta(delta))
-    r = run("delta", "inspect", "--json", str(path))
+    r = _run(mxq, "delta", "inspect", "--json", str(path))
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert (got["base_version"], got["new_version"]) == (delta.base_version, delta.new_version)
@@ -104,11 +98,11 @@ def test_cpp_reads_what_python_writes(binary, tmp_path, seed):
 
 
 @pytest.mark.parametrize("seed", [3, 4])
-def test_cpp_writer_makes_the_python_bytes(binary, tmp_path, seed):
+def test_cpp_writer_makes_the_python_bytes(mxq, tmp_path, seed):
     delta, _ = make_delta(seed)
     src, dst = tmp_path / "py.mxqd", tmp_path / "cpp.mxqd"
     src.write_bytes(mc.write_delta(delta, level=19))
-    r = run("delta", "recode", str(src), "-o", str(dst), "--level", "5")
+    r = _run(mxq, "delta", "recode", str(src), "-o", str(dst), "--level", "5")
     assert r.returncode == 0, r.stderr
     cpp = dst.read_bytes()
     assert body_of(cpp) == mc.encode_body(delta)
@@ -147,10 +141,10 @@ BAD = [
 
 
 @pytest.mark.parametrize("name,fmt,anchor,edit,expect", BAD, ids=[c[0] for c in BAD])
-def test_cpp_refuses_by_name(binary, tmp_path, name, fmt, anchor, edit, expect):
+def test_cpp_refuses_by_name(mxq, tmp_path, name, fmt, anchor, edit, expect):
     path = tmp_path / f"{name}.mxqd"
     path.write_bytes(forge(one_tensor(fmt, (32, 64), anchor), edit))
-    r = run("delta", "inspect", str(path))
+    r = _run(mxq, "delta", "inspect", str(path))
     assert r.returncode == 2, r.stdout
     assert expect in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
@@ -227,13 +221,13 @@ def master_checkpoints(tmp_path_factory):
 
 
 @pytest.mark.parametrize("quant", ["mxfp8", "mxfp4", "fp8-b128"])
-def test_make_delta_applies_to_the_target_planes(binary, master_checkpoints, tmp_path, quant):
+def test_make_delta_applies_to_the_target_planes(mxq, master_checkpoints, tmp_path, quant):
     base, target = master_checkpoints
     files = {}
     for name, args in (("base", [base, base, "--anchor"]), ("target", [target, target, "--anchor"]),
                        ("step", [base, target, "--base-version", "3", "--new-version", "4"])):
         files[name] = tmp_path / f"{name}.mxqd"
-        r = run("delta", "make", "--base", str(args[0]), "--target", str(args[1]), "--quantization", quant,
+        r = _run(mxq, "delta", "make", "--base", str(args[0]), "--target", str(args[1]), "--quantization", quant,
                 "-o", str(files[name]), *map(str, args[2:]))
         assert r.returncode == 0, r.stderr
     assert "changed: values" in r.stdout and "file" in r.stdout, r.stdout
