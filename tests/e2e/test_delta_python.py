@@ -1,7 +1,7 @@
 """The Python trainer client (python/mxq_client) against the real mxq binary (conftest's `mxq` runner): a delta
-the client writes is
-read by `mxq delta inspect`, rewritten by `mxq delta recode` to the same body bytes, and refused by name when a
-record breaks a W-xx rule. Needs build/mxq and numpy, zstandard, xxhash."""
+the client writes is read by `mxq delta inspect`, rewritten by `mxq delta recode` to the same body bytes, and
+refused by name when a record breaks a W-xx rule; a delta `mxq delta make` writes for a model step turns the
+base's planes into the target's, byte for byte. Needs build/mxq and numpy, zstandard, xxhash, safetensors."""
 
 import json
 import os
