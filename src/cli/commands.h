@@ -13,5 +13,6 @@ void add_inspect(CLI::App& app, int& exit_code);
 void add_quantize(CLI::App& app, int& exit_code);
 void add_bench(CLI::App& app, int& exit_code);
 void add_generate(CLI::App& app, int& exit_code);
+void add_delta(CLI::App& app, int& exit_code);
 
 }  // namespace mxq::cli

@@ -1,0 +1,458 @@
+#include "refit/delta_format.h"
+
+#include <fmt/ranges.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "format/codec.h"
+#include "model/weight_store.h"
+#include "refit/index_codec.h"
+
+namespace mxq::refit {
+namespace {
+
+// note: limits on the self-describing fields; real HF names are < 200 bytes and weights rank <= 3.
+constexpr size_t kMaxNameBytes = 4096;
+constexpr int kMaxRank = 8;
+constexpr uint8_t kKindSparse = 0, kKindAnchor = 1;
+constexpr int64_t kMaxExtent = int64_t{1} << 48;
+
+template <class T>
+void put(std::vector<uint8_t>& out, T v) {
+  static_assert(std::endian::native == std::endian::little, "the wire format is little-endian");
+  const size_t at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &v, sizeof(T));
+}
+void put_bytes(std::vector<uint8_t>& out, std::span<const uint8_t> bytes) {
+  out.insert(out.end(), bytes.begin(), bytes.end());
+}
+
+// Bounds-checked little-endian cursor over the body; every read names its field on failure.
+class Cursor {
+ public:
+  explicit Cursor(std::span<const uint8_t> data) : data_(data) {}
+  size_t left() const { return data_.size() - pos_; }
+  size_t pos() const { return pos_; }
+
+  template <class T>
+  Result<T> get(std::string_view field) {
+    if (left() < sizeof(T)) return fail("{} cut off at body byte {}", field, pos_);
+    T v;
+    std::memcpy(&v, data_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  Result<std::span<const uint8_t>> take(uint64_t n, std::string_view field) {
+    if (n > left()) return fail("{} of {} bytes cut off at body byte {} ({} left)", field, n, pos_, left());
+    auto s = data_.subspan(pos_, static_cast<size_t>(n));
+    pos_ += static_cast<size_t>(n);
+    return s;
+  }
+
+ private:
+  std::span<const uint8_t> data_;
+  size_t pos_ = 0;
+};
+
+#define MXQ_TRY_ASSIGN(var, expr)                       \
+  auto var##_r = (expr);                                \
+  if (!var##_r) return tl::unexpected(var##_r.error()); \
+  auto var = *var##_r
+
+// note: names are echoed in one-line errors and logs, so control bytes (newline, NUL, ESC) are refused
+// (L-17).
+bool printable_name(std::string_view s) {
+  if (s.empty()) return false;
+  for (unsigned char ch : s)
+    if (ch < 0x20 || ch == 0x7F) return false;
+  return true;
+}
+
+std::string_view plane_name(Plane p) { return p == Plane::kValues ? "values" : "scales"; }
+
+// W-05 policy on one new entry (docs/refit-format.md section 6); `e` points at entry_bytes(format, plane)
+// bytes.
+Status check_entry(Format format, Plane plane, const uint8_t* e, int64_t index) {
+  const FormatTraits& t = traits(format);
+  if (plane == Plane::kScales) {
+    if (t.scale == ScaleKind::kE8M0) {
+      // note: 0x00 is 2^-127, a legal scale the quantizers emit for all-zero blocks (formats.md, Q-07).
+      if (e[0] == 0xFF) return fail("scale entry {} is 0xFF, the E8M0 NaN (W-05)", index);
+      return {};
+    }
+    float f;
+    std::memcpy(&f, e, 4);
+    if (!std::isfinite(f) || !(f > 0.0f))
+      return fail("scale entry {} is {}, expected finite > 0 (W-05)", index, f);
+    return {};
+  }
+  switch (format) {
+    case Format::kMXFP8:
+    case Format::kFP8_B128:
+      if ((e[0] & 0x7F) == 0x7F)
+        return fail("value entry {} is 0x{:02X}, an E4M3 NaN code (W-05)", index, e[0]);
+      return {};
+    case Format::kBF16:
+    case Format::kF16:
+    case Format::kF32: {
+      uint16_t h;
+      std::memcpy(&h, e, 2);
+      float f;
+      if (format == Format::kF32) std::memcpy(&f, e, 4);
+      const float x = format == Format::kBF16 ? bf16_to_f32(h) : format == Format::kF16 ? f16_to_f32(h) : f;
+      if (!std::isfinite(x)) return fail("value entry {} is {} (W-05: NaN/Inf refused)", index, x);
+      return {};
+    }
+    default:
+      return {};  // E2M1 has no NaN or Inf code
+  }
+}
+
+Status check_plane(const TensorDelta& t, Plane plane, const PlaneGeometry& g) {
+  const PlaneDelta& p = plane == Plane::kValues ? t.values : t.scales;
+  const int w = entry_bytes(t.format, plane);
+  if (t.anchor) {
+    if (!p.indices.empty())
+      return fail("anchor {} carry {} indices, expected none", plane_name(plane), p.indices.size());
+    if (static_cast<int64_t>(p.bytes.size()) != g.bytes)
+      return fail("anchor {} plane of {} bytes, expected {} for {} [{}] (W-08)", plane_name(plane),
+                  p.bytes.size(), g.bytes, traits(t.format).name, fmt::join(t.shape, ", "));
+    for (int64_t i = 0; i < g.entries; ++i)
+      if (auto s = check_entry(t.format, plane, p.bytes.data() + i * w, i); !s) return s;
+    return {};
+  }
+  if (auto s = check_indices(p.indices, g.entries); !s)
+    return fail("{}: {}", plane_name(plane), s.error().message);
+  if (static_cast<int64_t>(p.bytes.size()) != static_cast<int64_t>(p.indices.size()) * w)
+    return fail("{}: {} indices but {} new bytes, expected {} ({} per entry) (W-03)", plane_name(plane),
+                p.indices.size(), p.bytes.size(), p.indices.size() * w, w);
+  for (size_t k = 0; k < p.indices.size(); ++k)
+    if (auto s = check_entry(t.format, plane, p.bytes.data() + k * w, p.indices[k]); !s) return s;
+  return {};
+}
+
+}  // namespace
+
+bool delta_format_supported(Format format) {
+  switch (format) {
+    case Format::kBF16:
+    case Format::kF16:
+    case Format::kF32:
+    case Format::kMXFP8:
+    case Format::kMXFP4:
+    case Format::kFP8_B128:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int entry_bytes(Format format, Plane plane) {
+  const FormatTraits& t = traits(format);
+  if (plane == Plane::kScales) return t.scale_bytes;
+  return t.element_bits < 8 ? 1 : t.element_bits / 8;
+}
+
+Result<std::array<PlaneGeometry, 2>> tensor_geometry(Format format, const std::vector<int64_t>& shape,
+                                                     std::string_view name) {
+  if (!delta_format_supported(format))
+    return fail("{}: format {} cannot be carried by a delta (bf16, f16, f32, mxfp8, mxfp4, fp8-b128)", name,
+                traits(format).name);
+  if (shape.size() > kMaxRank) return fail("{}: rank {} exceeds {}", name, shape.size(), kMaxRank);
+  // note: plane_bytes bounds the element count, but a zero dimension would let the others grow until the
+  // [N, K] plane arithmetic overflows, so the product of the non-zero dimensions is bounded here (L-15).
+  int64_t extent = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return fail("{}: negative dimension {} in the shape", name, d);
+    if (d > 0 && extent > kMaxExtent / d)
+      return fail("{}: shape [{}] exceeds 2^48 elements", name, fmt::join(shape, ", "));
+    if (d > 0) extent *= d;
+  }
+  MXQ_TRY_ASSIGN(pb, plane_bytes(format, shape, name));
+  std::array<PlaneGeometry, 2> g{PlaneGeometry{pb.values, pb.values / entry_bytes(format, Plane::kValues)},
+                                 PlaneGeometry{pb.scales, 0}};
+  if (is_quantized(format)) g[1].entries = pb.scales / entry_bytes(format, Plane::kScales);
+  return g;
+}
+
+Status check_tensor_delta(const TensorDelta& t) {
+  MXQ_TRY_ASSIGN(g, tensor_geometry(t.format, t.shape, t.name));
+  if (auto s = check_plane(t, Plane::kValues, g[0]); !s) return fail_in(t.name, s.error());
+  if (!is_quantized(t.format)) {
+    if (!t.scales.indices.empty() || !t.scales.bytes.empty())
+      return fail("{}: plain {} tensor carries scale bytes", t.name, traits(t.format).name);
+    return {};
+  }
+  if (auto s = check_plane(t, Plane::kScales, g[1]); !s) return fail_in(t.name, s.error());
+  return {};
+}
+
+// ---- writer
+// ---------------------------------------------------------------------------------------------------
+// Record layout (docs/refit-format.md section 2): name, format name, rank + dims, kind, checksum, then the
+// values plane record and, for quantized formats, the scales plane record.
+Result<std::vector<uint8_t>> encode_delta_body(const Delta& delta) {
+  if (delta.new_version <= delta.base_version)
+    return fail("delta new version {} must exceed its base version {} (W-12)", delta.new_version,
+                delta.base_version);
+  std::set<std::string_view> names;
+  std::vector<uint8_t> out;
+  put<uint64_t>(out, delta.base_version);
+  put<uint64_t>(out, delta.new_version);
+  put<uint32_t>(out, static_cast<uint32_t>(delta.tensors.size()));
+  for (const TensorDelta& t : delta.tensors) {
+    if (t.name.size() > kMaxNameBytes || !printable_name(t.name))
+      return fail("tensor name of {} bytes: expected 1..{} bytes without control bytes", t.name.size(),
+                  kMaxNameBytes);
+    if (!names.insert(t.name).second) return fail("{}: two records for one tensor (W-07)", t.name);
+    if (auto s = check_tensor_delta(t); !s) return tl::unexpected(s.error());
+    put<uint16_t>(out, static_cast<uint16_t>(t.name.size()));
+    put_bytes(out, {reinterpret_cast<const uint8_t*>(t.name.data()), t.name.size()});
+    const std::string_view fmt_name = traits(t.format).name;
+    put<uint8_t>(out, static_cast<uint8_t>(fmt_name.size()));
+    put_bytes(out, {reinterpret_cast<const uint8_t*>(fmt_name.data()), fmt_name.size()});
+    put<uint8_t>(out, static_cast<uint8_t>(t.shape.size()));
+    for (int64_t d : t.shape) put<int64_t>(out, d);
+    put<uint8_t>(out, t.anchor ? kKindAnchor : kKindSparse);
+    put<uint64_t>(out, t.checksum);
+    MXQ_TRY_ASSIGN(g, tensor_geometry(t.format, t.shape, t.name));
+    for (Plane plane : {Plane::kValues, Plane::kScales}) {
+      if (plane == Plane::kScales && !is_quantized(t.format)) break;
+      const PlaneDelta& p = plane == Plane::kValues ? t.values : t.scales;
+      // note: the encoding is recomputed from the indices, never taken from the caller, so two writers given
+      // the same planes write the same bytes.
+      if (!t.anchor) {
+        const int64_t entries = g[plane == Plane::kValues ? 0 : 1].entries;
+        const IndexEncoding enc = choose_encoding(p.indices, entries);
+        put<uint8_t>(out, static_cast<uint8_t>(enc));
+        put<uint64_t>(out, p.indices.size());
+        put<uint64_t>(out, static_cast<uint64_t>(encoded_size(enc, p.indices, entries)));
+        encode_indices(enc, p.indices, entries, out);
+      }
+      put_bytes(out, p.bytes);
+    }
+  }
+  return out;
+}
+
+Result<std::vector<uint8_t>> write_delta(const Delta& delta, int zstd_level) {
+  MXQ_TRY_ASSIGN(body, encode_delta_body(delta));
+  return wrap_body(body, zstd_level);
+}
+
+Result<std::vector<uint8_t>> wrap_body(std::span<const uint8_t> body, int zstd_level) {
+  std::vector<uint8_t> out(kFileHeaderBytes + ZSTD_compressBound(body.size()));
+  std::memcpy(out.data(), kDeltaMagic, 8);
+  const uint32_t version = kWireVersion, flags = 0;
+  const uint64_t body_bytes = body.size(), body_hash = XXH3_64bits(body.data(), body.size());
+  std::memcpy(out.data() + 8, &version, 4);
+  std::memcpy(out.data() + 12, &flags, 4);
+  std::memcpy(out.data() + 16, &body_bytes, 8);
+  std::memcpy(out.data() + 24, &body_hash, 8);
+  const size_t z = ZSTD_compress(out.data() + kFileHeaderBytes, out.size() - kFileHeaderBytes, body.data(),
+                                 body.size(), zstd_level);
+  if (ZSTD_isError(z)) return fail("zstd compression failed: {}", ZSTD_getErrorName(z));
+  out.resize(kFileHeaderBytes + z);
+  return out;
+}
+
+Status write_delta_file(const Delta& delta, const std::filesystem::path& path, int zstd_level) {
+  MXQ_TRY_ASSIGN(bytes, write_delta(delta, zstd_level));
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!f.good()) return fail("{}: cannot write {} bytes", path.string(), bytes.size());
+  return {};
+}
+
+// ---- reader
+// ---------------------------------------------------------------------------------------------------
+namespace {
+
+Result<PlaneDelta> read_plane(Cursor& c, const TensorDelta& t, Plane plane, const PlaneGeometry& g) {
+  PlaneDelta p;
+  if (t.anchor) {
+    MXQ_TRY_ASSIGN(bytes, c.take(static_cast<uint64_t>(g.bytes), "anchor plane"));
+    p.bytes.assign(bytes.begin(), bytes.end());
+    return p;
+  }
+  MXQ_TRY_ASSIGN(enc, c.get<uint8_t>("index encoding"));
+  if (enc >= kIndexEncodingCount)
+    return fail("index encoding {} is not one of 0 gaps, 1 bitmap, 2 runs", enc);
+  MXQ_TRY_ASSIGN(count, c.get<uint64_t>("changed count"));
+  MXQ_TRY_ASSIGN(index_bytes, c.get<uint64_t>("index byte count"));
+  MXQ_TRY_ASSIGN(index_data, c.take(index_bytes, "index data"));
+  const uint64_t w = static_cast<uint64_t>(entry_bytes(t.format, plane));
+  // note: the new bytes must be present before any index is decoded, which bounds every allocation by the
+  // body.
+  if (count > static_cast<uint64_t>(g.entries) || count * w > c.left())
+    return fail("{} changed entries of {} bytes: the plane has {} entries and {} body bytes are left (W-03)",
+                count, w, g.entries, c.left());
+  MXQ_TRY_ASSIGN(indices, decode_indices(static_cast<IndexEncoding>(enc), index_data,
+                                         static_cast<int64_t>(count), g.entries));
+  p.indices = std::move(indices);
+  MXQ_TRY_ASSIGN(bytes, c.take(count * w, "new bytes"));
+  p.bytes.assign(bytes.begin(), bytes.end());
+  return p;
+}
+
+Result<TensorDelta> read_tensor(Cursor& c) {
+  TensorDelta t;
+  MXQ_TRY_ASSIGN(name_len, c.get<uint16_t>("name length"));
+  MXQ_TRY_ASSIGN(name, c.take(name_len, "name"));
+  t.name.assign(name.begin(), name.end());
+  if (!printable_name(t.name))
+    return fail("tensor name of {} bytes at body byte {} is empty or holds control bytes", t.name.size(),
+                c.pos() - name_len);
+  MXQ_TRY_ASSIGN(fmt_len, c.get<uint8_t>("format length"));
+  MXQ_TRY_ASSIGN(fmt_bytes, c.take(fmt_len, "format"));
+  const std::string_view fmt_name(reinterpret_cast<const char*>(fmt_bytes.data()), fmt_bytes.size());
+  if (!printable_name(fmt_name))
+    return fail("{}: format name of {} bytes holds control bytes", t.name, fmt_len);
+  auto format = parse_format(fmt_name);
+  if (!format) return fail_in(t.name, format.error());
+  t.format = *format;
+  MXQ_TRY_ASSIGN(rank, c.get<uint8_t>("rank"));
+  if (rank > kMaxRank) return fail("{}: rank {} exceeds {}", t.name, rank, kMaxRank);
+  for (int i = 0; i < rank; ++i) {
+    MXQ_TRY_ASSIGN(d, c.get<int64_t>("dimension"));
+    t.shape.push_back(d);
+  }
+  MXQ_TRY_ASSIGN(g, tensor_geometry(t.format, t.shape, t.name));
+  MXQ_TRY_ASSIGN(kind, c.get<uint8_t>("record kind"));
+  if (kind != kKindSparse && kind != kKindAnchor)
+    return fail("{}: record kind {}, expected 0 or 1", t.name, kind);
+  t.anchor = kind == kKindAnchor;
+  MXQ_TRY_ASSIGN(checksum, c.get<uint64_t>("checksum"));
+  t.checksum = checksum;
+  auto values = read_plane(c, t, Plane::kValues, g[0]);
+  if (!values) return fail_in(t.name + " values", values.error());
+  t.values = std::move(*values);
+  if (is_quantized(t.format)) {
+    auto scales = read_plane(c, t, Plane::kScales, g[1]);
+    if (!scales) return fail_in(t.name + " scales", scales.error());
+    t.scales = std::move(*scales);
+  }
+  return t;
+}
+
+}  // namespace
+
+Result<Delta> decode_delta_body(std::span<const uint8_t> body) {
+  Cursor c(body);
+  Delta d;
+  MXQ_TRY_ASSIGN(base, c.get<uint64_t>("base version"));
+  MXQ_TRY_ASSIGN(next, c.get<uint64_t>("new version"));
+  MXQ_TRY_ASSIGN(count, c.get<uint32_t>("tensor count"));
+  d.base_version = base;
+  d.new_version = next;
+  for (uint32_t i = 0; i < count; ++i) {
+    auto t = read_tensor(c);
+    if (!t) return fail("record {} of {}: {}", i, count, t.error().message);
+    d.tensors.push_back(std::move(*t));
+  }
+  if (c.left()) return fail("{} bytes after the last of {} records", c.left(), count);
+  return d;
+}
+
+// The header is checked before the frame is touched, and the frame's declared content size against the header
+// before the body is allocated: a forged size costs nothing beyond `limits.max_body_bytes`.
+Result<Delta> read_delta(std::span<const uint8_t> file, const ReadLimits& limits) {
+  if (file.size() < kFileHeaderBytes)
+    return fail("{} bytes, shorter than the {}-byte delta header", file.size(), kFileHeaderBytes);
+  if (std::memcmp(file.data(), kDeltaMagic, 8) != 0) return fail("not an mxq delta (bad magic)");
+  uint32_t version, flags;
+  uint64_t body_bytes, body_hash;
+  std::memcpy(&version, file.data() + 8, 4);
+  std::memcpy(&flags, file.data() + 12, 4);
+  std::memcpy(&body_bytes, file.data() + 16, 8);
+  std::memcpy(&body_hash, file.data() + 24, 8);
+  if (version != kWireVersion) return fail("wire version {}, this reader speaks {}", version, kWireVersion);
+  if (flags != 0) return fail("flags 0x{:08X}, expected 0", flags);
+  if (body_bytes > limits.max_body_bytes)
+    return fail("body of {} bytes exceeds the limit of {}", body_bytes, limits.max_body_bytes);
+  const auto frame = file.subspan(kFileHeaderBytes);
+  const size_t frame_bytes = ZSTD_findFrameCompressedSize(frame.data(), frame.size());
+  if (ZSTD_isError(frame_bytes) || frame_bytes != frame.size())
+    return fail("expected one zstd frame of {} bytes after the header", frame.size());
+  const unsigned long long content = ZSTD_getFrameContentSize(frame.data(), frame.size());
+  if (content != body_bytes)
+    return fail("zstd frame declares {} content bytes, header says {}", content, body_bytes);
+  std::vector<uint8_t> body(static_cast<size_t>(body_bytes));
+  const size_t got = ZSTD_decompress(body.data(), body.size(), frame.data(), frame.size());
+  if (ZSTD_isError(got) || got != body.size())
+    return fail("zstd body does not decompress to {} bytes", body_bytes);
+  if (XXH3_64bits(body.data(), body.size()) != body_hash) return fail("body XXH3-64 differs from the header");
+  return decode_delta_body(body);
+}
+
+Result<Delta> read_delta_file(const std::filesystem::path& path, const ReadLimits& limits) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return fail("{}: cannot open", path.string());
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto d = read_delta(bytes, limits);
+  if (!d) return fail_in(path.string(), d.error());
+  return d;
+}
+
+// ---- validation
+// -----------------------------------------------------------------------------------------------
+std::string CoverageReport::summary() const {
+  auto list = [](const std::vector<std::string>& names) {
+    // note: five names are enough to act on; the count says how many more.
+    std::vector<std::string_view> shown(names.begin(), names.begin() + std::min<size_t>(names.size(), 5));
+    std::string s = fmt::format("{}", fmt::join(shown, ", "));
+    if (names.size() > shown.size()) s += fmt::format(", +{} more", names.size() - shown.size());
+    return s;
+  };
+  return fmt::format("{} unknown [{}], {} missing [{}], {} duplicated [{}]", unknown.size(), list(unknown),
+                     missing.size(), list(missing), duplicated.size(), list(duplicated));
+}
+
+CoverageReport coverage(const Delta& delta, const TensorTable& table) {
+  CoverageReport r;
+  std::map<std::string_view, int> seen;
+  for (const TensorDelta& t : delta.tensors)
+    if (++seen[t.name] == 2) r.duplicated.push_back(t.name);
+  for (const auto& [name, n] : seen)
+    if (!table.count(name)) r.unknown.emplace_back(name);
+  for (const auto& [name, spec] : table)
+    if (!seen.count(name)) r.missing.push_back(name);
+  return r;
+}
+
+// note: the chain rule goes first: a delta for another version is reported as such, not as the coverage or
+// type mismatches that a model from another version would also show.
+Status validate_delta(const Delta& delta, const TensorTable& table, uint64_t live_version) {
+  if (delta.new_version == live_version && delta.base_version != live_version)
+    return fail("delta {} -> {} is already applied: live version is {} (W-12)", delta.base_version,
+                delta.new_version, live_version);
+  if (delta.base_version != live_version)
+    return fail("delta {} -> {} applies on version {}, live version is {} (W-12)", delta.base_version,
+                delta.new_version, delta.base_version, live_version);
+  if (delta.new_version <= delta.base_version)
+    return fail("delta new version {} does not exceed its base version {} (W-12)", delta.new_version,
+                delta.base_version);
+  if (CoverageReport r = coverage(delta, table); !r.complete())
+    return fail("delta {} -> {} does not cover the model's {} tensors exactly: {} (W-07)", delta.base_version,
+                delta.new_version, table.size(), r.summary());
+  for (const TensorDelta& t : delta.tensors) {
+    const TensorSpec& spec = table.find(t.name)->second;
+    if (t.format != spec.format || t.shape != spec.shape)
+      return fail("{}: delta record is {} [{}], the live tensor is {} [{}] (W-08)", t.name,
+                  traits(t.format).name, fmt::join(t.shape, ", "), traits(spec.format).name,
+                  fmt::join(spec.shape, ", "));
+    if (auto s = check_tensor_delta(t); !s) return s;
+  }
+  return {};
+}
+
+#undef MXQ_TRY_ASSIGN
+
+}  // namespace mxq::refit

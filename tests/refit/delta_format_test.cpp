@@ -1,0 +1,296 @@
+// Delta files: write/read round trips of every record kind, the reader's refusals of malformed files, and
+// validate_delta against an engine tensor table, one case per W-xx fault.
+#include "refit/delta_format.h"
+
+#include <gtest/gtest.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include "refit/delta_encoder.h"
+
+namespace mxq::refit {
+namespace {
+
+std::vector<uint8_t> random_bytes(size_t n, uint32_t seed, uint8_t max = 0x7E) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(rng() % (max + 1));
+  return v;
+}
+
+// A small valid model: one tensor of each format, changed in a few entries.
+struct Model {
+  TensorTable table;
+  Delta delta;
+};
+Model small_model() {
+  Model m;
+  const std::vector<std::tuple<std::string, Format, std::vector<int64_t>>> specs = {
+      {"a.mxfp8", Format::kMXFP8, {4, 64}},     {"b.mxfp4", Format::kMXFP4, {4, 64}},
+      {"c.b128", Format::kFP8_B128, {130, 20}}, {"d.bf16", Format::kBF16, {100}},
+      {"e.f32", Format::kF32, {3, 3}},          {"f.experts", Format::kMXFP8, {2, 4, 32}}};
+  m.delta = {3, 4, {}};
+  uint32_t seed = 1;
+  for (const auto& [name, format, shape] : specs) {
+    m.table[name] = {format, shape};
+    auto g = *tensor_geometry(format, shape, name);
+    auto ov = random_bytes(static_cast<size_t>(g[0].bytes), seed++), nv = ov;
+    auto os = random_bytes(static_cast<size_t>(g[1].bytes), seed++, 0x7F), ns = os;
+    if (format == Format::kFP8_B128)  // f32 scales: keep them finite and positive
+      for (size_t i = 0; i < os.size(); i += 4) os[i + 3] = ns[i + 3] = 0x3F;
+    nv[1] = 0x10;
+    nv.back() = 0x22;
+    if (!ns.empty()) ns[0] = 0x40;
+    CanonicalPlanes o{ov, os}, n{nv, ns};
+    m.delta.tensors.push_back(*diff_tensor(name, format, shape, &o, n, name == "e.f32"));
+  }
+  return m;
+}
+
+bool same(const Delta& a, const Delta& b) {
+  if (a.base_version != b.base_version || a.new_version != b.new_version ||
+      a.tensors.size() != b.tensors.size())
+    return false;
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const TensorDelta &x = a.tensors[i], &y = b.tensors[i];
+    if (x.name != y.name || x.format != y.format || x.shape != y.shape || x.anchor != y.anchor ||
+        x.checksum != y.checksum || x.values.indices != y.values.indices ||
+        x.values.bytes != y.values.bytes || x.scales.indices != y.scales.indices ||
+        x.scales.bytes != y.scales.bytes)
+      return false;
+  }
+  return true;
+}
+
+TEST(DeltaFile, RoundTripsEveryRecordKind) {
+  Model m = small_model();
+  ASSERT_TRUE(validate_delta(m.delta, m.table, 3)) << validate_delta(m.delta, m.table, 3).error().message;
+  for (int level : {1, 3, 19}) {
+    auto file = write_delta(m.delta, level);
+    ASSERT_TRUE(file) << file.error().message;
+    auto back = read_delta(*file);
+    ASSERT_TRUE(back) << back.error().message;
+    EXPECT_TRUE(same(*back, m.delta)) << "level " << level;
+  }
+  EXPECT_TRUE(m.delta.tensors[4].anchor);
+  EXPECT_FALSE(m.delta.tensors[0].anchor);
+}
+
+// ---- reader refusals: each case edits the file or its body
+// ---------------------------------------------------
+struct FileCase {
+  std::string name;
+  std::function<void(std::vector<uint8_t>& file)> edit_file;  // applied to the whole file
+  std::function<void(std::vector<uint8_t>& body)> edit_body;  // applied to the body, then re-wrapped
+  std::string expect;
+};
+void PrintTo(const FileCase& c, std::ostream* os) { *os << c.name; }
+
+// Offset of the first record's rank byte: versions 16 + count 4 + name length 2 + "a.mxfp8" 7 + 1 +
+// "mxfp8" 5.
+constexpr size_t kRankAt = 20 + 2 + 7 + 1 + 5;
+
+class DeltaReadRefusal : public ::testing::TestWithParam<FileCase> {};
+
+TEST_P(DeltaReadRefusal, NamesTheFault) {
+  const FileCase& c = GetParam();
+  Model m = small_model();
+  std::vector<uint8_t> file;
+  if (c.edit_body) {
+    auto body = *encode_delta_body(m.delta);
+    c.edit_body(body);
+    file = *wrap_body(body);
+  } else {
+    file = *write_delta(m.delta);
+    c.edit_file(file);
+  }
+  auto r = read_delta(file, ReadLimits{uint64_t{1} << 20});
+  ASSERT_FALSE(r) << c.name;
+  EXPECT_NE(r.error().message.find(c.expect), std::string::npos) << r.error().message;
+}
+
+void put_u32(std::vector<uint8_t>& f, size_t at, uint32_t v) { std::memcpy(f.data() + at, &v, 4); }
+void put_u64(std::vector<uint8_t>& f, size_t at, uint64_t v) { std::memcpy(f.data() + at, &v, 8); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Bad, DeltaReadRefusal,
+    ::testing::Values(
+        FileCase{"short_file", [](auto& f) { f.resize(31); }, nullptr, "shorter than"},
+        FileCase{"bad_magic", [](auto& f) { f[0] = 'X'; }, nullptr, "bad magic"},
+        FileCase{"future_version", [](auto& f) { put_u32(f, 8, 2); }, nullptr,
+                 "wire version 2"},  // covers G-08
+        FileCase{"flags", [](auto& f) { put_u32(f, 12, 1); }, nullptr, "flags"},
+        FileCase{"body_over_limit", [](auto& f) { put_u64(f, 16, uint64_t{1} << 40); }, nullptr,
+                 "exceeds the limit"},
+        FileCase{"body_size_lies", [](auto& f) { put_u64(f, 16, 7); }, nullptr, "declares"},
+        FileCase{"body_hash", [](auto& f) { f[24] ^= 1; }, nullptr, "XXH3-64"},
+        FileCase{"trailing_bytes", [](auto& f) { f.push_back(0); }, nullptr, "one zstd frame"},
+        FileCase{"truncated_frame", [](auto& f) { f.pop_back(); }, nullptr, "one zstd frame"},
+        FileCase{"body_trailing", nullptr, [](auto& b) { b.push_back(0); }, "after the last"},
+        FileCase{"body_cut", nullptr, [](auto& b) { b.resize(b.size() - 3); }, "record 5 of 6: f.experts"},
+        FileCase{"more_records_than_body", nullptr, [](auto& b) { b[16] = 7; }, "record 6 of 7"},
+        FileCase{"unknown_format", nullptr, [](auto& b) { b[kRankAt - 1] = 'Z'; }, "unknown format"},
+        FileCase{"rank_too_big", nullptr, [](auto& b) { b[kRankAt] = 9; }, "rank 9"},  // covers G-02
+        FileCase{"negative_dim", nullptr,                                              // covers L-10
+                 [](auto& b) { put_u64(b, kRankAt + 1, static_cast<uint64_t>(-4)); }, "negative"},
+        FileCase{"zero_dim_huge_others", nullptr,  // covers L-15 (found by fuzz_delta)
+                 [](auto& b) {
+                   put_u64(b, kRankAt + 1, 0);
+                   put_u64(b, kRankAt + 9, uint64_t{1} << 62);
+                 },
+                 "exceeds 2^48"},
+        FileCase{"name_with_newline", nullptr, [](auto& b) { b[23] = '\n'; },
+                 "control bytes"},  // covers L-17
+        FileCase{"record_kind", nullptr, [](auto& b) { b[kRankAt + 17] = 2; }, "record kind 2"},
+        FileCase{"encoding_code", nullptr, [](auto& b) { b[kRankAt + 26] = 3; }, "index encoding 3"},
+        FileCase{"count_past_plane", nullptr,  // covers W-01 / W-03: more changes than entries
+                 [](auto& b) { put_u64(b, kRankAt + 27, 1u << 20); }, "W-03"}),
+    [](const auto& info) { return info.param.name; });
+
+// ---- validation against the engine
+// -------------------------------------------------------------------------
+struct ValidateCase {
+  std::string name;
+  std::function<void(Model&)> edit;
+  uint64_t live_version;
+  std::string expect;  // substring of the error; empty = accepted
+};
+void PrintTo(const ValidateCase& c, std::ostream* os) { *os << c.name; }
+
+class DeltaValidate : public ::testing::TestWithParam<ValidateCase> {};
+
+TEST_P(DeltaValidate, Verdict) {
+  const ValidateCase& c = GetParam();
+  Model m = small_model();
+  c.edit(m);
+  Status s = validate_delta(m.delta, m.table, c.live_version);
+  if (c.expect.empty()) {
+    EXPECT_TRUE(s) << s.error().message;
+    return;
+  }
+  ASSERT_FALSE(s) << c.name;
+  EXPECT_NE(s.error().message.find(c.expect), std::string::npos) << s.error().message;
+  EXPECT_EQ(s.error().message.find('\n'), std::string::npos) << "one line";
+}
+
+TensorDelta& tensor(Model& m, std::string_view name) {
+  for (auto& t : m.delta.tensors)
+    if (t.name == name) return t;
+  throw std::logic_error("no such test tensor");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, DeltaValidate,
+    ::testing::Values(
+        ValidateCase{"valid", [](Model&) {}, 3, ""},
+        // covers W-01
+        ValidateCase{"value_index_at_numel",
+                     [](Model& m) { tensor(m, "a.mxfp8").values.indices.back() = 256; }, 3,
+                     "a.mxfp8: values: index 256"},
+        ValidateCase{"scale_index_negative", [](Model& m) { tensor(m, "a.mxfp8").scales.indices[0] = -1; }, 3,
+                     "a.mxfp8: scales: index -1"},
+        // covers W-02
+        ValidateCase{"duplicate_index",
+                     [](Model& m) {
+                       auto& p = tensor(m, "a.mxfp8").values;
+                       p.indices = {5, 5};
+                       p.bytes = {1, 2};
+                     },
+                     3, "repeats"},
+        // covers W-04
+        ValidateCase{"unsorted",
+                     [](Model& m) {
+                       auto& p = tensor(m, "b.mxfp4").values;
+                       p.indices = {9, 5};
+                       p.bytes = {1, 2};
+                     },
+                     3, "must increase"},
+        // covers W-03
+        ValidateCase{"length_mismatch", [](Model& m) { tensor(m, "a.mxfp8").values.bytes.push_back(0); }, 3,
+                     "W-03"},
+        ValidateCase{"f32_scale_width", [](Model& m) { tensor(m, "c.b128").scales.bytes.pop_back(); }, 3,
+                     "4 per entry"},
+        ValidateCase{"bf16_width", [](Model& m) { tensor(m, "d.bf16").values.bytes.resize(1); }, 3,
+                     "2 per entry"},
+        // covers W-05
+        ValidateCase{"e4m3_nan_7f", [](Model& m) { tensor(m, "a.mxfp8").values.bytes[0] = 0x7F; }, 3,
+                     "E4M3 NaN"},
+        ValidateCase{"e4m3_nan_ff", [](Model& m) { tensor(m, "c.b128").values.bytes[0] = 0xFF; }, 3,
+                     "E4M3 NaN"},
+        ValidateCase{"e8m0_ff", [](Model& m) { tensor(m, "a.mxfp8").scales.bytes[0] = 0xFF; }, 3, "0xFF"},
+        ValidateCase{"e8m0_00_is_legal", [](Model& m) { tensor(m, "a.mxfp8").scales.bytes[0] = 0x00; }, 3,
+                     ""},
+        ValidateCase{"mxfp4_any_code", [](Model& m) { tensor(m, "b.mxfp4").values.bytes[0] = 0xFF; }, 3, ""},
+        ValidateCase{"b128_scale_zero",
+                     [](Model& m) {
+                       auto& b = tensor(m, "c.b128").scales.bytes;
+                       std::fill(b.begin(), b.begin() + 4, 0);
+                     },
+                     3, "finite > 0"},
+        ValidateCase{"bf16_inf",
+                     [](Model& m) {
+                       auto& b = tensor(m, "d.bf16").values.bytes;
+                       b[0] = 0x80, b[1] = 0x7F;
+                     },
+                     3, "NaN/Inf"},
+        ValidateCase{"anchor_nan",
+                     [](Model& m) {
+                       tensor(m, "e.f32").values.bytes[3] = 0x7F, tensor(m, "e.f32").values.bytes[2] = 0xC0;
+                     },
+                     3, "NaN/Inf"},
+        // covers W-07
+        ValidateCase{"unknown_name", [](Model& m) { tensor(m, "d.bf16").name = "zz.bf16"; }, 3,
+                     "1 unknown [zz.bf16], 1 missing [d.bf16], 0 duplicated"},
+        ValidateCase{"missing_name", [](Model& m) { m.delta.tensors.pop_back(); }, 3,
+                     "1 missing [f.experts]"},
+        ValidateCase{"duplicate_name", [](Model& m) { m.delta.tensors.push_back(m.delta.tensors[0]); }, 3,
+                     "1 duplicated [a.mxfp8]"},
+        // covers W-08
+        ValidateCase{"anchor_short", [](Model& m) { tensor(m, "e.f32").values.bytes.resize(32); }, 3,
+                     "anchor values plane of 32 bytes, expected 36"},
+        ValidateCase{"anchor_missing_scales",
+                     [](Model& m) {
+                       auto& t = tensor(m, "a.mxfp8");
+                       t.anchor = true;
+                       t.values = {{}, std::vector<uint8_t>(256, 1)};
+                       t.scales = {};
+                     },
+                     3, "anchor scales plane of 0 bytes, expected 8"},
+        ValidateCase{"wrong_format", [](Model& m) { tensor(m, "b.mxfp4").format = Format::kMXFP8; }, 3,
+                     "b.mxfp4: delta record is mxfp8 [4, 64], the live tensor is mxfp4 [4, 64]"},
+        ValidateCase{"wrong_shape", [](Model& m) { tensor(m, "e.f32").shape = {9}; }, 3, "(W-08)"},
+        // covers W-12
+        ValidateCase{"wrong_base", [](Model&) {}, 2, "applies on version 3, live version is 2"},
+        ValidateCase{"already_applied", [](Model&) {}, 4, "already applied"},
+        ValidateCase{"not_newer", [](Model& m) { m.delta.new_version = 3; }, 3, "does not exceed"}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(DeltaCoverage, ReportListsEveryName) {
+  Model m = small_model();
+  m.delta.tensors.erase(m.delta.tensors.begin(), m.delta.tensors.begin() + 2);
+  CoverageReport r = coverage(m.delta, m.table);
+  EXPECT_EQ(r.missing, (std::vector<std::string>{"a.mxfp8", "b.mxfp4"}));
+  EXPECT_TRUE(r.unknown.empty());
+  EXPECT_FALSE(r.complete());
+}
+
+TEST(DeltaWrite, RefusesWhatTheReaderWould) {
+  Model m = small_model();
+  tensor(m, "a.mxfp8").values.bytes[0] = 0x7F;  // covers W-05 on the trainer side
+  EXPECT_FALSE(write_delta(m.delta));
+  m = small_model();
+  m.delta.tensors.push_back(m.delta.tensors[0]);  // covers W-07
+  EXPECT_FALSE(write_delta(m.delta));
+  m = small_model();
+  tensor(m, "a.mxfp8").format = Format::kE4M3;  // not a delta format: refused by name
+  auto r = write_delta(m.delta);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("format e4m3 cannot be carried"), std::string::npos) << r.error().message;
+}
+
+}  // namespace
+}  // namespace mxq::refit
