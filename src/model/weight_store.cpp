@@ -13,7 +13,9 @@ void WeightStore::Free::operator()(uint8_t* p) const { std::free(p); }
 Result<PlaneBytes> plane_bytes(Format format, const std::vector<int64_t>& shape, std::string_view name) {
   int64_t n = 1;
   for (int64_t d : shape) {
-    if (d < 0 || (d > 0 && n > (int64_t{1} << 48) / d)) return fail("{}: shape too large or negative", name);
+    // note: each dimension is bounded too, so a zero elsewhere cannot let a huge one reach values_bytes().
+    if (d < 0 || d > (int64_t{1} << 48) || (d > 0 && n > (int64_t{1} << 48) / d))
+      return fail("{}: shape too large or negative", name);
     n *= d;
   }
   if (!is_quantized(format)) return PlaneBytes{n * traits(format).element_bits / 8, 0};

@@ -66,6 +66,7 @@ TEST(WeightStore, RefusesWrongSizeAndUnknownNames) {
   EXPECT_FALSE(ws.apply_tensor("nope", v, s));
   EXPECT_FALSE(ws.add("w", Format::kBF16, {1}));
   EXPECT_FALSE(ws.add("k", Format::kMXFP8, {2, 33}));  // K not a multiple of 32
+  EXPECT_FALSE(ws.add("z", Format::kMXFP8, {0, int64_t{1} << 62}));  // a zero dim must not hide a huge one
 }
 
 }  // namespace
