@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-MXQ = ROOT / "build" / "mxq"
+from conftest import MXQ  # noqa: E402  (build/mxq, or $MXQ_BIN)
 GOLDEN = ROOT / "tests" / "golden"
 
 
