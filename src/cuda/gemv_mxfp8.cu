@@ -3,12 +3,13 @@
 //   values: [N, K] E4M3, each row a byte permutation of the canonical row in groups of 64 (tail 32):
 //           canonical k0 + 16j + 4t + e → native k0 + 4J·t + 4j + e (J = 4, or 2 for a 32-wide tail group);
 //   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
-// Arch: sm_80+ (mma.sync bf16); sm_89+ converts E4M3 pairs with cvt.rn.f16x2.e4m3x2, sm_80 with bit moves.
-// Decode (default, "bits"): each E4M3 byte s.eeee.mmm becomes the bf16 bits s at 15, eeee.mmm at 10..4, i.e.
-// the value · 2^-120 exactly (codes 1..7 land on bf16 subnormals, which mma.sync keeps); the 2^120 is folded
-// into the E8M0 scale multiply (FoldedScale). Three integer ops per bf16x2 pair, no conversion, no multiply.
-// Decode ("cvt", MXQ_GEMV_DECODE=cvt): E4M3 pair → f16x2 (exact) → bf16 bits by moving the exponent field
-// (value · 2^-112, a bf16 normal) → one bf16x2 multiply by 2^112 (exact).
+// Arch: sm_80+ (mma.sync bf16, prmt). The "cvt" decode uses cvt.rn.f16x2.e4m3x2 on sm_89+, bit moves before.
+// Decode ("bits", default for m <= 8): each E4M3 byte s.eeee.mmm becomes the bf16 bits s at 15, eeee.mmm
+// at 10..4, i.e. the value · 2^-120 exactly (codes 1..7 land on bf16 subnormals, which mma.sync keeps); the
+// 2^120 is folded into the E8M0 scale multiply (FoldedScale). Three integer ops per bf16x2 pair.
+// Decode ("cvt", the previous one; all m with MXQ_GEMV_DECODE=cvt, to compare both from one build): E4M3
+// pair → f16x2 (exact) → bf16 bits by moving the exponent field (value · 2^-112, a bf16 normal) → one
+// bf16x2 multiply by 2^112 (exact).
 #include <cstdlib>
 #include <cstring>
 
@@ -71,7 +72,9 @@ cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, c
     const char* v = std::getenv("MXQ_GEMV_DECODE");
     return v != nullptr && std::strcmp(v, "cvt") == 0;
   }();
-  if (use_cvt) return gemv::launch_gemv<Mxfp8Decode>(x, m, values, scales, y, n, k, stream);
+  // note: m > 8 (two n-tiles) keeps the cvt decode: there the bits decode measured 5-6% slower on every
+  // Qwen3-8B shape (bench/RESULTS.md, run 8), while it wins at m = 1 and m = 8.
+  if (use_cvt || m > 8) return gemv::launch_gemv<Mxfp8Decode>(x, m, values, scales, y, n, k, stream);
   return gemv::launch_gemv<Mxfp8BitsDecode>(x, m, values, scales, y, n, k, stream);
 }
 

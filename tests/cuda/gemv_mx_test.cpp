@@ -148,7 +148,8 @@ TEST_P(GemvMxExact, EveryCodeAndScaleEdge) {
     // or overflows to inf; -0 codes may come back +0, which == accepts.
     const float want = static_cast<float>(ref[static_cast<size_t>(r)]);
     EXPECT_EQ(bf16_to_f32((*y)[static_cast<size_t>(r)]), want)
-        << "code 0x" << std::hex << r / kScales << std::dec << " scale byte " << int{kScaleBytes[r % kScales]};
+        << "code 0x" << std::hex << r / kScales << std::dec << " scale byte "
+        << int{kScaleBytes[r % kScales]};
   }
 }
 
