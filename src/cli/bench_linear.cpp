@@ -49,6 +49,28 @@ constexpr Shape kShapes[] = {
 constexpr int64_t kRotateBytes = 256LL << 20;
 constexpr int kLaunchesPerGraph = 20, kReps = 15;
 
+// Median of `reps` CUDA-event timings of `enqueue()` (after `warmup` untimed runs), in ms.
+template <class Enqueue>
+Result<float> median_event_ms(cudaStream_t stream, int warmup, int reps, Enqueue&& enqueue) {
+  cudaEvent_t start, stop;
+  MXQ_CUDA_CHECK(cudaEventCreate(&start));
+  MXQ_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> ms;
+  for (int rep = -warmup; rep < reps; ++rep) {
+    MXQ_CUDA_CHECK(cudaEventRecord(start, stream));
+    MXQ_CUDA_CHECK(enqueue());
+    MXQ_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MXQ_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    MXQ_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    if (rep >= 0) ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  return ms[ms.size() / 2];
+}
+
 // Times `body(i)` for i = 0..kLaunchesPerGraph-1 captured in one CUDA graph; median µs per launch.
 template <class Body>
 Result<double> time_graph(cudaStream_t stream, Body&& body) {
@@ -64,25 +86,12 @@ Result<double> time_graph(cudaStream_t stream, Body&& body) {
   }
   MXQ_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   MXQ_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  MXQ_CUDA_CHECK(cudaEventCreate(&start));
-  MXQ_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> ms;
-  for (int rep = -2; rep < kReps; ++rep) {  // note: two untimed replays warm clocks and TLBs
-    MXQ_CUDA_CHECK(cudaEventRecord(start, stream));
-    MXQ_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    MXQ_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MXQ_CUDA_CHECK(cudaEventSynchronize(stop));
-    float t = 0;
-    MXQ_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    if (rep >= 0) ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  // note: two untimed replays warm clocks and TLBs
+  auto ms = median_event_ms(stream, 2, kReps, [&] { return cudaGraphLaunch(exec, stream); });
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return 1e3 * ms[ms.size() / 2] / kLaunchesPerGraph;
+  if (!ms) return tl::unexpected(ms.error());
+  return 1e3 * *ms / kLaunchesPerGraph;
 }
 
 // Device-to-device copy bandwidth over 2 GiB, counting bytes read plus bytes written (GB/s).
@@ -92,23 +101,11 @@ Result<double> copy_bandwidth(cudaStream_t stream) {
   auto dst = DeviceBuffer::alloc(kBytes);
   if (!src || !dst) return fail("copy bandwidth: {}", (!src ? src.error() : dst.error()).message);
   MXQ_CUDA_CHECK(cudaMemsetAsync(src->as(), 0x5A, kBytes, stream));
-  cudaEvent_t start, stop;
-  MXQ_CUDA_CHECK(cudaEventCreate(&start));
-  MXQ_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> ms;
-  for (int rep = -1; rep < 7; ++rep) {
-    MXQ_CUDA_CHECK(cudaEventRecord(start, stream));
-    MXQ_CUDA_CHECK(cudaMemcpyAsync(dst->as(), src->as(), kBytes, cudaMemcpyDeviceToDevice, stream));
-    MXQ_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MXQ_CUDA_CHECK(cudaEventSynchronize(stop));
-    float t = 0;
-    MXQ_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    if (rep >= 0) ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return 2.0 * kBytes / (ms[ms.size() / 2] * 1e-3) / 1e9;
+  auto ms = median_event_ms(stream, 1, 7, [&] {
+    return cudaMemcpyAsync(dst->as(), src->as(), kBytes, cudaMemcpyDeviceToDevice, stream);
+  });
+  if (!ms) return tl::unexpected(ms.error());
+  return 2.0 * kBytes / (*ms * 1e-3) / 1e9;
 }
 
 // `copies` device copies of the same host bytes.
