@@ -18,6 +18,7 @@
 #include "io/tokenizer.h"
 #include "model/cpu_backend.h"
 #include "model/load_model.h"
+#include "refit/applier.h"
 
 namespace mxq::cli {
 namespace {
@@ -29,6 +30,7 @@ struct GenerateOptions {
   int64_t top_k = 0, top_logprobs = 0;
   uint64_t seed = 0;
   std::vector<std::string> stop;
+  std::vector<std::string> apply_delta;  // refit deltas applied in place after the load, in order
   bool ignore_eos = false, chat = false, json = false;
   int threads = 0;
 };
@@ -135,6 +137,12 @@ int run_generate(const GenerateOptions& o) {
   auto backend = make_cpu_backend(o.threads);
   auto qwen = Qwen3Model::create(model->config, model->store, *backend);
   if (!qwen) return bad(qwen.error());
+  if (!o.apply_delta.empty()) {
+    // note: a loaded checkpoint is version 0, the base `mxq delta make` writes by default.
+    uint64_t version = 0;
+    if (auto s = refit::apply_delta_files(model->store, version, o.apply_delta); !s) return bad(s.error());
+    fmt::print(stderr, "applied {} delta(s): weights at version {}\n", o.apply_delta.size(), version);
+  }
   if (tok && tok->vocab_size() > model->config.vocab_size)
     return bad({fmt::format("{}: tokenizer has {} ids, the model's vocab_size is {}", dir, tok->vocab_size(),
                             model->config.vocab_size)});
@@ -202,6 +210,9 @@ void add_generate(CLI::App& app, int& exit_code) {
   cmd->add_flag("--chat", o->chat, "Wrap the prompt in the Qwen3 chat template");
   cmd->add_flag("--json", o->json, "Print one JSON object: token_ids, text, logprobs");
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all)");
+  cmd->add_option("--apply-delta", o->apply_delta,
+                  "Refit delta applied in place after the load (repeatable, in order; the load is version 0)")
+      ->allow_extra_args(false);
   cmd->callback([o, &exit_code] { exit_code = run_generate(*o); });
 }
 
