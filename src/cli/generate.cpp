@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -140,8 +141,11 @@ int run_generate(const GenerateOptions& o) {
   if (!o.apply_delta.empty()) {
     // note: a loaded checkpoint is version 0, the base `mxq delta make` writes by default.
     uint64_t version = 0;
+    const auto start = std::chrono::steady_clock::now();
     if (auto s = refit::apply_delta_files(model->store, version, o.apply_delta); !s) return bad(s.error());
-    fmt::print(stderr, "applied {} delta(s): weights at version {}\n", o.apply_delta.size(), version);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    fmt::print(stderr, "applied {} delta(s) in {:.1f} ms (read + apply): weights at version {}\n",
+               o.apply_delta.size(), took.count() * 1e3, version);
   }
   if (tok && tok->vocab_size() > model->config.vocab_size)
     return bad({fmt::format("{}: tokenizer has {} ids, the model's vocab_size is {}", dir, tok->vocab_size(),
