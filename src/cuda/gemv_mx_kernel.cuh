@@ -41,6 +41,14 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// PTX prmt (default mode): unlike __byte_perm, which keeps only 3 bits of each selector nibble, selector
+// nibbles 8-F replicate the sign bit of the selected byte into the whole byte.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
   return *reinterpret_cast<uint32_t*>(&r);
@@ -51,6 +59,25 @@ __device__ __forceinline__ float e8m0_to_f32(uint32_t b) {
   if (b == 0xFF) return __uint_as_float(0x7FC00000u);
   return __uint_as_float(b == 0 ? 0x00400000u : b << 23);
 }
+
+// A scale factor split in two, pre (applied to the MMA partial) then post (the FMA into the accumulator):
+// 2^(b-127+kFold) when a policy's decode leaves values 2^-kFold too small. One f32 cannot hold 2^(b-7) for
+// b > 134, so large bytes move their excess into post; a warp whose group has none skips pre.
+template <int kFold>
+struct FoldedScale {
+  // note: b <= kLimit keeps b + kFold <= 254, the largest finite f32 exponent field.
+  static constexpr uint32_t kLimit = 254 - kFold;
+  __device__ static float post_small(uint32_t b) { return __uint_as_float((b + kFold) << 23); }
+  __device__ static float pre_large(uint32_t b) { return __uint_as_float((min(b, kLimit) + kFold) << 23); }
+  __device__ static float post_large(uint32_t b) {
+    if (b == 0xFF) return __uint_as_float(0x7FC00000u);
+    return __uint_as_float((max(b, kLimit) - kLimit + 127) << 23);
+  }
+  // True when any byte of the packed scale words exceeds kLimit.
+  __device__ static bool any_large(uint32_t a, uint32_t b) {
+    return (__vcmpgtu4(a, kLimit * 0x01010101u) | __vcmpgtu4(b, kLimit * 0x01010101u)) != 0;
+  }
+};
 
 // Scale bytes of kCount consecutive blocks (2 or 4) at p; one vector load when p is known aligned.
 template <int kCount, bool kAligned>
@@ -70,7 +97,8 @@ __device__ __forceinline__ uint32_t load_scales(const uint8_t* p) {
 
 // Policy (Fmt): kGroupK elements per group; kPairsPerWord bf16x2 pairs decoded from one 32-bit word, in MMA
 // slot order (MMA j: pair 2j feeds slots 2t..2t+1, pair 2j+1 feeds 2t+8..2t+9); kRowBytesNum/Den: row bytes
-// per element; load_tail(p) reads the 4 elements a lane owns of one MMA in a short group.
+// per element; load_tail(p) reads the 4 elements a lane owns of one MMA in a short group; kScaleFold: decoded
+// values are the true ones times 2^-kScaleFold (0: exact values), undone in the scale multiply.
 template <class Fmt, int kNTiles, bool kHasTail>
 __global__ void __launch_bounds__(kThreads, 2)
     gemv_mx_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
@@ -96,8 +124,19 @@ __global__ void __launch_bounds__(kThreads, 2)
   float acc[kNTiles][4] = {};
 
   // One 16-k MMA-pair block: pairs = the lane's 4 bf16x2 words for MMAs (2b, 2b+1), kx = group start + 32b.
-  auto block_mma = [&](const uint32_t* pa, const uint32_t* pb, int kx, uint32_t sbyte_a, uint32_t sbyte_b) {
-    const float s_a = e8m0_to_f32(sbyte_a), s_b = e8m0_to_f32(sbyte_b);
+  // large: some lane of the warp holds a scale byte past FoldedScale::kLimit in this group (warp-uniform).
+  using Fold = FoldedScale<Fmt::kScaleFold>;
+  auto block_mma = [&](const uint32_t* pa, const uint32_t* pb, int kx, uint32_t sbyte_a, uint32_t sbyte_b,
+                       bool large) {
+    float s_a, s_b, pre_a = 1.f, pre_b = 1.f;
+    if constexpr (Fmt::kScaleFold == 0) {
+      s_a = e8m0_to_f32(sbyte_a), s_b = e8m0_to_f32(sbyte_b);
+    } else if (!large) {
+      s_a = Fold::post_small(sbyte_a), s_b = Fold::post_small(sbyte_b);
+    } else {
+      pre_a = Fold::pre_large(sbyte_a), pre_b = Fold::pre_large(sbyte_b);
+      s_a = Fold::post_large(sbyte_a), s_b = Fold::post_large(sbyte_b);
+    }
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
       float d[4] = {0.f, 0.f, 0.f, 0.f};
@@ -108,6 +147,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const uint32_t a[4] = {pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1]};
         mma_bf16_16816(d, a, bx.x, bx.y);
       }
+      if (Fmt::kScaleFold != 0 && large) d[0] *= pre_a, d[1] *= pre_a, d[2] *= pre_b, d[3] *= pre_b;
       acc[nt][0] = fmaf(d[0], s_a, acc[nt][0]);
       acc[nt][1] = fmaf(d[1], s_a, acc[nt][1]);
       acc[nt][2] = fmaf(d[2], s_b, acc[nt][2]);
@@ -148,10 +188,11 @@ __global__ void __launch_bounds__(kThreads, 2)
         Fmt::decode(wb4[i], pb + i * Fmt::kPairsPerWord);
       }
       const int kx = (q0 + u) * Fmt::kGroupK;
+      const bool large = Fmt::kScaleFold != 0 && __any_sync(0xFFFFFFFFu, Fold::any_large(sca[u], scb[u]));
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b)
-        block_mma(pa + 4 * b, pb + 4 * b, kx + 32 * b, (sca[u] >> (8 * b)) & 0xFF,
-                  (scb[u] >> (8 * b)) & 0xFF);
+        block_mma(pa + 4 * b, pb + 4 * b, kx + 32 * b, (sca[u] >> (8 * b)) & 0xFF, (scb[u] >> (8 * b)) & 0xFF,
+                  large);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) wa[u] = na[u], wb[u] = nb[u], sca[u] = nsa[u], scb[u] = nsb[u];
@@ -173,7 +214,9 @@ __global__ void __launch_bounds__(kThreads, 2)
           Fmt::decode(Fmt::load_tail(vb + byte), tmp);
           pb[2 * h] = tmp[0], pb[2 * h + 1] = tmp[1];
         }
-        block_mma(pa, pb, k0 + 32 * b, __ldg(sa + k0 / 32 + b), __ldg(sb + k0 / 32 + b));
+        const uint32_t tsa = __ldg(sa + k0 / 32 + b), tsb = __ldg(sb + k0 / 32 + b);
+        const bool large = Fmt::kScaleFold != 0 && __any_sync(0xFFFFFFFFu, Fold::any_large(tsa, tsb));
+        block_mma(pa, pb, k0 + 32 * b, tsa, tsb, large);
       }
     }
   }

@@ -6,26 +6,22 @@
 //   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
 // Arch: sm_80+ (mma.sync bf16). Decode: nibble bits placed as bf16 bits (code << 6, sign << 12) are the
 // value · 2^-126 (code 1 = 0.5 becomes a bf16 subnormal); one bf16x2 multiply by 2^126 makes them exact.
+// note: a two-step prmt table decode (magnitude → selector byte with the sign in bit 6 → bf16 bytes; exact,
+// 15 instead of 18 ops per word) measured 5% slower in sum on the H200 (bench/RESULTS.md, run 8).
 #include "cuda/gemv_mx_kernel.cuh"
 
 namespace mxq::cuda {
 namespace {
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
-
 struct Mxfp4Decode {
-  static constexpr int kGroupK = 128, kPairsPerWord = 4, kRowBytesNum = 1, kRowBytesDen = 2;
+  static constexpr int kGroupK = 128, kPairsPerWord = 4, kRowBytesNum = 1, kRowBytesDen = 2, kScaleFold = 0;
   // Byte p of `word` (elements 2p, 2p+1) becomes pair p.
   __device__ static void decode(uint32_t word, uint32_t* pairs) {
     const uint32_t even = word & 0x0F0F0F0Fu, odd = (word >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       // note: selector nibble 8 sign-replicates byte 0 of `even`, whose bit 7 is clear: a zero byte.
-      const uint32_t q = prmt(even, odd, 0x8080u | p | ((4u + p) << 8));
+      const uint32_t q = gemv::prmt(even, odd, 0x8080u | p | ((4u + p) << 8));
       // note: q * 4160 = (q << 6) + (q << 12); a 4-bit code per half keeps the two terms from overlapping.
       const uint32_t raw = (q * 4160u) & 0x81C081C0u;
       pairs[p] = gemv::bf16x2_mul(raw, 0x7E807E80u);  // note: bf16 0x7E80 = 2^126

@@ -3,9 +3,16 @@
 //   values: [N, K] E4M3, each row a byte permutation of the canonical row in groups of 64 (tail 32):
 //           canonical k0 + 16j + 4t + e → native k0 + 4J·t + 4j + e (J = 4, or 2 for a 32-wide tail group);
 //   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
-// Arch: sm_80+ (mma.sync bf16); sm_89+ converts E4M3 pairs with cvt.rn.f16x2.e4m3x2, sm_80 with bit moves.
-// Decode: E4M3 pair → f16x2 (exact: every E4M3 value is an f16 normal or zero) → bf16 bits by moving the
-// exponent field (value · 2^-112, still a bf16 normal) → one bf16x2 multiply by 2^112 (exact).
+// Arch: sm_80+ (mma.sync bf16, prmt). The "cvt" decode uses cvt.rn.f16x2.e4m3x2 on sm_89+, bit moves before.
+// Decode ("bits", default for m <= 8): each E4M3 byte s.eeee.mmm becomes the bf16 bits s at 15, eeee.mmm
+// at 10..4, i.e. the value · 2^-120 exactly (codes 1..7 land on bf16 subnormals, which mma.sync keeps); the
+// 2^120 is folded into the E8M0 scale multiply (FoldedScale). Three integer ops per bf16x2 pair.
+// Decode ("cvt", the previous one; all m with MXQ_GEMV_DECODE=cvt, to compare both from one build): E4M3
+// pair → f16x2 (exact) → bf16 bits by moving the exponent field (value · 2^-112, a bf16 normal) → one
+// bf16x2 multiply by 2^112 (exact).
+#include <cstdlib>
+#include <cstring>
+
 #include "cuda/gemv_mx_kernel.cuh"
 
 namespace mxq::cuda {
@@ -27,8 +34,26 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t pair) {
   return gemv::bf16x2_mul(raw, 0x77807780u);  // note: bf16 0x7780 = 2^112
 }
 
+// Bytes b0..b3 → pairs (b0, b1), (b2, b3) in the 2^-120 placement above.
+__device__ __forceinline__ void e4m3x4_to_bf16x4_scaled(uint32_t word, uint32_t* pairs) {
+  // note: selector nibbles 8 and 9 (A, B) replicate the sign of byte 0 (1, 2, 3) into the byte above it, so
+  // after << 4 each half carries its sign at bit 15 (and 11..14, masked off); the other half's bits are
+  // pushed into 16..19 only, also masked off.
+  const uint32_t lo = gemv::prmt(word, 0, 0x9180) << 4, hi = gemv::prmt(word, 0, 0xB3A2) << 4;
+  pairs[0] = lo & 0x87F087F0u;
+  pairs[1] = hi & 0x87F087F0u;
+}
+
+struct Mxfp8BitsDecode {
+  static constexpr int kGroupK = 64, kPairsPerWord = 2, kRowBytesNum = 1, kRowBytesDen = 1, kScaleFold = 120;
+  __device__ static void decode(uint32_t word, uint32_t* pairs) { e4m3x4_to_bf16x4_scaled(word, pairs); }
+  __device__ static uint32_t load_tail(const uint8_t* p) {
+    return __ldg(reinterpret_cast<const uint32_t*>(p));
+  }
+};
+
 struct Mxfp8Decode {
-  static constexpr int kGroupK = 64, kPairsPerWord = 2, kRowBytesNum = 1, kRowBytesDen = 1;
+  static constexpr int kGroupK = 64, kPairsPerWord = 2, kRowBytesNum = 1, kRowBytesDen = 1, kScaleFold = 0;
   __device__ static void decode(uint32_t word, uint32_t* pairs) {
     pairs[0] = e4m3x2_to_bf16x2(word & 0xFFFFu);
     pairs[1] = e4m3x2_to_bf16x2(word >> 16);
@@ -42,7 +67,15 @@ struct Mxfp8Decode {
 
 cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
                               uint16_t* y, int n, int k, cudaStream_t stream) {
-  return gemv::launch_gemv<Mxfp8Decode>(x, m, values, scales, y, n, k, stream);
+  // note: the env switch exists to measure both decodes from one build (bench/RESULTS.md).
+  static const bool use_cvt = [] {
+    const char* v = std::getenv("MXQ_GEMV_DECODE");
+    return v != nullptr && std::strcmp(v, "cvt") == 0;
+  }();
+  // note: m > 8 (two n-tiles) keeps the cvt decode: there the bits decode measured 5-6% slower on every
+  // Qwen3-8B shape (bench/RESULTS.md, run 8), while it wins at m = 1 and m = 8.
+  if (use_cvt || m > 8) return gemv::launch_gemv<Mxfp8Decode>(x, m, values, scales, y, n, k, stream);
+  return gemv::launch_gemv<Mxfp8BitsDecode>(x, m, values, scales, y, n, k, stream);
 }
 
 }  // namespace mxq::cuda

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,61 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvMx, ::testing::ValuesIn(gemv_cases()), [](c
   return std::string(traits(c.format).name) + "_m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" +
          std::to_string(c.k);
 });
+
+// Every non-NaN code against every E8M0 range edge, bit-exact: row r holds code r / kScales in all K = one
+// group elements with scale byte kScaleBytes[r % kScales], x = 1, so y = K · code · 2^(b-127) exactly (or
+// inf). Rows of one 16-row tile mix small and large scale bytes.
+// Catches a decode that drops subnormal codes (E4M3 0x01..0x07 decode to bf16 subnormals in the folded
+// path), a wrong sign or table entry, and a folded scale that overflows or flushes for small or large bytes.
+constexpr uint8_t kScaleBytes[] = {0, 1, 7, 100, 127, 134, 135, 136, 200, 254};
+constexpr int64_t kScales = std::size(kScaleBytes);
+
+class GemvMxExact : public ::testing::TestWithParam<Format> {};
+
+TEST_P(GemvMxExact, EveryCodeAndScaleEdge) {
+  const Format f = GetParam();
+  const bool fp8 = f == Format::kMXFP8;
+  const int64_t codes = fp8 ? 256 : 16, k = fp8 ? 64 : 128;
+  const int64_t n = codes * kScales;
+  std::vector<uint8_t> values(static_cast<size_t>(values_bytes(f, n, k))), scales;
+  std::vector<double> ref(static_cast<size_t>(n));
+  const int64_t row_bytes = values_bytes(f, 1, k);
+  for (int64_t r = 0; r < n; ++r) {
+    uint8_t code = static_cast<uint8_t>(r / kScales);
+    if (fp8 && (code & 0x7F) == 0x7F) code = 0;  // note: E4M3 NaN codes are not weights
+    const uint8_t b = kScaleBytes[r % kScales];
+    for (int64_t i = 0; i < row_bytes; ++i)
+      values[static_cast<size_t>(r * row_bytes + i)] = fp8 ? code : static_cast<uint8_t>(code | code << 4);
+    for (int64_t i = 0; i < k / 32; ++i) scales.push_back(b);
+    const double v = fp8 ? e4m3_to_f32(code) : e2m1_to_f32(code);
+    ref[static_cast<size_t>(r)] = static_cast<double>(k) * v * e8m0_to_f32(b);
+  }
+  const std::vector<uint16_t> x(static_cast<size_t>(k), 0x3F80);  // bf16 1.0
+  std::vector<uint8_t> native(values.size());
+  ASSERT_TRUE(prepare_gemv_values(f, values.data(), native.data(), n, k));
+  auto dx = test::upload(x);
+  auto dv = test::upload(native);
+  auto ds = test::upload(scales);
+  auto dy = test::poisoned<uint16_t>(static_cast<size_t>(n));
+  ASSERT_TRUE(dx && dv && ds && dy);
+  const MxGemvWeights wt{f, dv->as<uint8_t>(), ds->as<uint8_t>(), n, k};
+  const Status st = fp8 ? gemv_mxfp8(dx->as<uint16_t>(), 1, wt, dy->as<uint16_t>(), nullptr)
+                        : gemv_mxfp4(dx->as<uint16_t>(), 1, wt, dy->as<uint16_t>(), nullptr);
+  ASSERT_TRUE(st) << st.error().message;
+  auto y = test::download<uint16_t>(*dy, static_cast<size_t>(n));
+  ASSERT_TRUE(y) << y.error().message;
+  for (int64_t r = 0; r < n; ++r) {
+    // note: K · code · 2^(b-127) has at most 4 significant bits, so it is a bf16 (subnormal down to 2^-133)
+    // or overflows to inf; -0 codes may come back +0, which == accepts.
+    const float want = static_cast<float>(ref[static_cast<size_t>(r)]);
+    EXPECT_EQ(bf16_to_f32((*y)[static_cast<size_t>(r)]), want)
+        << "code 0x" << std::hex << r / kScales << std::dec << " scale byte "
+        << int{kScaleBytes[r % kScales]};
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, GemvMxExact, ::testing::Values(Format::kMXFP8, Format::kMXFP4),
+                         [](const auto& info) { return std::string(traits(info.param).name); });
 
 struct RefusalCase {
   const char* what;
