@@ -257,12 +257,16 @@ INSTANTIATE_TEST_SUITE_P(
                    [](Delta& d) { std::swap(mxfp8(d).values.indices[0], mxfp8(d).values.indices[1]); }},
         // covers W-05
         RefuseCase{"e4m3_nan", "W-05", [](Delta& d) { mxfp8(d).values.bytes[0] = 0x7F; }},
-        RefuseCase{"e8m0_nan", "W-05",
+        RefuseCase{"e8m0_nan_in_anchor", "W-05",
                    [](Delta& d) {
-                     d.tensors[2].anchor = true, d.tensors[2].values.indices.clear();
-                     d.tensors[2].scales.indices.clear();
-                     d.tensors[2].values.bytes.assign(2 * 4 * 32, 0);
-                     d.tensors[2].scales.bytes.assign(2 * 4 * 2, 0xFF);
+                     const std::string name = d.tensors[2].name;  // mxfp4 [2, 4, 64]: 256 + 16 plane bytes
+                     d.tensors[2] = {name,
+                                     Format::kMXFP4,
+                                     {2, 4, 64},
+                                     true,
+                                     0,
+                                     {{}, std::vector<uint8_t>(256)},
+                                     {{}, std::vector<uint8_t>(16, 0xFF)}};
                    }},
         // covers W-07
         RefuseCase{"unknown_name", "W-07", [](Delta& d) { d.tensors[0].name = "model.norm.bias"; }},
@@ -311,20 +315,27 @@ TEST(ApplyDeltaUndoLog, AllocationFailureFailsBeforeTheFirstWrite) {
 // ---- failures after the first write restore the old bytes
 struct ChecksumCase {
   std::string name;
-  size_t record;  // record whose checksum is wrong
+  size_t record;       // record whose checksum is wrong
+  bool corrupt_bytes;  // its first new byte corrupted (still a valid code) instead of its checksum
 };
 void PrintTo(const ChecksumCase& c, std::ostream* os) { *os << c.name; }
 
 class ChecksumMismatch : public ::testing::TestWithParam<ChecksumCase> {};
 
-// covers W-09
+// covers W-09, W-22 (a deliberately corrupted tensor fails the verifier)
 TEST_P(ChecksumMismatch, OnTensorKOfNRestoresEveryByte) {
   const ChecksumCase& c = GetParam();
   const ModelPlanes a = random_model(7), b = step(a, 0.1, 8);
   WeightStore store = make_store(a, true);
   const ModelPlanes before = native(store);
   Delta d = make_delta(a, b, 1, 2, false);
-  d.tensors[c.record].checksum ^= 1;
+  TensorDelta& bad = d.tensors[c.record];
+  if (c.corrupt_bytes) {
+    ASSERT_FALSE(bad.values.bytes.empty());
+    bad.values.bytes[0] ^= 0x01;  // note: bf16 low mantissa bit / an E2M1 nibble: never a NaN code
+  } else {
+    bad.checksum ^= 1;
+  }
   uint64_t version = 1;
   const Status s = apply_delta(store, version, d);
   ASSERT_FALSE(s);
@@ -339,8 +350,12 @@ TEST_P(ChecksumMismatch, OnTensorKOfNRestoresEveryByte) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Records, ChecksumMismatch,
-                         ::testing::Values(ChecksumCase{"first", 0}, ChecksumCase{"transposed_mxfp8", 1},
-                                           ChecksumCase{"stacked_mxfp4", 2}, ChecksumCase{"last", 4}),
+                         ::testing::Values(ChecksumCase{"first", 0, false},
+                                           ChecksumCase{"transposed_mxfp8", 1, false},
+                                           ChecksumCase{"stacked_mxfp4", 2, false},
+                                           ChecksumCase{"last", 4, false},
+                                           ChecksumCase{"corrupt_bf16_bytes", 0, true},
+                                           ChecksumCase{"corrupt_mxfp4_bytes", 2, true}),
                          [](const auto& i) { return i.param.name; });
 
 // covers W-06: the values of an MX block move but the delta drops its new scale; the trainer's checksum
