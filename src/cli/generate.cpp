@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "io/tokenizer.h"
 #include "model/cpu_backend.h"
 #include "model/load_model.h"
+#include "refit/applier.h"
 
 namespace mxq::cli {
 namespace {
@@ -29,6 +31,7 @@ struct GenerateOptions {
   int64_t top_k = 0, top_logprobs = 0;
   uint64_t seed = 0;
   std::vector<std::string> stop;
+  std::vector<std::string> apply_delta;  // refit deltas applied in place after the load, in order
   bool ignore_eos = false, chat = false, json = false;
   int threads = 0;
 };
@@ -135,6 +138,15 @@ int run_generate(const GenerateOptions& o) {
   auto backend = make_cpu_backend(o.threads);
   auto qwen = Qwen3Model::create(model->config, model->store, *backend);
   if (!qwen) return bad(qwen.error());
+  if (!o.apply_delta.empty()) {
+    // note: a loaded checkpoint is version 0, the base `mxq delta make` writes by default.
+    uint64_t version = 0;
+    const auto start = std::chrono::steady_clock::now();
+    if (auto s = refit::apply_delta_files(model->store, version, o.apply_delta); !s) return bad(s.error());
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    fmt::print(stderr, "applied {} delta(s) in {:.1f} ms (read + apply): weights at version {}\n",
+               o.apply_delta.size(), took.count() * 1e3, version);
+  }
   if (tok && tok->vocab_size() > model->config.vocab_size)
     return bad({fmt::format("{}: tokenizer has {} ids, the model's vocab_size is {}", dir, tok->vocab_size(),
                             model->config.vocab_size)});
@@ -202,6 +214,9 @@ void add_generate(CLI::App& app, int& exit_code) {
   cmd->add_flag("--chat", o->chat, "Wrap the prompt in the Qwen3 chat template");
   cmd->add_flag("--json", o->json, "Print one JSON object: token_ids, text, logprobs");
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all)");
+  cmd->add_option("--apply-delta", o->apply_delta,
+                  "Refit delta applied in place after the load (repeatable, in order; the load is version 0)")
+      ->allow_extra_args(false);
   cmd->callback([o, &exit_code] { exit_code = run_generate(*o); });
 }
 

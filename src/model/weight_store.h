@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "format/formats.h"
+#include "layout/layout.h"
 
 namespace mxq {
 
@@ -20,9 +21,12 @@ struct QTensor {
   std::string name;            // HF name of the logical weight ("model.layers.0.mlp.up_proj.weight")
   Format format;               // plain (BF16/F16/F32) or quantized (MXFP8/MXFP4/FP8-B128)
   std::vector<int64_t> shape;  // logical shape; quantized weights are [.., N, K]
-  std::span<uint8_t> values;   // live bytes; on the CPU backend the native layout is the canonical one
+  std::span<uint8_t> values;   // live native bytes (layout.values.native_bytes)
   std::span<uint8_t> scales;   // empty for plain formats
   uint64_t checksum = 0;       // XXH3-64 of the canonical values plane then the scales plane
+  // Canonical -> native byte permutation of each plane; identity on the CPU backend.
+  // note: an identity plane's canonical geometry is one row of all its bytes (any rank, no K needed).
+  Layout layout;
 };
 
 // Canonical plane sizes of a tensor: values then scales (a leading batch of stacked experts multiplies both).
@@ -38,14 +42,35 @@ class WeightStore {
  public:
   // Reserves the tensor's buffers (zeroed). Adding a name twice is an error.
   Status add(std::string name, Format format, std::vector<int64_t> shape);
-  // Writes full canonical planes; sizes must match exactly (W-08: no implicit cast or reshape).
+  // As add(), with live buffers in `layout` (native sizes, padding included); the layout's canonical planes
+  // must be the tensor's canonical planes.
+  Status add(std::string name, Format format, std::vector<int64_t> shape, Layout layout);
+  // Writes full canonical planes through the tensor's layout; sizes must match exactly (W-08: no implicit
+  // cast or reshape). Refreshes the checksum.
   Status apply_tensor(std::string_view name, std::span<const uint8_t> values,
                       std::span<const uint8_t> scales);
+  // Refit's sparse path: writes entry indices[j] (`entry_bytes` canonical bytes from indices[j]·entry_bytes)
+  // of one plane from bytes[j·entry_bytes..], through the layout. When `undo` is not empty (same size as
+  // `bytes`) the overwritten bytes are copied there first. Indices must be strictly increasing and inside the
+  // plane; everything is checked before the first write. The checksum is NOT refreshed (a tensor takes
+  // several sparse writes): call refresh_checksum() after the last one.
+  Status apply_sparse(std::string_view name, Plane plane, std::span<const int64_t> indices, int entry_bytes,
+                      std::span<const uint8_t> bytes, std::span<uint8_t> undo = {});
+  // Recomputes the tensor's checksum from its live bytes (gathered through the layout) and returns it.
+  Result<uint64_t> refresh_checksum(std::string_view name);
+  // Copies one canonical plane of the tensor out of its live bytes (through the layout).
+  Status read_canonical(std::string_view name, Plane plane, std::span<uint8_t> out) const;
 
   const QTensor* find(std::string_view name) const;
   const QTensor& at(std::string_view name) const;  // the name must exist (programmer error otherwise)
   const std::map<std::string, QTensor, std::less<>>& tensors() const { return tensors_; }
   int64_t total_bytes() const { return total_bytes_; }
+
+  // Set when an update failed and its undo could not complete: the live bytes are in neither version, and
+  // nothing may serve from the store until a full load or a successful anchor update of every tensor.
+  void mark_inconsistent(std::string reason) { inconsistent_ = std::move(reason); }
+  void clear_inconsistent() { inconsistent_.clear(); }
+  Status servable() const;
 
  private:
   struct Free {
@@ -54,6 +79,7 @@ class WeightStore {
   std::map<std::string, QTensor, std::less<>> tensors_;
   std::vector<std::unique_ptr<uint8_t, Free>> buffers_;
   int64_t total_bytes_ = 0;
+  std::string inconsistent_;
 };
 
 }  // namespace mxq

@@ -1,0 +1,194 @@
+#include "refit/applier.h"
+
+#include <fmt/format.h>
+
+#include <new>
+#include <string>
+#include <vector>
+
+namespace mxq::refit {
+namespace {
+
+mxq::Plane store_plane(Plane p) { return p == Plane::kValues ? mxq::Plane::kValues : mxq::Plane::kScales; }
+
+// One write the undo log can reverse: a whole anchor (both planes) or one sparse plane of a record.
+struct UndoStep {
+  size_t record = 0;
+  bool anchor = false;
+  Plane plane = Plane::kValues;  // sparse only
+  size_t offset = 0;             // first byte of the saved old bytes in the log
+};
+
+// Where each record's old bytes go in the log, laid out in record order: an anchor's values then scales
+// planes, a sparse record's old value entries then old scale entries.
+std::vector<size_t> undo_offsets(const Delta& delta) {
+  std::vector<size_t> at;
+  size_t next = 0;
+  for (const TensorDelta& t : delta.tensors) {
+    at.push_back(next);
+    next += t.values.bytes.size() + t.scales.bytes.size();
+  }
+  at.push_back(next);
+  return at;
+}
+
+class Applier {
+ public:
+  Applier(WeightStore& store, const Delta& delta, const ApplyOptions& options)
+      : store_(store), delta_(delta), options_(options), offsets_(undo_offsets(delta)) {}
+
+  Status run(uint64_t& live_version) {
+    if (auto s = store_.servable(); !s)
+      return fail("delta {} -> {} refused: {}", from(), to(), s.error().message);
+    if (auto s = validate_delta(delta_, tensor_table(store_), live_version); !s) return s;
+    const size_t log_bytes = offsets_.back();
+    log_ = options_.allocate_undo ? options_.allocate_undo(log_bytes)
+                                  : std::unique_ptr<uint8_t[]>(new (std::nothrow) uint8_t[log_bytes]);
+    if (!log_ && log_bytes > 0)
+      return fail("delta {} -> {}: undo log of {} bytes could not be allocated; nothing written (W-26)",
+                  from(), to(), log_bytes);
+    if (auto s = hook({ApplyStage::kValidated, 0, {}}); !s) return s;  // nothing written yet
+    // note: the stored checksums are the rollback's target: after an undo every touched tensor must hash to
+    // them again, or the store is marked inconsistent.
+    for (const TensorDelta& t : delta_.tensors) old_checksums_.push_back(store_.at(t.name).checksum);
+    for (size_t k = 0; k < delta_.tensors.size(); ++k)
+      if (auto s = write_and_verify(k); !s) return roll_back(k, s.error().message);
+    live_version = delta_.new_version;
+    return {};
+  }
+
+ private:
+  uint64_t from() const { return delta_.base_version; }
+  uint64_t to() const { return delta_.new_version; }
+  Status hook(const StagePoint& p) const { return options_.fault ? options_.fault(p) : Status{}; }
+  std::span<uint8_t> log(size_t offset, size_t bytes) { return {log_.get() + offset, bytes}; }
+
+  Status write_and_verify(size_t k) {
+    const TensorDelta& t = delta_.tensors[k];
+    const QTensor& live = store_.at(t.name);
+    size_t at = offsets_[k];
+    if (t.anchor) {
+      const auto old_values = log(at, t.values.bytes.size());
+      const auto old_scales = log(at + old_values.size(), t.scales.bytes.size());
+      if (auto s = store_.read_canonical(t.name, mxq::Plane::kValues, old_values); !s) return s;
+      if (auto s = store_.read_canonical(t.name, mxq::Plane::kScales, old_scales); !s) return s;
+      if (auto s = store_.apply_tensor(t.name, t.values.bytes, t.scales.bytes); !s) return s;
+      steps_.push_back({k, true, Plane::kValues, at});
+    } else {
+      for (Plane p : {Plane::kValues, Plane::kScales}) {
+        const PlaneDelta& d = p == Plane::kValues ? t.values : t.scales;
+        if (d.indices.empty()) continue;
+        if (auto s = store_.apply_sparse(t.name, store_plane(p), d.indices, entry_bytes(t.format, p), d.bytes,
+                                         log(at, d.bytes.size()));
+            !s)
+          return s;
+        steps_.push_back({k, false, p, at});
+        at += d.bytes.size();
+      }
+    }
+    if (auto s = hook({ApplyStage::kTensorWritten, k, t.name}); !s) return s;
+    // note: apply_tensor refreshed an anchor's checksum already; sparse writes leave it to us.
+    uint64_t sum = live.checksum;
+    if (!t.anchor) {
+      auto r = store_.refresh_checksum(t.name);
+      if (!r) return tl::unexpected(r.error());
+      sum = *r;
+    }
+    if (sum != t.checksum)
+      return fail("canonical checksum {:016x} after the update, the delta says {:016x} (W-06/W-09)", sum,
+                  t.checksum);
+    if (auto s = hook({ApplyStage::kChecksumVerified, k, t.name}); !s) return s;
+    const auto n = static_cast<int64_t>(delta_.tensors.size());
+    if (options_.progress && !options_.progress({"refit", t.name, static_cast<int64_t>(k) + 1, n}))
+      return fail("cancelled by the progress callback");
+    return {};
+  }
+
+  // Restores every saved byte, newest first, then checks each record's checksum is the old one.
+  Status roll_back(size_t k, const std::string& why) {
+    const std::string reason = fmt::format("delta {} -> {}, tensor {} of {} {}: {}", from(), to(), k + 1,
+                                           delta_.tensors.size(), delta_.tensors[k].name, why);
+    for (auto step = steps_.rbegin(); step != steps_.rend(); ++step) {
+      const TensorDelta& t = delta_.tensors[step->record];
+      Status fault = hook({ApplyStage::kUndoStep, step->record, t.name});
+      for (int attempt = 1; attempt < kUndoAttempts && !fault; ++attempt)
+        fault = hook({ApplyStage::kUndoStep, step->record, t.name});
+      if (!fault) return give_up(reason, fmt::format("undo of {} failed: {}", t.name, fault.error().message));
+      if (auto s = undo(*step); !s) return give_up(reason, s.error().message);
+    }
+    for (size_t r = 0; r <= k; ++r) {
+      const std::string& name = delta_.tensors[r].name;
+      auto sum = store_.refresh_checksum(name);
+      if (!sum || *sum != old_checksums_[r])
+        return give_up(reason, fmt::format("{} does not return to its old checksum after the undo", name));
+    }
+    return fail("{}; every written byte restored, live version stays {}", reason, from());
+  }
+
+  // note: a sparse undo writes the saved entries back at the same canonical indices, so the layout sends
+  // them to the very native bytes they came from; an anchor's saved planes are canonical and go back whole.
+  Status undo(const UndoStep& step) {
+    const TensorDelta& t = delta_.tensors[step.record];
+    if (step.anchor)
+      return store_.apply_tensor(t.name, log(step.offset, t.values.bytes.size()),
+                                 log(step.offset + t.values.bytes.size(), t.scales.bytes.size()));
+    const PlaneDelta& d = step.plane == Plane::kValues ? t.values : t.scales;
+    return store_.apply_sparse(t.name, store_plane(step.plane), d.indices, entry_bytes(t.format, step.plane),
+                               log(step.offset, d.bytes.size()));
+  }
+
+  Status give_up(const std::string& reason, const std::string& undo_error) {
+    store_.mark_inconsistent(fmt::format("{}; then {}", reason, undo_error));
+    return fail("{}; then {}: the weights are in neither version and the store refuses to serve (W-10)",
+                reason, undo_error);
+  }
+
+  WeightStore& store_;
+  const Delta& delta_;
+  const ApplyOptions& options_;
+  const std::vector<size_t> offsets_;
+  std::unique_ptr<uint8_t[]> log_;
+  std::vector<UndoStep> steps_;
+  std::vector<uint64_t> old_checksums_;
+};
+
+}  // namespace
+
+std::string_view stage_name(ApplyStage stage) {
+  switch (stage) {
+    case ApplyStage::kValidated:
+      return "validated";
+    case ApplyStage::kTensorWritten:
+      return "tensor written";
+    case ApplyStage::kChecksumVerified:
+      return "checksum verified";
+    case ApplyStage::kUndoStep:
+      return "undo step";
+  }
+  return "?";
+}
+
+TensorTable tensor_table(const WeightStore& store) {
+  TensorTable table;
+  for (const auto& [name, t] : store.tensors()) table.emplace(name, TensorSpec{t.format, t.shape});
+  return table;
+}
+
+uint64_t undo_log_bytes(const Delta& delta) { return undo_offsets(delta).back(); }
+
+Status apply_delta(WeightStore& store, uint64_t& live_version, const Delta& delta,
+                   const ApplyOptions& options) {
+  return Applier(store, delta, options).run(live_version);
+}
+
+Status apply_delta_files(WeightStore& store, uint64_t& live_version, std::span<const std::string> paths,
+                         const ApplyOptions& options) {
+  for (const std::string& path : paths) {
+    auto delta = read_delta_file(path);
+    if (!delta) return tl::unexpected(delta.error());  // already names the file
+    if (auto s = apply_delta(store, live_version, *delta, options); !s) return fail_in(path, s.error());
+  }
+  return {};
+}
+
+}  // namespace mxq::refit

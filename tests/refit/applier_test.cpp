@@ -1,0 +1,614 @@
+// The refit applier against synthetic stores: every record kind and format lands byte-exact (identity and a
+// padded transposed layout), every refusal leaves the store untouched, and every failure after the first
+// write (checksum, injected fault, a faulting undo) leaves exactly the old bytes, or marks the store
+// unservable. The expected new planes are the ones the trainer side diffed, never bytes the applier produced.
+#include "refit/applier.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstring>
+#include <random>
+
+#include "../io/temp_dir.h"
+#include "engine/kv_cache.h"
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
+#include "model/cpu_backend.h"
+#include "model/load_model.h"
+#include "model/qwen3.h"
+#include "refit/checkpoint_delta.h"
+#include "refit/delta_encoder.h"
+
+namespace mxq::refit {
+namespace {
+
+struct Spec {
+  std::string name;
+  Format format;
+  std::vector<int64_t> shape;
+};
+
+// note: one tensor per format the delta carries, a stacked-expert one and a 1-D norm, small enough that a
+// whole-store byte compare is cheap.
+const std::vector<Spec> kSpecs = {
+    {"model.norm.weight", Format::kBF16, {64}},
+    {"model.layers.0.mlp.up_proj.weight", Format::kMXFP8, {8, 64}},
+    {"model.layers.0.mlp.experts.gate_up_proj", Format::kMXFP4, {2, 4, 64}},
+    {"model.layers.0.self_attn.o_proj.weight", Format::kFP8_B128, {130, 160}},
+    {"model.embed_tokens.weight", Format::kF32, {4, 8}},
+};
+
+struct Planes {
+  std::vector<uint8_t> values, scales;
+  bool operator==(const Planes&) const = default;
+};
+using ModelPlanes = std::map<std::string, Planes>;
+
+// A valid entry of each plane: no E4M3 NaN, no E8M0 NaN, finite floats, positive f32 scales.
+void random_entry(Format f, Plane p, std::mt19937& rng, uint8_t* e) {
+  if (p == Plane::kScales && f == Format::kFP8_B128) {
+    const float s = std::uniform_real_distribution<float>(1e-4f, 1.0f)(rng);
+    std::memcpy(e, &s, 4);
+  } else if (p == Plane::kScales) {
+    e[0] = static_cast<uint8_t>(110 + rng() % 30);
+  } else if (f == Format::kBF16 || f == Format::kF32) {
+    const float x = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
+    const uint32_t bits = std::bit_cast<uint32_t>(x);
+    if (f == Format::kF32)
+      std::memcpy(e, &bits, 4);
+    else
+      e[0] = static_cast<uint8_t>(bits >> 16), e[1] = static_cast<uint8_t>(bits >> 24);
+  } else {
+    e[0] = static_cast<uint8_t>(rng());
+    if (f != Format::kMXFP4 && (e[0] & 0x7F) == 0x7F) e[0] ^= 1;  // E4M3 NaN codes
+  }
+}
+
+// Re-draws a fraction `p` of the entries of both planes (all of them for p = 1).
+Planes mutate(const Spec& s, Planes planes, double p, std::mt19937& rng) {
+  std::bernoulli_distribution pick(p);
+  for (Plane plane : {Plane::kValues, Plane::kScales}) {
+    auto& bytes = plane == Plane::kValues ? planes.values : planes.scales;
+    if (bytes.empty()) continue;  // plain formats: no scales plane (and no scale entry width)
+    const auto w = static_cast<size_t>(entry_bytes(s.format, plane));
+    for (size_t i = 0; i + w <= bytes.size(); i += w)
+      if (pick(rng)) random_entry(s.format, plane, rng, bytes.data() + i);
+  }
+  return planes;
+}
+
+ModelPlanes random_model(uint32_t seed) {
+  std::mt19937 rng(seed);
+  ModelPlanes m;
+  for (const Spec& s : kSpecs) {
+    auto pb = plane_bytes(s.format, s.shape, s.name);
+    Planes zero{std::vector<uint8_t>(static_cast<size_t>(pb->values)),
+                std::vector<uint8_t>(static_cast<size_t>(pb->scales))};
+    m[s.name] = mutate(s, zero, 1.0, rng);
+  }
+  return m;
+}
+
+ModelPlanes step(const ModelPlanes& from, double p, uint32_t seed) {
+  std::mt19937 rng(seed);
+  ModelPlanes m;
+  for (const Spec& s : kSpecs) m[s.name] = mutate(s, from.at(s.name), p, rng);
+  return m;
+}
+
+// A layout that moves every byte: values transposed ([rows, row_bytes] -> [row_bytes, rows]), scale rows
+// padded by 3 bytes. Stands in for a kernel's native layout.
+Layout transposed_layout(const Spec& s) {
+  auto pb = plane_bytes(s.format, s.shape, s.name);
+  const int64_t rows = s.shape[s.shape.size() - 2], vrow = pb->values / rows, srows = pb->scales ? rows : 0;
+  Layout l{"transposed",
+           {PlaneKind::kSeparable, {rows, vrow}, pb->values, {}, {}},
+           {PlaneKind::kSeparable, {srows, srows ? pb->scales / srows : 0}, 0, {}, {}}};
+  for (int64_t r = 0; r < rows; ++r) l.values.row_off.push_back(r);
+  for (int64_t c = 0; c < vrow; ++c) l.values.col_off.push_back(c * rows);
+  const int64_t srow = l.scales.canonical.row_bytes, pitch = srow + 3;
+  for (int64_t r = 0; r < srows; ++r) l.scales.row_off.push_back(r * pitch);
+  for (int64_t c = 0; c < srow; ++c) l.scales.col_off.push_back(c);
+  l.scales.native_bytes = srows * pitch;
+  return l;
+}
+
+WeightStore make_store(const ModelPlanes& m, bool transposed_mxfp8) {
+  WeightStore store;
+  for (const Spec& s : kSpecs) {
+    const bool native = transposed_mxfp8 && s.format == Format::kMXFP8;
+    EXPECT_TRUE(native ? store.add(s.name, s.format, s.shape, transposed_layout(s))
+                       : store.add(s.name, s.format, s.shape));
+    EXPECT_TRUE(store.apply_tensor(s.name, m.at(s.name).values, m.at(s.name).scales));
+  }
+  return store;
+}
+
+ModelPlanes canonical(const WeightStore& store) {
+  ModelPlanes m;
+  for (const auto& [name, t] : store.tensors()) {
+    Planes p{std::vector<uint8_t>(static_cast<size_t>(t.layout.values.canonical.bytes())),
+             std::vector<uint8_t>(static_cast<size_t>(t.layout.scales.canonical.bytes()))};
+    EXPECT_TRUE(store.read_canonical(name, mxq::Plane::kValues, p.values));
+    EXPECT_TRUE(store.read_canonical(name, mxq::Plane::kScales, p.scales));
+    m[name] = std::move(p);
+  }
+  return m;
+}
+
+// Live native bytes, padding included: a rollback must restore these too.
+ModelPlanes native(const WeightStore& store) {
+  ModelPlanes m;
+  for (const auto& [name, t] : store.tensors())
+    m[name] = {{t.values.begin(), t.values.end()}, {t.scales.begin(), t.scales.end()}};
+  return m;
+}
+
+Delta make_delta(const ModelPlanes& from, const ModelPlanes& to, uint64_t base, uint64_t next, bool anchors) {
+  Delta d{base, next, {}};
+  for (const Spec& s : kSpecs) {
+    const CanonicalPlanes old_planes{from.at(s.name).values, from.at(s.name).scales};
+    auto t = diff_tensor(s.name, s.format, s.shape, &old_planes, {to.at(s.name).values, to.at(s.name).scales},
+                         anchors);
+    EXPECT_TRUE(t) << t.error().message;
+    d.tensors.push_back(std::move(*t));
+  }
+  return d;
+}
+
+// Every tensor's stored checksum equals the XXH3-64 of its canonical planes in `m`.
+void expect_checksums(const WeightStore& store, const ModelPlanes& m) {
+  for (const auto& [name, p] : m)
+    EXPECT_EQ(store.at(name).checksum, canonical_checksum(p.values, p.scales)) << name;
+}
+
+// ---- applying
+struct ApplyCase {
+  std::string name;
+  double p;      // changed fraction of entries
+  bool anchors;  // every record an anchor
+  bool layout;   // mxfp8 tensor lives in the transposed layout
+};
+void PrintTo(const ApplyCase& c, std::ostream* os) { *os << c.name; }
+
+class ApplyDelta : public ::testing::TestWithParam<ApplyCase> {};
+
+TEST_P(ApplyDelta, LandsTheTrainersPlanesAndAdvancesTheVersion) {
+  const ApplyCase& c = GetParam();
+  const ModelPlanes a = random_model(1), b = step(a, c.p, 2);
+  WeightStore store = make_store(a, c.layout);
+  uint64_t version = 7;
+  const Delta d = make_delta(a, b, 7, 8, c.anchors);
+  ASSERT_TRUE(apply_delta(store, version, d));
+  EXPECT_EQ(version, 8u);
+  EXPECT_TRUE(canonical(store) == b);
+  expect_checksums(store, b);
+  if (c.layout) {  // the native bytes are b's permuted by hand, pads zero
+    const Spec& s = kSpecs[1];
+    const QTensor& t = store.at(s.name);
+    const auto& v = b.at(s.name).values;
+    for (int64_t r = 0; r < 8; ++r)
+      for (int64_t k = 0; k < 64; ++k)
+        ASSERT_EQ(t.values[static_cast<size_t>(k * 8 + r)], v[static_cast<size_t>(r * 64 + k)]);
+    for (int64_t r = 0; r < 8; ++r)
+      for (int64_t k = 2; k < 5; ++k) ASSERT_EQ(t.scales[static_cast<size_t>(r * 5 + k)], 0) << "pad byte";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Records, ApplyDelta,
+                         ::testing::Values(ApplyCase{"sparse_1pct", 0.01, false, false},
+                                           ApplyCase{"sparse_20pct", 0.2, false, false},
+                                           ApplyCase{"identity_update", 0.0, false, false},  // covers W-22
+                                           ApplyCase{"anchors", 0.3, true, false},
+                                           ApplyCase{"sparse_transposed_layout", 0.05, false, true},
+                                           ApplyCase{"anchors_transposed_layout", 0.3, true, true}),
+                         [](const auto& i) { return i.param.name; });
+
+// ---- refusals before the first write
+struct RefuseCase {
+  std::string name;
+  std::string id;  // the bad_inputs.md ID the message must name
+  std::function<void(Delta&)> spoil;
+};
+void PrintTo(const RefuseCase& c, std::ostream* os) { *os << c.name << " (" << c.id << ")"; }
+
+class RefuseDelta : public ::testing::TestWithParam<RefuseCase> {};
+
+TEST_P(RefuseDelta, BeforeAnyWriteAndWithoutTouchingTheStore) {
+  const RefuseCase& c = GetParam();
+  const ModelPlanes a = random_model(3), b = step(a, 0.1, 4);
+  WeightStore store = make_store(a, true);
+  const ModelPlanes before = native(store);
+  Delta d = make_delta(a, b, 5, 6, false);
+  c.spoil(d);
+  uint64_t version = 5;
+  int hooks = 0;
+  ApplyOptions opt;
+  opt.fault = [&](const StagePoint&) {
+    ++hooks;
+    return Status{};
+  };
+  const Status s = apply_delta(store, version, d, opt);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find(c.id), std::string::npos) << s.error().message;
+  EXPECT_EQ(s.error().message.find('\n'), std::string::npos);
+  EXPECT_EQ(hooks, 0) << "refused after the validation stage";
+  EXPECT_EQ(version, 5u);
+  EXPECT_TRUE(native(store) == before);
+}
+
+TensorDelta& mxfp8(Delta& d) { return d.tensors[1]; }
+
+INSTANTIATE_TEST_SUITE_P(
+    Rules, RefuseDelta,
+    ::testing::Values(
+        // covers W-01
+        RefuseCase{"index_past_end", "W-01", [](Delta& d) { mxfp8(d).values.indices.back() = 8 * 64; }},
+        RefuseCase{"negative_index", "W-01", [](Delta& d) { mxfp8(d).values.indices.front() = -1; }},
+        // covers W-02
+        RefuseCase{"duplicate_index", "W-02",
+                   [](Delta& d) { mxfp8(d).values.indices[1] = mxfp8(d).values.indices[0]; }},
+        // covers W-03
+        RefuseCase{"short_bytes", "W-03", [](Delta& d) { mxfp8(d).values.bytes.pop_back(); }},
+        RefuseCase{"three_byte_f32_scale", "W-03", [](Delta& d) { d.tensors[3].scales.bytes.resize(3); }},
+        // covers W-04
+        RefuseCase{"unsorted", "W-04",
+                   [](Delta& d) { std::swap(mxfp8(d).values.indices[0], mxfp8(d).values.indices[1]); }},
+        // covers W-05
+        RefuseCase{"e4m3_nan", "W-05", [](Delta& d) { mxfp8(d).values.bytes[0] = 0x7F; }},
+        RefuseCase{"e8m0_nan_in_anchor", "W-05",
+                   [](Delta& d) {
+                     const std::string name = d.tensors[2].name;  // mxfp4 [2, 4, 64]: 256 + 16 plane bytes
+                     d.tensors[2] = {name,
+                                     Format::kMXFP4,
+                                     {2, 4, 64},
+                                     true,
+                                     0,
+                                     {{}, std::vector<uint8_t>(256)},
+                                     {{}, std::vector<uint8_t>(16, 0xFF)}};
+                   }},
+        // covers W-07
+        RefuseCase{"unknown_name", "W-07", [](Delta& d) { d.tensors[0].name = "model.norm.bias"; }},
+        RefuseCase{"missing_tensor", "W-07", [](Delta& d) { d.tensors.pop_back(); }},
+        RefuseCase{"duplicated_tensor", "W-07", [](Delta& d) { d.tensors.push_back(d.tensors[0]); }},
+        // covers W-08
+        RefuseCase{"wrong_shape", "W-08",
+                   [](Delta& d) {
+                     mxfp8(d).shape = {64, 8};
+                   }},
+        RefuseCase{"wrong_format", "W-08", [](Delta& d) { d.tensors[0].format = Format::kF16; }},
+        RefuseCase{
+            "short_anchor", "W-08",
+            [](Delta& d) {
+              d.tensors[4] = {
+                  d.tensors[4].name, Format::kF32, {4, 8}, true, 0, {{}, std::vector<uint8_t>(124)}, {}};
+            }},
+        // covers W-12
+        RefuseCase{"wrong_base", "W-12", [](Delta& d) { d.base_version = 4, d.new_version = 5 + 2; }},
+        RefuseCase{"already_applied", "W-12", [](Delta& d) { d.base_version = 4, d.new_version = 5; }},
+        RefuseCase{"not_newer", "W-12", [](Delta& d) { d.new_version = 5; }}),
+    [](const auto& i) { return i.param.name; });
+
+// covers W-26
+TEST(ApplyDeltaUndoLog, AllocationFailureFailsBeforeTheFirstWrite) {
+  const ModelPlanes a = random_model(5), b = step(a, 0.1, 6);
+  WeightStore store = make_store(a, false);
+  const Delta d = make_delta(a, b, 0, 1, false);
+  size_t asked = 0;
+  ApplyOptions opt;
+  opt.allocate_undo = [&](size_t bytes) {
+    asked = bytes;
+    return std::unique_ptr<uint8_t[]>();
+  };
+  opt.fault = [](const StagePoint& p) { return fail("hook reached at {}", stage_name(p.stage)); };
+  uint64_t version = 0;
+  const Status s = apply_delta(store, version, d, opt);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find("W-26"), std::string::npos) << s.error().message;
+  EXPECT_EQ(asked, undo_log_bytes(d));
+  EXPECT_GT(asked, 0u);
+  EXPECT_EQ(version, 0u);
+  EXPECT_TRUE(canonical(store) == a);
+}
+
+// ---- failures after the first write restore the old bytes
+struct ChecksumCase {
+  std::string name;
+  size_t record;       // record whose checksum is wrong
+  bool corrupt_bytes;  // its first new byte corrupted (still a valid code) instead of its checksum
+};
+void PrintTo(const ChecksumCase& c, std::ostream* os) { *os << c.name; }
+
+class ChecksumMismatch : public ::testing::TestWithParam<ChecksumCase> {};
+
+// covers W-09, W-22 (a deliberately corrupted tensor fails the verifier)
+TEST_P(ChecksumMismatch, OnTensorKOfNRestoresEveryByte) {
+  const ChecksumCase& c = GetParam();
+  const ModelPlanes a = random_model(7), b = step(a, 0.1, 8);
+  WeightStore store = make_store(a, true);
+  const ModelPlanes before = native(store);
+  Delta d = make_delta(a, b, 1, 2, false);
+  TensorDelta& bad = d.tensors[c.record];
+  if (c.corrupt_bytes) {
+    ASSERT_FALSE(bad.values.bytes.empty());
+    bad.values.bytes[0] ^= 0x01;  // note: bf16 low mantissa bit / an E2M1 nibble: never a NaN code
+  } else {
+    bad.checksum ^= 1;
+  }
+  uint64_t version = 1;
+  const Status s = apply_delta(store, version, d);
+  ASSERT_FALSE(s);
+  const std::string where =
+      fmt::format("tensor {} of {} {}", c.record + 1, kSpecs.size(), kSpecs[c.record].name);
+  EXPECT_NE(s.error().message.find(where), std::string::npos) << s.error().message;
+  EXPECT_NE(s.error().message.find("restored"), std::string::npos) << s.error().message;
+  EXPECT_EQ(version, 1u);
+  EXPECT_TRUE(native(store) == before);
+  expect_checksums(store, a);
+  EXPECT_TRUE(store.servable());
+}
+
+INSTANTIATE_TEST_SUITE_P(Records, ChecksumMismatch,
+                         ::testing::Values(ChecksumCase{"first", 0, false},
+                                           ChecksumCase{"transposed_mxfp8", 1, false},
+                                           ChecksumCase{"stacked_mxfp4", 2, false},
+                                           ChecksumCase{"last", 4, false},
+                                           ChecksumCase{"corrupt_bf16_bytes", 0, true},
+                                           ChecksumCase{"corrupt_mxfp4_bytes", 2, true}),
+                         [](const auto& i) { return i.param.name; });
+
+// covers W-06: the values of an MX block move but the delta drops its new scale; the trainer's checksum
+// (of the planes it meant) catches it after the write.
+TEST(ApplyDeltaChecksum, ValueChangeWithoutItsScaleIsRestored) {
+  const ModelPlanes a = random_model(9);
+  ModelPlanes b = a;
+  b[kSpecs[1].name].values[0] = a.at(kSpecs[1].name).values[0] == 0x01 ? 0x02 : 0x01;
+  b[kSpecs[1].name].scales[0] = static_cast<uint8_t>(a.at(kSpecs[1].name).scales[0] + 1);
+  WeightStore store = make_store(a, false);
+  Delta d = make_delta(a, b, 0, 1, false);
+  ASSERT_EQ(mxfp8(d).scales.indices.size(), 1u);
+  mxfp8(d).scales = {};
+  uint64_t version = 0;
+  const Status s = apply_delta(store, version, d);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find(kSpecs[1].name + ": canonical checksum"), std::string::npos)
+      << s.error().message;
+  EXPECT_TRUE(canonical(store) == a);
+  EXPECT_EQ(version, 0u);
+}
+
+// A progress callback sees every tensor once, in record order; cancelling at tensor k restores the old bytes.
+TEST(ApplyDeltaProgress, ReportsEachTensorAndCancelsByRollingBack) {
+  const ModelPlanes a = random_model(10), b = step(a, 0.1, 11);
+  const Delta d = make_delta(a, b, 0, 1, false);
+  for (int64_t cancel_at = 1; cancel_at <= static_cast<int64_t>(kSpecs.size()) + 1; ++cancel_at) {
+    WeightStore store = make_store(a, true);
+    std::vector<std::string> seen;
+    ApplyOptions opt;
+    opt.progress = [&](const Progress& p) {
+      EXPECT_EQ(p.done, static_cast<int64_t>(seen.size()) + 1);
+      EXPECT_EQ(p.total, static_cast<int64_t>(kSpecs.size()));
+      seen.emplace_back(p.item);
+      return p.done != cancel_at;
+    };
+    uint64_t version = 0;
+    const Status s = apply_delta(store, version, d, opt);
+    if (cancel_at > static_cast<int64_t>(kSpecs.size())) {  // never cancelled
+      ASSERT_TRUE(s) << s.error().message;
+      EXPECT_TRUE(canonical(store) == b);
+      EXPECT_EQ(seen.size(), kSpecs.size());
+      for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], kSpecs[i].name);
+      continue;
+    }
+    ASSERT_FALSE(s);
+    EXPECT_NE(s.error().message.find("cancelled"), std::string::npos) << s.error().message;
+    EXPECT_EQ(version, 0u);
+    EXPECT_TRUE(canonical(store) == a) << "cancelled at tensor " << cancel_at;
+  }
+}
+
+// ---- fault injection at every stage (W-10)
+std::vector<StagePoint> stages_of(const Delta& d, const ModelPlanes& a, bool layout) {
+  WeightStore store = make_store(a, layout);
+  std::vector<StagePoint> seen;  // names point into `d`, which outlives the result
+  ApplyOptions opt;
+  opt.fault = [&](const StagePoint& p) {
+    seen.push_back(p);
+    return Status{};
+  };
+  uint64_t version = d.base_version;
+  EXPECT_TRUE(apply_delta(store, version, d, opt));
+  return seen;
+}
+
+struct FaultCase {
+  std::string name;
+  bool anchors, layout;
+  int undo_faults;  // consecutive faults injected at the first undo step
+};
+void PrintTo(const FaultCase& c, std::ostream* os) { *os << c.name; }
+
+class FaultAtEveryStage : public ::testing::TestWithParam<FaultCase> {};
+
+// covers W-10
+TEST_P(FaultAtEveryStage, LeavesExactlyTheOldBytesOrRefusesToServe) {
+  const FaultCase& c = GetParam();
+  const ModelPlanes a = random_model(11), b = step(a, 0.05, 12);
+  const Delta d = make_delta(a, b, 3, 4, c.anchors);
+  const std::vector<StagePoint> stages = stages_of(d, a, c.layout);
+  ASSERT_EQ(stages.size(), 1 + 2 * kSpecs.size()) << "validated + written/verified per record";
+  for (size_t k = 0; k < stages.size(); ++k) {
+    SCOPED_TRACE(fmt::format("fault at stage {} ({} {})", k, stage_name(stages[k].stage), stages[k].name));
+    WeightStore store = make_store(a, c.layout);
+    const ModelPlanes before = native(store);
+    size_t calls = 0;
+    int undo_faults = 0;
+    ApplyOptions opt;
+    opt.fault = [&](const StagePoint& p) -> Status {
+      if (p.stage == ApplyStage::kUndoStep) {
+        if (undo_faults++ < c.undo_faults) return fail("injected undo fault");
+        return {};
+      }
+      if (calls++ == k) return fail("injected fault");
+      return {};
+    };
+    uint64_t version = 3;
+    const Status s = apply_delta(store, version, d, opt);
+    ASSERT_FALSE(s);
+    EXPECT_EQ(version, 3u);
+    const bool wrote = k > 0;
+    if (wrote && c.undo_faults >= kUndoAttempts) {  // a persistent undo fault: never serve
+      EXPECT_NE(s.error().message.find("refuses to serve"), std::string::npos) << s.error().message;
+      EXPECT_FALSE(store.servable());
+      uint64_t again = 3;
+      EXPECT_FALSE(apply_delta(store, again, d)) << "an inconsistent store took another delta";
+      continue;
+    }
+    EXPECT_NE(s.error().message.find("injected fault"), std::string::npos) << s.error().message;
+    EXPECT_TRUE(store.servable());
+    EXPECT_TRUE(native(store) == before);
+    expect_checksums(store, a);
+    // the same store then takes the delta cleanly: the old state is a real version-3 state
+    ASSERT_TRUE(apply_delta(store, version, d));
+    EXPECT_TRUE(canonical(store) == b);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, FaultAtEveryStage,
+                         ::testing::Values(FaultCase{"sparse", false, false, 0},
+                                           FaultCase{"anchors", true, false, 0},
+                                           FaultCase{"sparse_transposed_layout", false, true, 0},
+                                           FaultCase{"transient_undo_fault", false, true, kUndoAttempts - 1},
+                                           FaultCase{"anchors_transient_undo_fault", true, false, 1},
+                                           FaultCase{"persistent_undo_fault", false, false, kUndoAttempts}),
+                         [](const auto& i) { return i.param.name; });
+
+// ---- chains (W-16, W-17)
+struct ChainCase {
+  std::string name;
+  std::vector<double> steps;  // changed fraction of each step; a negative entry returns to the first model
+  bool layout;
+};
+void PrintTo(const ChainCase& c, std::ostream* os) { *os << c.name; }
+
+class DeltaChain : public ::testing::TestWithParam<ChainCase> {};
+
+// covers W-16 (no buffer moves) and W-17 (3+ updates and A -> B -> A stay bit-exact)
+TEST_P(DeltaChain, EachVersionEqualsLoadingItDirectly) {
+  const ChainCase& c = GetParam();
+  std::vector<ModelPlanes> models = {random_model(13)};
+  WeightStore store = make_store(models[0], c.layout);
+  std::map<std::string, std::pair<const uint8_t*, const uint8_t*>> where;
+  for (const auto& [name, t] : store.tensors()) where[name] = {t.values.data(), t.scales.data()};
+  uint64_t version = 0;
+  for (size_t i = 0; i < c.steps.size(); ++i) {
+    const ModelPlanes next =
+        c.steps[i] < 0 ? models[0] : step(models.back(), c.steps[i], 20 + static_cast<uint32_t>(i));
+    ASSERT_TRUE(apply_delta(store, version, make_delta(models.back(), next, i, i + 1, false)));
+    models.push_back(next);
+    const WeightStore fresh = make_store(next, c.layout);  // "loading the target directly"
+    EXPECT_TRUE(native(store) == native(fresh)) << "after step " << i + 1;
+    for (const auto& [name, t] : store.tensors()) {
+      EXPECT_EQ(t.checksum, fresh.at(name).checksum) << name;
+      EXPECT_EQ(where[name], std::make_pair(static_cast<const uint8_t*>(t.values.data()),
+                                            static_cast<const uint8_t*>(t.scales.data())))
+          << name << " moved";
+    }
+  }
+  EXPECT_EQ(version, c.steps.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Chains, DeltaChain,
+                         ::testing::Values(ChainCase{"a_b_a", {0.1, -1}, false},
+                                           ChainCase{"a_b_a_transposed_layout", {0.1, -1}, true},
+                                           ChainCase{"four_steps", {0.01, 0.05, 0.3, 0.001}, false},
+                                           ChainCase{"three_steps_then_back", {0.02, 0.02, 0.02, -1}, true}),
+                         [](const auto& i) { return i.param.name; });
+
+// ---- a real model: what `mxq generate --model BASE --quantization Q --apply-delta STEP` runs
+// The target checkpoint is the base's f32 weights, each scaled by (1 + 1e-2 N(0,1)) (a large step, so scales
+// move as well as values).
+Status write_target_checkpoint(const std::string& base, const std::string& target) {
+  auto file = SafetensorsFile::open(base + "/model.safetensors");
+  if (!file) return tl::unexpected(file.error());
+  std::mt19937 rng(17);
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  std::vector<std::vector<uint8_t>> data;
+  data.reserve(file->tensors().size());
+  std::vector<TensorToWrite> out;
+  for (const TensorEntry& e : file->tensors()) {
+    if (e.dtype != Dtype::kF32) return fail("{}: expected an f32 checkpoint", e.name);
+    auto& bytes = data.emplace_back(e.nbytes());
+    if (auto s = file->read(e, bytes); !s) return s;
+    for (size_t i = 0; i + 4 <= bytes.size(); i += 4) {
+      float x;
+      std::memcpy(&x, bytes.data() + i, 4);
+      x *= 1.0f + 1e-2f * noise(rng);
+      std::memcpy(bytes.data() + i, &x, 4);
+    }
+    out.push_back({e.name, e.dtype, e.shape, bytes});
+  }
+  std::filesystem::copy_file(base + "/config.json", target + "/config.json");
+  return write_safetensors(target + "/model.safetensors", out, file->metadata());
+}
+
+std::vector<float> logits_of(LoadedModel& m) {
+  auto backend = make_cpu_backend(1);
+  auto model = Qwen3Model::create(m.config, m.store, *backend);
+  EXPECT_TRUE(model);
+  const std::vector<int32_t> prompt = {1, 17, 42, 99};
+  auto kv = KvCache::create(*backend, m.config, 4);
+  std::vector<float> logits(static_cast<size_t>(m.config.vocab_size));
+  EXPECT_TRUE(model->forward(prompt, kv->sequence(), logits.data()));
+  return logits;
+}
+
+class CheckpointStep : public ::testing::TestWithParam<std::string> {};
+
+// covers W-16, W-17 on a loaded model: base + delta == a load of the target, every byte and the logits
+TEST_P(CheckpointStep, BasePlusDeltaEqualsLoadingTheTarget) {
+  const std::string base = MXQ_SOURCE_DIR "/tests/golden/model/ckpt/qwen3-dense-f32";
+  ScopedTempDir tmp;
+  const std::string target = tmp.path() + "/target";
+  std::filesystem::create_directory(target);
+  ASSERT_TRUE(write_target_checkpoint(base, target));
+  const Format q = *parse_format(GetParam());
+  auto delta = make_checkpoint_delta(base, target, {q, 0, 1, false, 1});
+  ASSERT_TRUE(delta) << delta.error().message;
+  const std::vector<std::string> files = {tmp.path() + "/step.mxqd"};
+  ASSERT_TRUE(write_delta_file(*delta, files[0]));
+
+  LoadOptions opt;
+  opt.quantization = q;
+  auto live = load_model(base, opt), fresh = load_model(target, opt);
+  ASSERT_TRUE(live && fresh);
+  const std::vector<float> before = logits_of(*live);
+  std::map<std::string, const uint8_t*> where;
+  for (const auto& [name, t] : live->store.tensors()) where[name] = t.values.data();
+  uint64_t version = 0;
+  const Status s = apply_delta_files(live->store, version, files);
+  ASSERT_TRUE(s) << s.error().message;
+  EXPECT_EQ(version, 1u);
+  EXPECT_TRUE(native(live->store) == native(fresh->store));
+  for (const auto& [name, t] : live->store.tensors())
+    EXPECT_EQ(t.values.data(), where[name]) << name << " moved";
+  const std::vector<float> after = logits_of(*live), want = logits_of(*fresh);
+  EXPECT_EQ(std::memcmp(after.data(), want.data(), after.size() * sizeof(float)), 0);
+  EXPECT_NE(std::memcmp(after.data(), before.data(), after.size() * sizeof(float)), 0) << "nothing changed";
+  // the same file again is refused: the store is already at its new version (W-12)
+  const Status again = apply_delta_files(live->store, version, files);
+  ASSERT_FALSE(again);
+  EXPECT_NE(again.error().message.find("already applied"), std::string::npos) << again.error().message;
+  EXPECT_NE(again.error().message.find(files[0]), std::string::npos) << again.error().message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Quantizations, CheckpointStep, ::testing::Values("mxfp8", "mxfp4", "fp8-b128"),
+                         [](const auto& i) {
+                           std::string n = i.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace mxq::refit
