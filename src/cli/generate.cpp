@@ -208,7 +208,7 @@ void add_generate(CLI::App& app, int& exit_code) {
   cmd->add_option("--top-p", o->top_p, "1 = off");
   cmd->add_option("--min-p", o->min_p, "0 = off");
   cmd->add_option("--seed", o->seed, "Sampling seed");
-  cmd->add_option("--stop", o->stop, "Stop string (repeatable)");
+  cmd->add_option("--stop", o->stop, "Stop string (repeatable)")->allow_extra_args(false);
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at EOS");
   cmd->add_option("--top-logprobs", o->top_logprobs, "Alternatives reported per token (with --json)");
   cmd->add_flag("--chat", o->chat, "Wrap the prompt in the Qwen3 chat template");

@@ -2,9 +2,12 @@
 the embedded default model, and refusals (exit 2, one line on stderr)."""
 import json
 import pathlib
+import shutil
 import subprocess
 
+import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 from conftest import MXQ  # noqa: E402  (build/mxq, or $MXQ_BIN)
@@ -87,3 +90,30 @@ def test_bench_decode_prints_pp_and_tg_rows():
     rows = [line for line in p.stdout.splitlines() if line.startswith("| qwen3-moe-bf16")]
     assert [r.split("|")[5].strip() for r in rows] == ["pp8", "tg4"]
     assert all(float(r.split("|")[6]) > 0 for r in rows)
+
+
+def test_stop_takes_one_value_and_leaves_the_prompt_positional():
+    # `--stop X PROMPT`: the stop flag takes one value; the next word is the positional prompt.
+    p = generate("--stop", "\n\n", "def fibonacci(n):", "--max-new-tokens", 4, "--json")
+    assert p.returncode == 0, p.stderr
+
+
+def test_apply_delta_equals_loading_the_target(tmp_path):
+    base, target = GOLDEN / "model" / "ckpt" / "qwen3-dense-f32", tmp_path / "target"
+    # A trainer step: the target is the base with one projection nudged (written with the python library).
+    shutil.copytree(base, target)
+    tensors = load_file(str(target / "model.safetensors"))
+    name = "model.layers.0.mlp.up_proj.weight"
+    rng = np.random.default_rng(0)
+    tensors[name] = (tensors[name] * (1 + 1e-2 * rng.standard_normal(tensors[name].shape))).astype(np.float32)
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    delta = tmp_path / "step.mxqd"
+    d = subprocess.run([str(MXQ), "delta", "make", "--base", base, "--target", target, "--quantization", "mxfp8",
+                        "-o", delta], capture_output=True, text=True, timeout=600)
+    assert d.returncode == 0, d.stderr
+    args = ("--prompt-ids", "1,2,3", "--max-new-tokens", 8, "--ignore-eos", "--quantization", "mxfp8", "--json")
+    refit = generate("--model", base, "--apply-delta", delta, *args)
+    direct = generate("--model", target, *args)
+    assert refit.returncode == 0 and direct.returncode == 0, refit.stderr + direct.stderr
+    assert json.loads(refit.stdout)["token_ids"] == json.loads(direct.stdout)["token_ids"]
+    assert json.loads(refit.stdout)["logprobs"] == json.loads(direct.stdout)["logprobs"]
