@@ -161,6 +161,11 @@ int run_generate(const GenerateOptions& o) {
   // Text streams as soon as it is final (the generator holds back possible stop strings and partial UTF-8);
   // --json prints one object at the end instead.
   const bool stream = !o.json;
+  // note: like llama.cpp, a plain text prompt is echoed before its continuation (not a chat prompt).
+  if (stream && o.prompt_ids.empty() && !o.chat) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  }
   auto g = gen.generate(prompt, p, [&](std::string_view piece) {
     if (stream) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -182,6 +187,7 @@ int run_generate(const GenerateOptions& o) {
   } else {
     if (!tok) fmt::print("{}", fmt::join(g->token_ids, " "));
     fmt::print("\n");
+    std::fflush(stdout);  // the text ends before the stats line on a shared terminal
     const double tg =
         g->decode_seconds > 0 ? static_cast<double>(g->token_ids.size() - 1) / g->decode_seconds : 0;
     fmt::print(stderr, "[{} prompt + {} generated tokens, {} ({}), prefill {:.1f} ms, {:.1f} tok/s, {}]\n",
