@@ -4,26 +4,13 @@
 #include <chrono>
 #include <optional>
 
-#include "engine/kv_cache.h"
+#include "engine/engine.h"
 
 namespace mxq {
 namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Length of the longest suffix of `text` that is a proper prefix of some stop string: text that might still
-// turn into a stop string and so cannot be streamed yet.
-size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
-  size_t hold = 0;
-  for (const std::string& s : stops)
-    for (size_t len = std::min(s.size() - 1, text.size()); len > hold; --len)
-      if (text.substr(text.size() - len) == std::string_view(s).substr(0, len)) {
-        hold = len;
-        break;
-      }
-  return hold;
 }
 
 }  // namespace
@@ -58,65 +45,36 @@ Status Generator::check_request(std::span<const int32_t> prompt, const GenerateP
 Result<Generation> Generator::generate(std::span<const int32_t> prompt, const GenerateParams& p,
                                        const TextCallback& on_text) {
   if (auto st = check_request(prompt, p); !st) return tl::unexpected(st.error());
-  const ModelConfig& c = model_->config();
-  const int64_t n = static_cast<int64_t>(prompt.size());
-  auto kv = KvCache::create(model_->backend(), c, n + p.max_new_tokens);
-  if (!kv) return tl::unexpected(kv.error());
+  const auto n = static_cast<int64_t>(prompt.size());
+  // note: one request through the batched engine, its prompt in one chunk and its cache sized for the
+  // request exactly (as a batch of one would run on the server).
+  EngineConfig cfg;
+  cfg.scheduler = {.max_num_seqs = 1, .max_num_batched_tokens = n, .max_model_len = n + p.max_new_tokens};
+  auto engine = Engine::create(*model_, tokenizer_, cfg, make_per_sequence_runner(*model_));
+  if (!engine) return tl::unexpected(engine.error());
+  if (auto st = engine->add(0, prompt, p); !st) return tl::unexpected(st.error());
 
-  // note: the KV cache is sized for this request exactly, so no position can overflow it mid-generation.
-  std::vector<int32_t> stop_ids = p.stop_token_ids;
-  if (!p.ignore_eos)
-    for (int64_t e : c.eos_token_ids) stop_ids.push_back(static_cast<int32_t>(e));
-  // One generator per request: the same seed and parameters give the same tokens whatever ran before.
-  std::mt19937_64 rng(p.seed);
-  std::vector<float> logits(static_cast<size_t>(c.vocab_size));
   Generation g;
-  std::optional<StreamDecoder> stream;
-  if (tokenizer_) stream.emplace(*tokenizer_);
-  size_t emitted = 0;  // bytes of g.text handed to on_text
-
   auto t0 = std::chrono::steady_clock::now();
-  if (auto st = model_->forward(prompt, kv->sequence(), logits.data()); !st)
-    return tl::unexpected(st.error());
-  g.prefill_seconds = seconds_since(t0);
-  t0 = std::chrono::steady_clock::now();
-  for (int64_t step = 0; step < p.max_new_tokens; ++step) {
-    auto tok = sample(logits.data(), c.vocab_size, p.sampling, rng);
-    if (!tok) return fail_in(fmt::format("sampling step {}", step), tok.error());
-    g.token_ids.push_back(tok->id);
-    g.tokens.push_back(std::move(*tok));
-    const int32_t id = g.token_ids.back();
-    // A stop token is kept in token_ids (its logprob was reported) but its text is not added (vLLM's rule).
-    if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
-      g.finish = FinishReason::kStopToken;
-      break;
+  for (bool first = true; !engine->idle(); first = false) {
+    auto outputs = engine->step();
+    if (!outputs) return tl::unexpected(outputs.error());
+    if (first) {
+      g.prefill_seconds = seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
     }
-    if (stream) {
-      g.text += stream->push(id);
-      // note: a stop string cannot start before `emitted`: anything after it that could still begin one was
-      // held back, so only the held-back tail plus this piece is searched.
-      size_t cut = std::string::npos;
-      for (const std::string& s : p.stop) cut = std::min(cut, g.text.find(s, emitted));
-      if (cut != std::string::npos) {
-        g.text.resize(cut);
-        g.finish = FinishReason::kStopString;
+    for (RequestOutput& out : *outputs) {
+      for (SampledToken& t : out.tokens) {
+        g.token_ids.push_back(t.id);
+        g.tokens.push_back(std::move(t));
       }
-      const size_t ready =
-          g.finish == FinishReason::kStopString ? g.text.size() : g.text.size() - held_back(g.text, p.stop);
-      if (on_text && ready > emitted && !on_text(std::string_view(g.text).substr(emitted, ready - emitted)))
-        break;
-      emitted = std::max(emitted, ready);
-      if (g.finish == FinishReason::kStopString) break;
+      g.text += out.text;
+      if (out.finished) g.finish = out.finish;
+      if (on_text && !out.text.empty() && !on_text(out.text) && !out.finished) {
+        (void)engine->abort(0);
+        g.finish = FinishReason::kLength;
+      }
     }
-    // note: no forward after the last token: its logits would never be sampled.
-    if (step + 1 == p.max_new_tokens) break;
-    const int32_t next[1] = {id};
-    if (auto st = model_->forward(next, kv->sequence(), logits.data()); !st)
-      return tl::unexpected(st.error());
-  }
-  if (stream && g.finish != FinishReason::kStopString) {
-    g.text += stream->finish();
-    if (on_text && g.text.size() > emitted) on_text(std::string_view(g.text).substr(emitted));
   }
   g.decode_seconds = seconds_since(t0);
   return g;

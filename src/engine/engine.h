@@ -1,0 +1,105 @@
+// The batched engine: requests come in at any time, every step() runs one scheduler plan (running decodes and
+// prompt chunks together, continuous batching) through a ModelRunner and hands back what each request
+// produced: its new tokens with logprobs, the text that became final, and whether (and why) it finished.
+// Per-request logic — stop token ids, EOS, stop strings held back while they may still match, streaming text
+// by whole UTF-8 characters, one seeded generator per request — is the same for every runner, so a request
+// produces the same tokens alone or in a batch.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "engine/generator.h"
+#include "engine/scheduler.h"
+
+namespace mxq {
+
+// What the runner needs to sample one sequence's next token.
+struct SampleSpec {
+  const SamplingParams* params;
+  std::mt19937_64* rng;  // the request's own generator (host samplers)
+  uint64_t seed = 0;     // the request's seed and the index of the token being drawn (counter-based samplers)
+  int64_t index = 0;
+};
+
+// Runs scheduler plans on a backend. The CPU runner keeps one contiguous KV cache per sequence; a paged CUDA
+// runner reads the plan's block tables.
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  // Runs every chunk of `plan` and returns one token per sampling chunk, in plan order (`specs` likewise).
+  virtual Result<std::vector<SampledToken>> run(const StepPlan& plan, const Scheduler& scheduler,
+                                                std::span<const SampleSpec> specs) = 0;
+  // Forgets a sequence's cache (finished, aborted or preempted: a preempted one is recomputed from 0).
+  virtual void drop(uint64_t id) = 0;
+};
+
+// One contiguous KvCache per sequence, each chunk through Qwen3Model::forward on the model's backend, one
+// sequence after another; samples on the host.
+std::unique_ptr<ModelRunner> make_per_sequence_runner(Qwen3Model& model);
+
+struct EngineConfig {
+  SchedulerConfig scheduler{.max_model_len = 0};  // max_model_len 0: the model's max_position_embeddings
+  int32_t block_size = 16;
+  int64_t num_blocks = 0;  // 0 = enough for max_num_seqs sequences of max_model_len tokens
+};
+
+// What one request produced in one step.
+struct RequestOutput {
+  uint64_t id = 0;
+  std::vector<SampledToken> tokens;  // new tokens, a stop token included
+  std::string text;                  // text that became final this step
+  bool finished = false;
+  FinishReason finish = FinishReason::kLength;
+};
+
+class Engine {
+ public:
+  // `model`, `tokenizer` (may be null) and the runner's backend must outlive the engine.
+  static Result<Engine> create(Qwen3Model& model, const Tokenizer* tokenizer, EngineConfig config,
+                               std::unique_ptr<ModelRunner> runner);
+
+  // Queues a request; refuses what Generator::check_request refuses, and what the scheduler refuses (ids in
+  // use, sequences over max_model_len or the KV pool).
+  Status add(uint64_t id, std::span<const int32_t> prompt, const GenerateParams& params);
+  // One forward over the next plan; empty when nothing is queued. A failure of the forward itself fails
+  // every request of that step (they are dropped) and is returned.
+  Result<std::vector<RequestOutput>> step();
+  // Drops a queued or running request and frees its KV blocks. Refuses an unknown id.
+  Status abort(uint64_t id);
+
+  bool idle() const { return scheduler_->idle(); }
+  const Scheduler& scheduler() const { return *scheduler_; }
+  const BlockPool& pool() const { return *pool_; }
+
+ private:
+  struct Request {
+    GenerateParams params;
+    std::vector<int32_t> stop_ids;
+    std::mt19937_64 rng;
+    std::optional<StreamDecoder> stream;
+    std::string text;    // text so far (stop string cut away)
+    size_t emitted = 0;  // bytes of text already handed out
+    int64_t generated = 0;
+  };
+  Engine() = default;
+  // Takes one sampled token; returns true when the request ends with it.
+  bool accept(Request& r, const SampledToken& tok, RequestOutput& out);
+  void retire(uint64_t id);
+
+  Qwen3Model* model_ = nullptr;
+  const Tokenizer* tokenizer_ = nullptr;
+  std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::map<uint64_t, Request> requests_;
+};
+
+}  // namespace mxq

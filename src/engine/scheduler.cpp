@@ -1,0 +1,139 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace mxq {
+
+Scheduler::Scheduler(SchedulerConfig config, BlockPool& pool) : config_(config), pool_(&pool) {
+  assert(config_.max_num_seqs >= 1 && config_.max_num_batched_tokens >= 1 && config_.max_model_len >= 1);
+}
+
+Status Scheduler::add(uint64_t id, std::span<const int32_t> prompt, int64_t max_new_tokens) {
+  if (seqs_.count(id)) return fail("request {}: the id is already in use", id);
+  if (prompt.empty()) return fail("request {}: empty prompt, expected at least one token", id);
+  if (max_new_tokens < 1) return fail("request {}: max_new_tokens {}, expected >= 1", id, max_new_tokens);
+  const auto n = static_cast<int64_t>(prompt.size());
+  if (n + max_new_tokens > config_.max_model_len)
+    return fail("request {}: {} prompt tokens + max_new_tokens {} exceed max_model_len {}", id, n,
+                max_new_tokens, config_.max_model_len);
+  // note: the last generated token is never fed back, so a sequence holds at most n + max_new - 1 slots.
+  const int32_t need = pool_->blocks_for(n + max_new_tokens - 1);
+  if (need > pool_->num_blocks())
+    return fail("request {}: needs {} KV blocks of {} tokens, the whole cache has {}", id, need,
+                pool_->block_size(), pool_->num_blocks());
+  if (!config_.chunked_prefill && n > config_.max_num_batched_tokens)
+    return fail("request {}: {} prompt tokens exceed max_num_batched_tokens {} (chunked prefill is off)", id,
+                n, config_.max_num_batched_tokens);
+  SequenceState s;
+  s.id = id;
+  s.tokens.assign(prompt.begin(), prompt.end());
+  s.prompt_len = n;
+  s.max_new_tokens = max_new_tokens;
+  seqs_.emplace(id, std::move(s));
+  waiting_.push_back(id);
+  return {};
+}
+
+void Scheduler::release(SequenceState& s) {
+  pool_->release(s.blocks);
+  s.blocks.clear();
+  s.computed = 0;
+}
+
+void Scheduler::preempt(uint64_t id) {
+  SequenceState& s = seqs_.at(id);
+  release(s);
+  ++s.preemptions;
+  running_.erase(std::find(running_.begin(), running_.end(), id));
+  waiting_.push_front(id);
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int64_t budget = config_.max_num_batched_tokens;
+  auto grow = [&](SequenceState& s, int64_t count) {
+    const int32_t need = pool_->blocks_for(s.computed + count) - static_cast<int32_t>(s.blocks.size());
+    return need <= 0 || pool_->allocate(need, s.blocks);
+  };
+  auto add_chunk = [&](SequenceState& s, int64_t count) {
+    const int64_t total = static_cast<int64_t>(s.tokens.size());
+    plan.chunks.push_back({s.id, s.computed, count, s.computed + count == total});
+    plan.tokens += count;
+    budget -= count;
+  };
+
+  // Running sequences first, in admission order; preemption takes the newest running sequence.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    SequenceState& s = seqs_.at(running_[i]);
+    const int64_t count = std::min(static_cast<int64_t>(s.tokens.size()) - s.computed, budget);
+    bool scheduled = true;
+    while (!grow(s, count)) {
+      const uint64_t victim = running_.back();
+      plan.preempted.push_back(victim);
+      preempt(victim);
+      if (victim == s.id) {
+        scheduled = false;
+        break;
+      }
+    }
+    if (!scheduled) break;  // it was the newest running sequence: nothing after it is left to schedule
+    add_chunk(s, count);
+    ++i;
+  }
+
+  // Then waiting sequences, unless this step had to preempt (vLLM's rule: no admission under memory pressure).
+  while (plan.preempted.empty() && !waiting_.empty() && budget > 0 &&
+         static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
+    SequenceState& s = seqs_.at(waiting_.front());
+    int64_t count = static_cast<int64_t>(s.tokens.size()) - s.computed;
+    if (count > budget) {
+      if (!config_.chunked_prefill) break;
+      count = budget;
+    }
+    if (!grow(s, count)) break;  // stays first in the queue until blocks are free
+    waiting_.pop_front();
+    running_.push_back(s.id);
+    add_chunk(s, count);
+  }
+  return plan;
+}
+
+std::vector<uint64_t> Scheduler::complete(const StepPlan& plan, std::span<const int32_t> sampled) {
+  std::vector<uint64_t> done;
+  size_t next = 0;
+  for (const ScheduledChunk& c : plan.chunks) {
+    SequenceState& s = seqs_.at(c.id);
+    assert(s.computed == c.start);
+    s.computed += c.count;
+    if (!c.samples) continue;
+    assert(next < sampled.size());
+    s.tokens.push_back(sampled[next++]);
+    if (s.generated() >= s.max_new_tokens) done.push_back(c.id);
+  }
+  assert(next == sampled.size());
+  for (uint64_t id : done) {
+    SequenceState& s = seqs_.at(id);
+    release(s);
+    s.finished = true;
+    running_.erase(std::find(running_.begin(), running_.end(), id));
+  }
+  return done;
+}
+
+Status Scheduler::finish(uint64_t id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return fail("request {}: no such request", id);
+  release(it->second);
+  if (auto r = std::find(running_.begin(), running_.end(), id); r != running_.end()) running_.erase(r);
+  if (auto w = std::find(waiting_.begin(), waiting_.end(), id); w != waiting_.end()) waiting_.erase(w);
+  seqs_.erase(it);
+  return {};
+}
+
+const SequenceState* Scheduler::find(uint64_t id) const {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : &it->second;
+}
+
+}  // namespace mxq
