@@ -58,12 +58,64 @@ __global__ void plane_move(DevicePlane p, uint8_t* canonical) {
   }
 }
 
+// note: the common case (row_bytes % 16 == 0, canonical 16-byte aligned): one thread moves 16 canonical bytes
+// (one vector load or store) as 16/R native units, and a block walks up to rows/1024 rows so each thread
+// keeps its column offsets in registers.
+template <int R, bool kWrite>
+__global__ void plane_move16(DevicePlane p, uint8_t* canonical) {
+  using T = typename Unit<R>::T;
+  constexpr int kParts = 16 / R;
+  const int64_t v = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (v >= p.row_bytes / 16) return;
+  const int64_t c0 = v * 16;
+  int64_t cols[kParts];
+#pragma unroll
+  for (int k = 0; k < kParts; ++k) cols[k] = p.col_off[c0 + k * R];
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
+    uint8_t* nrow = p.native + p.row_off[r];
+    uint4* canon = reinterpret_cast<uint4*>(canonical + r * p.row_bytes + c0);
+    if constexpr (kWrite) {
+      const uint4 val = *canon;
+      const T* parts = reinterpret_cast<const T*>(&val);
+#pragma unroll
+      for (int k = 0; k < kParts; ++k) *reinterpret_cast<T*>(nrow + cols[k]) = parts[k];
+    } else {
+      uint4 val;
+      T* parts = reinterpret_cast<T*>(&val);
+#pragma unroll
+      for (int k = 0; k < kParts; ++k) parts[k] = *reinterpret_cast<const T*>(nrow + cols[k]);
+      *canon = val;
+    }
+  }
+}
+
 template <bool kWrite>
 cudaError_t launch(const DevicePlane& p, uint8_t* canonical, cudaStream_t stream) {
   if (p.bytes() == 0) return cudaSuccess;
   int r = p.run;
   // note: the canonical side may be any device pointer (a delta's bytes, an undo log): cut R to its alignment.
   while (r > 1 && reinterpret_cast<uintptr_t>(canonical) % static_cast<uintptr_t>(r) != 0) r /= 2;
+  if (p.row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(canonical) % 16 == 0) {
+    const dim3 grid16(static_cast<unsigned>((p.row_bytes / 16 + kThreads - 1) / kThreads),
+                      static_cast<unsigned>(p.rows < 1024 ? p.rows : 1024));
+    switch (p.run) {
+      case 16:
+        plane_move16<16, kWrite><<<grid16, kThreads, 0, stream>>>(p, canonical);
+        break;
+      case 8:
+        plane_move16<8, kWrite><<<grid16, kThreads, 0, stream>>>(p, canonical);
+        break;
+      case 4:
+        plane_move16<4, kWrite><<<grid16, kThreads, 0, stream>>>(p, canonical);
+        break;
+      case 2:
+        plane_move16<2, kWrite><<<grid16, kThreads, 0, stream>>>(p, canonical);
+        break;
+      default:
+        plane_move16<1, kWrite><<<grid16, kThreads, 0, stream>>>(p, canonical);
+    }
+    return cudaGetLastError();
+  }
   const int64_t units = p.row_bytes / r;
   const dim3 grid(static_cast<unsigned>((units + kThreads - 1) / kThreads),
                   static_cast<unsigned>(p.rows < 65535 ? p.rows : 65535));

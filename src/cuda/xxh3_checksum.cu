@@ -125,15 +125,25 @@ __global__ void __launch_bounds__(kFinishThreads)
   const uint64_t key = x::scramble_key(i);
   const uint64_t blocks = x::full_blocks(len);
   const uint64_t* s = sums + j.first_block * 8 + i;
-  // note: the loads do not depend on the chain: fetch 16 ahead so only the scramble is serial.
-  constexpr int kAhead = 16;
+  // note: the loads do not depend on the chain: batch k+1 is fetched while batch k is chained, so only the
+  // scramble is serial (a batch of loads alone would leave the chain waiting on memory latency).
+  constexpr int kAhead = 32;
   uint64_t n = 0;
-  for (; n + kAhead <= blocks; n += kAhead) {
-    uint64_t pre[kAhead];
+  if (blocks >= kAhead) {
+    uint64_t cur[kAhead], next[kAhead];
 #pragma unroll
-    for (int a = 0; a < kAhead; ++a) pre[a] = s[(n + a) * 8];
+    for (int a = 0; a < kAhead; ++a) cur[a] = s[a * 8];
+    for (; n + 2 * kAhead <= blocks; n += kAhead) {
 #pragma unroll
-    for (int a = 0; a < kAhead; ++a) acc = x::scramble(acc + pre[a], key);
+      for (int a = 0; a < kAhead; ++a) next[a] = s[(n + kAhead + a) * 8];
+#pragma unroll
+      for (int a = 0; a < kAhead; ++a) acc = x::scramble(acc + cur[a], key);
+#pragma unroll
+      for (int a = 0; a < kAhead; ++a) cur[a] = next[a];
+    }
+#pragma unroll
+    for (int a = 0; a < kAhead; ++a) acc = x::scramble(acc + cur[a], key);
+    n += kAhead;
   }
   for (; n < blocks; ++n) acc = x::scramble(acc + s[n * 8], key);
   const uint64_t tail = blocks * x::kBlockBytes;
