@@ -162,7 +162,7 @@ def table(title, rows, anchors):
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r.get("m") or {}
-        cells = [f"{r['lr']:.0e}", str(r["step"]), "" if r.get("reward") is None else f"{r['reward']:.2f}",
+        cells = [f"{r['lr']:.0e}".replace("e-0", "e-"), str(r["step"]), "" if r.get("reward") is None else f"{r['reward']:.2f}",
                  fmt_pct(pct(*r["bf16"])) if r.get("bf16") else ""]
         if "error" in m or not m:
             cells += [m.get("error", "not measured")[:60]] + [""] * 7
@@ -380,7 +380,8 @@ def pretrain_large(torch, args, tok, eos_id, files):
                       tie_word_embeddings=True, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(cfg).to("cuda")
+    with torch.device("cuda"):  # note: initialise on the GPU; 0.45B normal_ draws on the CPU take seconds
+        model = Qwen3ForCausalLM(cfg)
     nparams = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -650,7 +651,7 @@ def main():
     ap.add_argument("--large", action="store_true", help="also pretrain and step the ~0.45B model")
     ap.add_argument("--large-steps", type=int, default=8)
     ap.add_argument("--large-train-s", type=float, default=120)
-    ap.add_argument("--large-lr", type=float, default=1e-3)
+    ap.add_argument("--large-lr", type=float, default=6e-4)
     ap.add_argument("--large-batch", type=int, default=64)
     ap.add_argument("--large-corpus-mb", type=float, default=40)
     ap.add_argument("--deadline-s", type=float, default=420, help="no new RL step after this many seconds")
