@@ -35,6 +35,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,7 +220,9 @@ def reward(head, completion, ended):
     if not any(b.strip() for b in body):
         return 0.0
     try:
-        ast.parse(textwrap.dedent(head + "\n" + "\n".join(body)) + "\n")
+        with warnings.catch_warnings():  # note: sampled code holds bad escapes ("\s"): SyntaxWarning noise
+            warnings.simplefilter("ignore")
+            ast.parse(textwrap.dedent(head + "\n" + "\n".join(body)) + "\n")
         return 1.0
     except Exception:  # noqa: BLE001 - SyntaxError, IndentationError, ValueError (NUL), RecursionError
         return 0.0
