@@ -183,8 +183,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleArgs a) {
     }
     const double prefix = before + incl - part;
     const double target = static_cast<double>(philox_random_bits(a.seed[s], a.step[s]) >> 11) * 0x1p-53 * total;
+    // note: every chunk the target does not lie past scans to its first hit and the minimum wins, so a target
+    // that rounding leaves just past its chunk's own scan still lands on the next kept id, as the CPU's loop.
     int found = INT_MAX;
-    if (target >= prefix && target < prefix + part) {
+    if (target < prefix + part) {
       double c = prefix;
       for (int64_t i = lo; i < hi; ++i) {
         const double w = exp(static_cast<double>(final_value(i) - r.m));
