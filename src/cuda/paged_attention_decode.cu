@@ -19,8 +19,9 @@ namespace mxq::cuda {
 namespace {
 
 constexpr int kThreads = 128, kWarps = kThreads / 32;
-constexpr int kPart = 512;      // positions per partition (split-K unit)
-constexpr int kMaxHeads = 8;    // query heads one CTA serves; larger groups split over grid.y
+constexpr int kPart = 256;      // positions per partition (split-K unit; 256 gives a 4k-token sequence 16 x Hkv CTAs)
+constexpr int kMaxHeads = 8;
+constexpr int kUnroll = 4;      // positions a thread loads before using them    // query heads one CTA serves; larger groups split over grid.y
 
 __device__ __forceinline__ void unpack8(uint4 r, float* f) {
   const uint32_t w[4] = {r.x, r.y, r.z, r.w};
@@ -71,18 +72,29 @@ __global__ void __launch_bounds__(kThreads) decode_partition_kernel(const PagedD
   };
 
   // Scores: each position's TPT threads reduce their partial dots with shuffles (all lanes take part).
-  for (int i0 = 0; i0 < n; i0 += NT) {
-    const int i = i0 + tg;
-    float kf[8] = {};
-    if (i < n) unpack8(*reinterpret_cast<const uint4*>(a.k_cache + entry(start + i)), kf);
+  // note: kUnroll positions' loads are issued before any math, so a thread keeps several 16-byte reads in
+  // flight (one at a time left batch-1 decode latency-bound).
+  for (int i0 = 0; i0 < n; i0 += NT * kUnroll) {
+    uint4 raw[kUnroll];
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float dot = 0.0f;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * NT + tg;
+      raw[u] = i < n ? *reinterpret_cast<const uint4*>(a.k_cache + entry(start + i)) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-      for (int j = 0; j < 8; ++j) dot += qf[g][j] * kf[j];
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * NT + tg;
+      float kf[8];
+      unpack8(raw[u], kf);
 #pragma unroll
-      for (int o = TPT / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
-      if (c == 0 && i < n && g < nh) probs[g][i] = dot * scale;
+      for (int g = 0; g < G; ++g) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) dot += qf[g][j] * kf[j];
+#pragma unroll
+        for (int o = TPT / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
+        if (c == 0 && i < n && g < nh) probs[g][i] = dot * scale;
+      }
     }
   }
   __syncthreads();
@@ -108,14 +120,25 @@ __global__ void __launch_bounds__(kThreads) decode_partition_kernel(const PagedD
 
   // P · V: thread (tg, c) accumulates dims [8c, 8c + 8) over positions tg, tg + NT, ...
   float acc[G][8] = {};
-  for (int i = tg; i < n; i += NT) {
-    float vf[8];
-    unpack8(*reinterpret_cast<const uint4*>(a.v_cache + entry(start + i)), vf);
+  for (int i0 = tg; i0 < n; i0 += NT * kUnroll) {
+    uint4 raw[kUnroll];
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const float p = g < nh ? probs[g][i] : 0.0f;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * NT;
+      raw[u] = i < n ? *reinterpret_cast<const uint4*>(a.v_cache + entry(start + i)) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[g][j] += p * vf[j];
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * NT;
+      if (i >= n) break;
+      float vf[8];
+      unpack8(raw[u], vf);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float p = g < nh ? probs[g][i] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[g][j] += p * vf[j];
+      }
     }
   }
 

@@ -2,20 +2,19 @@
 // inverse CDF over token ids; greedy = argmax (ties → lowest id). One CTA of 1024 threads per sequence.
 //   logits f32 [max_seqs, vocab]; per-sequence params f32/int32/u64 [max_seqs]; outputs token int32,
 //   logprob f32 (log_softmax of the unscaled logits), status int32 [max_seqs]
-// The masks are found without sorting, as thresholds over an order key, each by bisection with one
-// deterministic block reduction per bit:
+// The masks are found without sorting, as thresholds over an order key, one 8-bit radix digit a pass:
 //   value key  ordered(v): the f32 bits mapped so unsigned order = float order (-0 folded into +0)
-//   top-k      the largest key K with #{key >= K} >= k (32 passes): tokens below the k-th value masked
+//   top-k      the k-th largest value key from per-digit counts (4 passes): tokens below it masked
 //   top-p      order key (ordered(v) << 32) | (2^32 - 1 - id), the CPU's ascending sort with ties by
-//              descending id; the largest K with Σ_{key <= K} p <= 1 - top_p (64 passes) masks key <= K,
-//              never the largest key
+//              descending id; per-digit probability mass in 2^-40 fixed point (integer atomics: exact and
+//              order-free) finds the first key whose inclusive mass exceeds 1 - top_p (8 passes); keys
+//              below it are masked, never the largest key
 //   draw       u = top 53 bits of philox_random_bits(seed, step) · 2^-53; weights exp(f64(v - max)) summed
 //              in f64 over contiguous id chunks, a block scan of the chunk sums, the first id whose
 //              cumulative weight exceeds u · total (zero weights skipped, as the CPU's draw).
 // Equal to the CPU twin except where a sum's rounding order moves a mask or the draw across a boundary
 // (f32 softmax sums; relative 1e-7 windows), which random logits hit with probability ~1e-6 per draw.
-// note: bisection re-reads the row (L2-resident) 32-96 times; correct first, a candidate pre-filter is the
-// way to make it fast.
+// note: the passes re-read the row (L2-resident) up to 14 times; a candidate pre-filter would cut that.
 #include <cfloat>
 #include <climits>
 
@@ -69,6 +68,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleArgs a) {
   __shared__ double d_scratch[kWarps];
   __shared__ unsigned long long u_scratch[kWarps];
   __shared__ int i_scratch[kWarps];
+  __shared__ int count_hist[256];
+  __shared__ unsigned long long mass_hist[256];
+  __shared__ int digit, carried;
+  __shared__ unsigned long long u_carried;
   const int s = blockIdx.x;
   if (a.num_seqs && s >= *a.num_seqs) return;
   const int64_t V = a.vocab;
@@ -109,21 +112,38 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleArgs a) {
     }
     const int top_k = a.top_k[s];
     if (top_k > 0 && top_k < V) {
-      uint32_t k_key = 0;
-      for (int bit = 31; bit >= 0; --bit) {
-        const uint32_t cand = k_key | (1u << bit);
-        int count = 0;
-        for (int64_t i = tid; i < V; i += kThreads) count += ordered(r.masked(i)) >= cand;
-        if (block_reduce(count, [](int p, int q) { return p + q; }, i_scratch) >= top_k) k_key = cand;
+      // k-th largest value key, one 8-bit digit a pass from the top: count the candidates per digit, walk the
+      // digits downwards until k is reached.
+      uint32_t prefix = 0;
+      int remaining = top_k;
+      for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = tid; b < 256; b += kThreads) count_hist[b] = 0;
+        __syncthreads();
+        const uint32_t high = shift == 24 ? 0u : prefix >> (shift + 8);
+        for (int64_t i = tid; i < V; i += kThreads) {
+          const uint32_t key = ordered(r.masked(i));
+          if ((shift == 24 || key >> (shift + 8) == high)) atomicAdd(&count_hist[(key >> shift) & 255u], 1);
+        }
+        __syncthreads();
+        if (tid == 0) {
+          int d = 255;
+          for (; d > 0 && count_hist[d] < remaining; --d) remaining -= count_hist[d];
+          digit = d;
+          carried = remaining;
+        }
+        __syncthreads();
+        prefix |= static_cast<uint32_t>(digit) << shift;
+        remaining = carried;
       }
-      r.kth = k_key;
+      r.kth = prefix;
       r.use_top_k = true;
     }
-    // top-p: probabilities of the masked row, then the largest order key whose inclusive mass <= 1 - top_p.
+    // top-p: the masked row's probabilities in 2^-40 fixed point (integer sums: order-free, deterministic),
+    // then the order key of the first token whose inclusive ascending cumulative exceeds 1 - top_p, one 8-bit
+    // digit of the 64-bit key a pass; every key below it is masked, never the last (largest) key.
     const float top_p = a.top_p[s];
-    unsigned long long p_key = 0, last_key = 0;
+    unsigned long long cross_key = 0, last_key = 0;
     const bool use_top_p = top_p < 1.0f;
-    float inv_sum2 = 0.0f;
     if (use_top_p) {
       float s2 = 0.0f;
       unsigned long long kmax = 0;
@@ -133,26 +153,52 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleArgs a) {
         const unsigned long long key = static_cast<unsigned long long>(ordered(v)) << 32 | (0xFFFFFFFFu - i);
         kmax = key > kmax ? key : kmax;
       }
-      inv_sum2 = 1.0f / block_reduce(s2, [](float p, float q) { return p + q; }, f_scratch);
+      const float inv_sum2 = 1.0f / block_reduce(s2, [](float p, float q) { return p + q; }, f_scratch);
       last_key = block_reduce(kmax, [](unsigned long long p, unsigned long long q) { return p > q ? p : q; },
                               u_scratch);
-      const float cut = 1.0f - top_p;
-      for (int bit = 63; bit >= 0; --bit) {
-        const unsigned long long cand = p_key | (1ull << bit);
-        float mass = 0.0f;
+      const unsigned long long cut = __float2ull_rn((1.0f - top_p) * 0x1p40f);
+      unsigned long long prefix = 0, below = 0;  // below: mass of keys under the current digit range
+      bool crossing = true;
+      for (int shift = 56; shift >= 0 && crossing; shift -= 8) {
+        for (int b = tid; b < 256; b += kThreads) mass_hist[b] = 0;
+        __syncthreads();
         for (int64_t i = tid; i < V; i += kThreads) {
           const float v = r.masked(i);
+          if (v == -INFINITY) continue;  // note: zero mass
           const unsigned long long key = static_cast<unsigned long long>(ordered(v)) << 32 | (0xFFFFFFFFu - i);
-          if (key <= cand) mass += expf(v - r.m) * inv_sum2;
+          if (shift == 56 || key >> (shift + 8) == prefix >> (shift + 8))
+            atomicAdd(&mass_hist[(key >> shift) & 255u], __float2ull_rn(expf(v - r.m) * inv_sum2 * 0x1p40f));
         }
-        if (block_reduce(mass, [](float p, float q) { return p + q; }, f_scratch) <= cut) p_key = cand;
+        __syncthreads();
+        if (tid == 0) {
+          // the digit holding the crossing token: the first whose mass takes the running sum past the cut
+          unsigned long long run = below;
+          int d = 255;
+          bool found = false;
+          for (int b = 0; b < 256 && !found; ++b) {
+            if (run + mass_hist[b] > cut) {
+              d = b;
+              found = true;
+            } else {
+              run += mass_hist[b];
+            }
+          }
+          digit = d;
+          u_carried = run;  // mass under digit d
+          carried = found;
+        }
+        __syncthreads();
+        if (shift == 56 && !carried) crossing = false;  // the whole row's mass <= cut: keep only the last
+        prefix |= static_cast<unsigned long long>(digit) << shift;
+        below = u_carried;
       }
+      cross_key = crossing ? prefix : last_key;
     }
     auto final_value = [&](int64_t i) {
       const float v = r.masked(i);
       if (use_top_p) {
         const unsigned long long key = static_cast<unsigned long long>(ordered(v)) << 32 | (0xFFFFFFFFu - i);
-        if (key <= p_key && key != last_key) return -INFINITY;
+        if (key < cross_key && key != last_key) return -INFINITY;
       }
       return v;
     };

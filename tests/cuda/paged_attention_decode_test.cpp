@@ -1,6 +1,6 @@
 // GPU flash-decoding over a paged cache against cpu/paged_attention_decode (cpu/attention on the gathered
 // cache) on fresh random q/K/V: GQA groups 1, 3, 4, 8, 16, D 64 and 128, ragged batches of sequence lengths
-// around the split-K partition (512) and block (16 / 32) edges, padding sequences of length 0 (zero rows).
+// around the split-K partition (256) and block (16 / 32) edges, padding sequences of length 0 (zero rows).
 #include "cuda/paged_attention_decode.h"
 
 #include "cpu/paged_attention_decode.h"
@@ -60,7 +60,7 @@ TEST_P(PagedAttentionDecode, MatchesCpuTwin) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, PagedAttentionDecode,
-    ::testing::Values(DecodeCase{6, 2, 64, 16, {1}}, DecodeCase{6, 2, 64, 16, {7, 0, 16, 17, 511, 512, 513, 1}},
+    ::testing::Values(DecodeCase{6, 2, 64, 16, {1}}, DecodeCase{6, 2, 64, 16, {7, 0, 16, 17, 255, 256, 257, 511, 512, 513, 1}},
                       DecodeCase{32, 8, 128, 16, {1, 100, 1024, 1500, 0, 3000}},
                       DecodeCase{32, 4, 128, 16, {2049, 33, 5}}, DecodeCase{64, 4, 128, 32, {700, 64, 1}},
                       DecodeCase{4, 4, 64, 16, {300, 1025}}, DecodeCase{16, 8, 128, 16, {4096}},
