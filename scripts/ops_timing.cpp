@@ -126,8 +126,8 @@ int main() {
     auto* dl = upload(lens);
     auto* q = static_cast<uint16_t*>(dev(size_t(S) * Hq * D * 2, rng));
     auto* out = static_cast<uint16_t*>(dev(size_t(S) * Hq * D * 2, rng, 1));
-    auto* ws = static_cast<float*>(
-        dev(paged_attention_decode_workspace_bytes(S, Hq, D, max_blocks, bs), rng, 1));
+    auto* ws =
+        static_cast<float*>(dev(paged_attention_decode_workspace_bytes(S, Hq, D, max_blocks, bs), rng, 1));
     PagedDecodeArgs a{q, kc, vc, dt, dl, ws, out, S, max_blocks, bs, Hq, Hkv, D};
     char shape[64];
     std::snprintf(shape, sizeof shape, "S=%d len=%d Hq=%d Hkv=%d D=%d", S, len, Hq, Hkv, D);

@@ -1,6 +1,7 @@
 // GPU causal flash attention for a batch of variable-length query chunks over the paged KV cache (prefill and
 // chunked prefill with a cached prefix; twin: cpu/attention_prefill.h). Graph-capturable: cu_seqlens,
-// seq_lens and block tables are read on device; the grid depends on capacities only. Tensors: attention_prefill.cu.
+// seq_lens and block tables are read on device; the grid depends on capacities only. Tensors:
+// attention_prefill.cu.
 #pragma once
 
 #include <cuda_runtime_api.h>

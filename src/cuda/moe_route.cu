@@ -1,8 +1,9 @@
 // Qwen3-MoE routing (HF Qwen3MoeTopKRouter: softmax in f32, top-k, norm_topk_prob) and the grouping a
 // grouped expert linear needs: a routing kernel (one warp per token) and a single-CTA grouping kernel:
 //   logits      [max_tokens, E] f32 or bf16
-//   ids/weights [max_tokens, K] int32 / f32: descending weight, ties → lower expert (cpu TopkTies::kLowerIndex)
-//   counts [E], offsets [E + 1], sorted_rows [max_tokens * K], row_of [max_tokens, K] int32 (cpu/moe_route.h)
+//   ids/weights [max_tokens, K] int32 / f32: descending weight, ties → lower expert (cpu
+//   TopkTies::kLowerIndex) counts [E], offsets [E + 1], sorted_rows [max_tokens * K], row_of [max_tokens, K]
+//   int32 (cpu/moe_route.h)
 // Routing: lane l holds experts l, l + 32, ... (registers sized by E); softmax with the row max subtracted
 // (expf, f32 warp sum: not the CPU's blocked order, so weights may differ in the last bits); K rounds of a
 // warp arg-max (value desc, index asc); the renormalising sum in rank order as the CPU. Grouping: counts by
@@ -37,8 +38,9 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const MoeRoute
     const int e = lane + 32 * r;
     float v = -INFINITY;
     if (e < E)
-      v = a.logits_f32 ? a.logits_f32[static_cast<int64_t>(t) * E + e]
-                       : __uint_as_float(static_cast<uint32_t>(a.logits_bf16[static_cast<int64_t>(t) * E + e]) << 16);
+      v = a.logits_f32
+              ? a.logits_f32[static_cast<int64_t>(t) * E + e]
+              : __uint_as_float(static_cast<uint32_t>(a.logits_bf16[static_cast<int64_t>(t) * E + e]) << 16);
     p[r] = v;
     m = fmaxf(m, v);
   }
@@ -62,7 +64,8 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const MoeRoute
     int bi = INT_MAX;
 #pragma unroll
     for (int r = 0; r < kPerLane; ++r)
-      if (p[r] > bv) bv = p[r], bi = lane + 32 * r;  // note: ascending r, so the lane's lowest index wins ties
+      if (p[r] > bv)
+        bv = p[r], bi = lane + 32 * r;  // note: ascending r, so the lane's lowest index wins ties
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       const float ov = __shfl_xor_sync(0xFFFFFFFFu, bv, o);
@@ -121,12 +124,10 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(const MoeRoute
 
 constexpr int kCombineThreads = 128;
 
-__global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const uint16_t* __restrict__ y, int64_t width,
-                                                                      const int32_t* __restrict__ ids,
-                                                                      const float* __restrict__ weights,
-                                                                      const int32_t* __restrict__ row_of,
-                                                                      const int32_t* __restrict__ num_tokens, int K,
-                                                                      uint16_t* __restrict__ out) {
+__global__ void __launch_bounds__(kCombineThreads)
+    moe_combine_kernel(const uint16_t* __restrict__ y, int64_t width, const int32_t* __restrict__ ids,
+                       const float* __restrict__ weights, const int32_t* __restrict__ row_of,
+                       const int32_t* __restrict__ num_tokens, int K, uint16_t* __restrict__ out) {
   __shared__ int order[kMaxK];
   const int64_t t = blockIdx.x;
   if (num_tokens && t >= *num_tokens) return;
@@ -165,8 +166,9 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const uint
 
 cudaError_t launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
   if (a.experts < 1 || a.experts > kMaxExperts || a.top_k < 1 || a.top_k > kMaxK || a.top_k > a.experts ||
-      a.max_tokens < 0 || a.max_tokens > INT_MAX / kMaxK || (a.logits_f32 == nullptr) == (a.logits_bf16 == nullptr) ||
-      !a.ids || !a.weights || !a.counts || !a.offsets || !a.sorted_rows || !a.row_of)
+      a.max_tokens < 0 || a.max_tokens > INT_MAX / kMaxK ||
+      (a.logits_f32 == nullptr) == (a.logits_bf16 == nullptr) || !a.ids || !a.weights || !a.counts ||
+      !a.offsets || !a.sorted_rows || !a.row_of)
     return cudaErrorInvalidValue;
   if (a.max_tokens == 0) return cudaSuccess;
   const unsigned grid = static_cast<unsigned>((a.max_tokens + kRouteWarps - 1) / kRouteWarps);
@@ -195,8 +197,8 @@ cudaError_t launch_moe_combine(const uint16_t* y, int64_t width, const int32_t* 
       !row_of || !out)
     return cudaErrorInvalidValue;
   if (max_tokens == 0) return cudaSuccess;
-  moe_combine_kernel<<<static_cast<unsigned>(max_tokens), kCombineThreads, 0, stream>>>(y, width, ids, weights,
-                                                                                       row_of, num_tokens, top_k, out);
+  moe_combine_kernel<<<static_cast<unsigned>(max_tokens), kCombineThreads, 0, stream>>>(
+      y, width, ids, weights, row_of, num_tokens, top_k, out);
   return cudaGetLastError();
 }
 

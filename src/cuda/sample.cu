@@ -50,9 +50,9 @@ struct Row {
   const float* x;
   int64_t vocab;
   float temperature, min_p, minp_threshold, m;  // m: max scaled logit
-  float inv_sum1;                                // 1 / Σ exp(s - m) over all tokens (min-p)
+  float inv_sum1;                               // 1 / Σ exp(s - m) over all tokens (min-p)
   bool use_min_p, use_top_k;
-  uint32_t kth;                                  // value key of the k-th largest (top-k)
+  uint32_t kth;  // value key of the k-th largest (top-k)
   __device__ float scaled(int64_t i) const { return x[i] / temperature; }
   // The value after min-p and top-k, -inf when masked.
   __device__ float masked(int64_t i) const {
@@ -87,16 +87,20 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleArgs a) {
     if (isnan(v) || v == INFINITY) bad = 1;
     if (v > mx) mx = v, best = static_cast<int>(i);
   }
-  bad = block_reduce(bad, [](int p, int q) { return p | q; }, i_scratch);
-  const float m_raw = block_reduce(mx, [](float p, float q) { return fmaxf(p, q); }, f_scratch);
+  bad = block_reduce(
+      bad, [](int p, int q) { return p | q; }, i_scratch);
+  const float m_raw = block_reduce(
+      mx, [](float p, float q) { return fmaxf(p, q); }, f_scratch);
   if (bad || m_raw == -INFINITY) {
     if (tid == 0) a.token[s] = -1, a.logprob[s] = NAN, a.status[s] = bad ? kSampleBadLogit : kSampleAllMasked;
     return;
   }
-  const int argmax = block_reduce(mx == m_raw ? best : INT_MAX, [](int p, int q) { return min(p, q); }, i_scratch);
+  const int argmax = block_reduce(
+      mx == m_raw ? best : INT_MAX, [](int p, int q) { return min(p, q); }, i_scratch);
   float se = 0.0f;
   for (int64_t i = tid; i < V; i += kThreads) se += expf(x[i] - m_raw);
-  const float log_sum = logf(block_reduce(se, [](float p, float q) { return p + q; }, f_scratch));
+  const float log_sum = logf(block_reduce(
+      se, [](float p, float q) { return p + q; }, f_scratch));
 
   int token = argmax;
   const float temperature = a.temperature[s];
@@ -107,7 +111,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleArgs a) {
     if (r.use_min_p) {
       float s1 = 0.0f;
       for (int64_t i = tid; i < V; i += kThreads) s1 += expf(r.scaled(i) - r.m);
-      r.inv_sum1 = 1.0f / block_reduce(s1, [](float p, float q) { return p + q; }, f_scratch);
+      r.inv_sum1 = 1.0f / block_reduce(
+                              s1, [](float p, float q) { return p + q; }, f_scratch);
       r.minp_threshold = r.min_p * (1.0f * r.inv_sum1);  // the CPU's min_p * max(probs)
     }
     const int top_k = a.top_k[s];
@@ -153,9 +158,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleArgs a) {
         const unsigned long long key = static_cast<unsigned long long>(ordered(v)) << 32 | (0xFFFFFFFFu - i);
         kmax = key > kmax ? key : kmax;
       }
-      const float inv_sum2 = 1.0f / block_reduce(s2, [](float p, float q) { return p + q; }, f_scratch);
-      last_key = block_reduce(kmax, [](unsigned long long p, unsigned long long q) { return p > q ? p : q; },
-                              u_scratch);
+      const float inv_sum2 = 1.0f / block_reduce(
+                                        s2, [](float p, float q) { return p + q; }, f_scratch);
+      last_key = block_reduce(
+          kmax, [](unsigned long long p, unsigned long long q) { return p > q ? p : q; }, u_scratch);
       const unsigned long long cut = __float2ull_rn((1.0f - top_p) * 0x1p40f);
       unsigned long long prefix = 0, below = 0;  // below: mass of keys under the current digit range
       bool crossing = true;
@@ -165,7 +171,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleArgs a) {
         for (int64_t i = tid; i < V; i += kThreads) {
           const float v = r.masked(i);
           if (v == -INFINITY) continue;  // note: zero mass
-          const unsigned long long key = static_cast<unsigned long long>(ordered(v)) << 32 | (0xFFFFFFFFu - i);
+          const unsigned long long key =
+              static_cast<unsigned long long>(ordered(v)) << 32 | (0xFFFFFFFFu - i);
           if (shift == 56 || key >> (shift + 8) == prefix >> (shift + 8))
             atomicAdd(&mass_hist[(key >> shift) & 255u], __float2ull_rn(expf(v - r.m) * inv_sum2 * 0x1p40f));
         }
@@ -228,7 +235,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleArgs a) {
       total += d_scratch[w];
     }
     const double prefix = before + incl - part;
-    const double target = static_cast<double>(philox_random_bits(a.seed[s], a.step[s]) >> 11) * 0x1p-53 * total;
+    const double target =
+        static_cast<double>(philox_random_bits(a.seed[s], a.step[s]) >> 11) * 0x1p-53 * total;
     // note: every chunk the target does not lie past scans to its first hit and the minimum wins, so a target
     // that rounding leaves just past its chunk's own scan still lands on the next kept id, as the CPU's loop.
     int found = INT_MAX;
@@ -244,9 +252,11 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleArgs a) {
         }
       }
     }
-    found = block_reduce(found, [](int p, int q) { return min(p, q); }, i_scratch);
+    found = block_reduce(
+        found, [](int p, int q) { return min(p, q); }, i_scratch);
     // note: rounding can leave target at or past the last cumulative: the CPU then takes the last kept id.
-    const int last = block_reduce(last_kept, [](int p, int q) { return max(p, q); }, i_scratch);
+    const int last = block_reduce(
+        last_kept, [](int p, int q) { return max(p, q); }, i_scratch);
     token = found != INT_MAX ? found : last;
   }
   if (tid == 0) {
@@ -259,8 +269,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleArgs a) {
 }  // namespace
 
 cudaError_t launch_sample(const SampleArgs& a, cudaStream_t stream) {
-  if (a.vocab < 1 || a.vocab > INT_MAX || a.max_seqs < 1 || !a.logits || !a.temperature || !a.top_k || !a.top_p ||
-      !a.min_p || !a.seed || !a.step || !a.token || !a.logprob || !a.status)
+  if (a.vocab < 1 || a.vocab > INT_MAX || a.max_seqs < 1 || !a.logits || !a.temperature || !a.top_k ||
+      !a.top_p || !a.min_p || !a.seed || !a.step || !a.token || !a.logprob || !a.status)
     return cudaErrorInvalidValue;
   sample_kernel<<<static_cast<unsigned>(a.max_seqs), kThreads, 0, stream>>>(a);
   return cudaGetLastError();

@@ -17,8 +17,8 @@ struct MoeCase {
   bool bf16_logits, norm;
 };
 void PrintTo(const MoeCase& c, std::ostream* os) {
-  *os << "E=" << c.experts << " k=" << c.top_k << " tokens=" << c.tokens << "/" << c.capacity << " H=" << c.width
-      << (c.bf16_logits ? " bf16" : " f32") << (c.norm ? " norm" : "");
+  *os << "E=" << c.experts << " k=" << c.top_k << " tokens=" << c.tokens << "/" << c.capacity
+      << " H=" << c.width << (c.bf16_logits ? " bf16" : " f32") << (c.norm ? " norm" : "");
 }
 
 class MoeRoute : public ::testing::TestWithParam<MoeCase> {};
@@ -41,7 +41,8 @@ TEST_P(MoeRoute, MatchesCpuTwin) {
       std::iota(order.begin(), order.end(), 0);
       std::shuffle(order.begin(), order.end(), rng);
       for (int e = 0; e < c.experts; ++e)
-        lf[static_cast<size_t>(t) * c.experts + e] = 0.03f * static_cast<float>(order[e]) - 1.0f + jitter(rng);
+        lf[static_cast<size_t>(t) * c.experts + e] =
+            0.03f * static_cast<float>(order[e]) - 1.0f + jitter(rng);
     }
   }
   const size_t n = static_cast<size_t>(c.tokens) * c.top_k, cap = static_cast<size_t>(c.capacity) * c.top_k;
@@ -96,21 +97,22 @@ TEST_P(MoeRoute, MatchesCpuTwin) {
   moe_combine(yf.data(), c.width, ids.data(), w.data(), row_of.data(), c.tokens, c.top_k, ref.data());
   auto dy = test::must(test::upload(y));
   auto dout = test::must(test::poisoned<uint16_t>(static_cast<size_t>(c.capacity) * c.width));
-  ASSERT_EQ(launch_moe_combine(dy.as<uint16_t>(), c.width, gids.as<int32_t>(), gw.as<float>(), grow.as<int32_t>(),
-                               dn.as<int32_t>(), c.capacity, c.top_k, dout.as<uint16_t>(), nullptr),
-            cudaSuccess);
+  ASSERT_EQ(
+      launch_moe_combine(dy.as<uint16_t>(), c.width, gids.as<int32_t>(), gw.as<float>(), grow.as<int32_t>(),
+                         dn.as<int32_t>(), c.capacity, c.top_k, dout.as<uint16_t>(), nullptr),
+      cudaSuccess);
   const auto got = test::must(test::download<uint16_t>(dout, static_cast<size_t>(c.capacity) * c.width));
   test::expect_close_bf16({got.begin(), got.begin() + static_cast<int64_t>(ref.size())}, ref, test::kBf16Rtol,
                           1e-5 * test::rms(ref), "combine");
   for (size_t i = ref.size(); i < got.size(); ++i) ASSERT_EQ(got[i], 0xFFFF) << "row past num_tokens written";
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, MoeRoute,
-                         ::testing::Values(MoeCase{8, 2, 1, 1, 64, false, true}, MoeCase{128, 8, 7, 9, 2048, false, true},
-                                           MoeCase{128, 8, 300, 320, 64, true, true},
-                                           MoeCase{60, 4, 33, 33, 128, false, false},
-                                           MoeCase{512, 10, 70, 80, 256, true, true},
-                                           MoeCase{1024, 32, 5, 6, 8, false, true}, MoeCase{3, 3, 40, 40, 16, true, false}));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MoeRoute,
+    ::testing::Values(MoeCase{8, 2, 1, 1, 64, false, true}, MoeCase{128, 8, 7, 9, 2048, false, true},
+                      MoeCase{128, 8, 300, 320, 64, true, true}, MoeCase{60, 4, 33, 33, 128, false, false},
+                      MoeCase{512, 10, 70, 80, 256, true, true}, MoeCase{1024, 32, 5, 6, 8, false, true},
+                      MoeCase{3, 3, 40, 40, 16, true, false}));
 
 TEST(MoeRouteArgs, RefusesBadShapes) {
   MoeRouteArgs a{};
