@@ -21,6 +21,8 @@ struct PagedDecodeArgs {
   int max_seqs, max_blocks, block_size, q_heads, kv_heads, head_dim;  // head_dim 64 or 128
 };
 
+// Device-side contract the engine keeps (not checked on the device, which never syncs): seq_lens[s] <=
+// max_blocks * block_size, every table entry a sequence uses is a block of the cache.
 // Scratch for the split-K partials: [max_seqs, q_heads, partitions] x (head_dim + 2) f32.
 size_t paged_attention_decode_workspace_bytes(int max_seqs, int q_heads, int head_dim, int max_blocks,
                                               int block_size);
