@@ -81,9 +81,10 @@ TEST(PagedAttentionDecodeTwin, BitwiseEqualsContiguousAttentionAndZeroesPadding)
                                      out.data()));
   for (size_t s = 0; s < lens.size(); ++s) {
     std::vector<float> want(static_cast<size_t>(hq * d), 0.0f);
-    if (lens[s] > 0)
+    if (lens[s] > 0) {
       ASSERT_TRUE(attention(q.data() + s * hq * d, 1, hq, p.kc[s].data(), p.vc[s].data(), lens[s], hkv, d,
                             want.data()));
+    }
     for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(out[s * hq * d + i], want[i]) << "seq " << s;
   }
 }
