@@ -1,0 +1,142 @@
+#include "cuda/gemm_fp8_b128_cublaslt.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "cuda/quantize_act.h"
+#include "format/formats.h"
+
+namespace mxq::cuda {
+
+int64_t fp8_b128_scale_offset(int64_t nb, int64_t kb, int64_t /*n*/, int64_t k) { return nb * cdiv(k, 128) + kb; }
+int64_t fp8_b128_scale_floats(int64_t n, int64_t k) { return cdiv(n, 128) * cdiv(k, 128); }
+ScaleStrides fp8_b128_scale_strides(int64_t /*n*/, int64_t k) { return {cdiv(k, 128), 1}; }
+int64_t fp8_b128_act_scale_ld(int64_t m) { return m; }
+
+Status check_fp8_b128_gemm_shape(int64_t n, int64_t k) {
+  if (n < 8 || k < 16 || n % 8 != 0 || k % 16 != 0)
+    return fail(
+        "fp8-b128 cuBLASLt GEMM: weight shape [{}, {}] (expected N a positive multiple of 8 and K of 16: "
+        "cuBLASLt FP8 needs 16-byte leading dimensions)",
+        n, k);
+  if (n > INT_MAX || k > INT_MAX) return fail("fp8-b128 cuBLASLt GEMM: weight shape [{}, {}] too large", n, k);
+  return {};
+}
+
+struct Fp8B128Gemm::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    // note: teardown has no caller left to tell about a failing destroy
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+Result<std::unique_ptr<Fp8B128Gemm>> Fp8B128Gemm::create(size_t workspace_bytes) {
+  std::unique_ptr<Fp8B128Gemm> g(new Fp8B128Gemm());
+  MXQ_CUDA_CHECK(cublasLtCreate(&g->handle_));
+  auto ws = DeviceBuffer::alloc(workspace_bytes);
+  if (!ws) return tl::unexpected(ws.error());
+  g->workspace_ = std::move(*ws);
+  return g;
+}
+
+Fp8B128Gemm::~Fp8B128Gemm() {
+  plans_.clear();
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+Status Fp8B128Gemm::reserve(int64_t max_m, int64_t max_k) {
+  const size_t vbytes = static_cast<size_t>(max_m * max_k);
+  const size_t sbytes = static_cast<size_t>(cdiv(max_k, 128) * fp8_b128_act_scale_ld(max_m)) * sizeof(float);
+  if (act_values_.bytes() < vbytes || act_scales_.bytes() < sbytes) {
+    auto v = DeviceBuffer::alloc(std::max(vbytes, act_values_.bytes()));
+    auto s = DeviceBuffer::alloc(std::max(sbytes, act_scales_.bytes()));
+    if (!v) return tl::unexpected(v.error());
+    if (!s) return tl::unexpected(s.error());
+    act_values_ = std::move(*v);
+    act_scales_ = std::move(*s);
+  }
+  return {};
+}
+
+Result<Fp8B128Gemm::Plan*> Fp8B128Gemm::plan_for(int64_t m, int64_t n, int64_t k) {
+  const auto key = std::make_tuple(m, n, k);
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  auto p = std::make_unique<Plan>();
+  MXQ_CUDA_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const cublasLtMatmulMatrixScale_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                                    b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  MXQ_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  MXQ_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  MXQ_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
+  MXQ_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
+  const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+  MXQ_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, u(k), u(n), k));
+  MXQ_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, u(k), u(m), k));
+  MXQ_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_16BF, u(n), u(m), n));
+  cublasLtMatmulPreference_t pref = nullptr;
+  MXQ_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = workspace_.bytes();
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasStatus_t st =
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->d, p->d, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  MXQ_CUDA_CHECK(st);
+  if (found == 0)
+    return fail("fp8-b128 cuBLASLt GEMM: no algorithm for m = {}, n = {}, k = {} (block-scaled FP8 needs sm_90)",
+                m, n, k);
+  p->algo = result.algo;
+  Plan* raw = p.get();
+  plans_.emplace(key, std::move(p));
+  return raw;
+}
+
+Status Fp8B128Gemm::matmul(const uint8_t* xq, const float* xs, int64_t m, const Fp8B128Weights& w, uint16_t* y,
+                           cudaStream_t stream) {
+  if (Status st = check_fp8_b128_gemm_shape(w.n, w.k); !st) return st;
+  if (m < 1 || m > INT_MAX) return fail("fp8-b128 cuBLASLt GEMM: m = {} (expected 1..{})", m, INT_MAX);
+  if (!xq || !xs || !w.values || !w.scales || !y) return fail("fp8-b128 cuBLASLt GEMM: null device pointer");
+  auto plan = plan_for(m, w.n, w.k);
+  if (!plan) return tl::unexpected(plan.error());
+  Plan& p = **plan;
+  // note: the scale pointers change per call; setting them on the cached descriptor is a host-side write.
+  const void* a_scale = w.scales;
+  const void* b_scale = xs;
+  MXQ_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+  MXQ_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+  const float alpha = 1.0f, beta = 0.0f;
+  MXQ_CUDA_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w.values, p.a, xq, p.b, &beta, y, p.d, y, p.d, &p.algo,
+                                workspace_.as(), workspace_.bytes(), stream));
+  return {};
+}
+
+Status Fp8B128Gemm::run(const uint16_t* x, int64_t m, const Fp8B128Weights& w, uint16_t* y, cudaStream_t stream) {
+  if (Status st = check_fp8_b128_gemm_shape(w.n, w.k); !st) return st;
+  if (m < 1) return fail("fp8-b128 cuBLASLt GEMM: m = {} (expected >= 1)", m);
+  if (!x) return fail("fp8-b128 cuBLASLt GEMM: null device pointer");
+  const size_t vbytes = static_cast<size_t>(m * w.k);
+  const size_t sbytes = static_cast<size_t>(cdiv(w.k, 128) * fp8_b128_act_scale_ld(m)) * sizeof(float);
+  if (act_values_.bytes() < vbytes || act_scales_.bytes() < sbytes) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    MXQ_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    if (capturing != cudaStreamCaptureStatusNone)
+      return fail("fp8-b128 cuBLASLt GEMM: activation scratch too small for m = {}, k = {} while capturing a "
+                  "CUDA graph (call reserve() first)", m, w.k);
+    if (Status st = reserve(m, w.k); !st) return st;
+  }
+  auto* xq = act_values_.as<uint8_t>();
+  auto* xs = act_scales_.as<float>();
+  if (Status st = quantize_act_fp8_b128(x, m, w.k, xq, xs, fp8_b128_act_scale_ld(m), stream); !st) return st;
+  return matmul(xq, xs, m, w, y, stream);
+}
+
+}  // namespace mxq::cuda

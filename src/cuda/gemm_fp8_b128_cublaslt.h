@@ -1,0 +1,78 @@
+// FP8-B128 linear for large M through cuBLASLt's block-scaled FP8 matmul (sm_90):
+//   y[M,N] bf16 = x[M,K] bf16 · W[N,K]^T, W in FP8-B128 (E4M3 + f32 per 128x128 block).
+// x is first quantized per 1x128 (quantize_act.h, E4M3 + f32); cuBLASLt then runs D = A^T·B in column-major
+// terms with A = W (K x N, ld K, transa = T, scale mode BLK128x128_32F), B = x_q (K x M, ld K, transb = N,
+// VEC128_32F) and D = y (N x M, ld N, bf16), f32 accumulate: the "TN" form cuBLASLt requires for FP8.
+// Native weight layout (weights_scale_offset below): values = the canonical row-major [N, K] plane as
+// stored; scales = the canonical [cdiv(N,128), cdiv(K,128)] f32 plane as stored (block (nb, kb) at
+// nb·cdiv(K,128) + kb: A's block grid in column-major with ld cdiv(K,128)). Activation scales are
+// K-block-major, x block (r, kb) at kb·M + r. Both were checked against the alternatives on the H200 by
+// the GPU test Fp8B128CublasLt.ScaleLayoutProbe.
+// Shapes cuBLASLt takes here: K % 16 == 0 (FP8 leading dimensions of 16 bytes), N % 8 == 0 (16-byte
+// bf16 rows of D); anything else is refused by name. The same native weights serve the small-M GEMV.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "base/error.h"
+#include "cuda/check.h"
+
+namespace mxq::cuda {
+
+// One FP8-B128 linear layer's weights on the device, in the native layout above.
+struct Fp8B128Weights {
+  const uint8_t* values = nullptr;  // E4M3 [n, k] row-major
+  const float* scales = nullptr;    // fp8_b128_scale_floats(n, k) floats
+  int64_t n = 0, k = 0;
+};
+
+// Native weight-scale layout: float index of block (nb, kb), and the plane's size in floats.
+int64_t fp8_b128_scale_offset(int64_t nb, int64_t kb, int64_t n, int64_t k);
+int64_t fp8_b128_scale_floats(int64_t n, int64_t k);
+// Strides of that layout (offset = nb · row + kb · col), as the GEMV takes them.
+struct ScaleStrides {
+  int64_t row, col;
+};
+ScaleStrides fp8_b128_scale_strides(int64_t n, int64_t k);
+// Leading dimension (floats) of the K-block-major activation scales for m rows.
+int64_t fp8_b128_act_scale_ld(int64_t m);
+
+// Refuses, by name, a weight shape cuBLASLt cannot take (see the top of this file).
+Status check_fp8_b128_gemm_shape(int64_t n, int64_t k);
+
+// Owns the cuBLASLt handle, its workspace, the scratch for quantized activations and one cached plan
+// (descriptors + heuristic algorithm) per (m, n, k). Not thread-safe: one per stream.
+class Fp8B128Gemm {
+ public:
+  static Result<std::unique_ptr<Fp8B128Gemm>> create(size_t workspace_bytes = 32u << 20);
+  ~Fp8B128Gemm();
+  Fp8B128Gemm(const Fp8B128Gemm&) = delete;
+  Fp8B128Gemm& operator=(const Fp8B128Gemm&) = delete;
+
+  // Sizes the activation scratch for up to max_m rows of max_k; run() grows it otherwise, which is
+  // refused while the stream is being captured into a CUDA graph.
+  Status reserve(int64_t max_m, int64_t max_k);
+  // Quantizes x (bf16 [m, w.k]) and runs the matmul into y (bf16 [m, w.n]). m >= 1.
+  Status run(const uint16_t* x, int64_t m, const Fp8B128Weights& w, uint16_t* y, cudaStream_t stream);
+  // The matmul alone on already-quantized activations: xq E4M3 [m, k], xs K-block-major f32 scales with
+  // leading dimension fp8_b128_act_scale_ld(m). Used by run(), the layout probe test and the benchmark.
+  Status matmul(const uint8_t* xq, const float* xs, int64_t m, const Fp8B128Weights& w, uint16_t* y,
+                cudaStream_t stream);
+
+ private:
+  struct Plan;
+  Fp8B128Gemm() = default;
+  Result<Plan*> plan_for(int64_t m, int64_t n, int64_t k);
+
+  cublasLtHandle_t handle_ = nullptr;
+  DeviceBuffer workspace_, act_values_, act_scales_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace mxq::cuda
