@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string_view>
 #include <memory>
 #include <tuple>
 
@@ -46,6 +47,21 @@ int64_t fp8_b128_act_scale_ld(int64_t m);
 // Refuses, by name, a weight shape cuBLASLt cannot take (see the top of this file).
 Status check_fp8_b128_gemm_shape(int64_t n, int64_t k);
 
+namespace detail {
+// How y = x·W^T maps onto cuBLASLt's column-major D = op(A)·op(B) (FP8 wants op(A) = A^T, op(B) = B).
+// kRoles is what Fp8B128Gemm uses; the others exist for the layout probe test, which times none of them.
+enum class LtRoles : uint8_t {
+  kWeightA,   // A = W (BLK128x128), B = x_q (VEC128), D = y as N x M column-major (ld N)
+  kActARowD,  // A = x_q (VEC128), B = W (BLK128x128), D = y as M x N in CUBLASLT_ORDER_ROW (ld N)
+  kActAColD,  // A = x_q (VEC128), B = W (BLK128x128), D = y^T: M x N column-major (ld M), probe only
+};
+inline constexpr LtRoles kRoles = LtRoles::kWeightA;
+std::string_view lt_roles_name(LtRoles r);
+// One uncached matmul through a fresh handle, as the probe test needs it (same arguments as matmul()).
+Status probe_matmul(LtRoles roles, const uint8_t* xq, const float* xs, int64_t m, const Fp8B128Weights& w,
+                    uint16_t* y, cudaStream_t stream);
+}  // namespace detail
+
 // Owns the cuBLASLt handle, its workspace, the scratch for quantized activations and one cached plan
 // (descriptors + heuristic algorithm) per (m, n, k). Not thread-safe: one per stream.
 class Fp8B128Gemm {
@@ -65,10 +81,11 @@ class Fp8B128Gemm {
   Status matmul(const uint8_t* xq, const float* xs, int64_t m, const Fp8B128Weights& w, uint16_t* y,
                 cudaStream_t stream);
 
+  struct Plan;  // one shape's descriptors and algorithm (the .cpp)
+
  private:
-  struct Plan;
   Fp8B128Gemm() = default;
-  Result<Plan*> plan_for(int64_t m, int64_t n, int64_t k);
+  Result<Plan*> plan_for(int64_t m, const Fp8B128Weights& w, const float* xs);
 
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer workspace_, act_values_, act_scales_;
