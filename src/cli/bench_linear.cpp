@@ -220,10 +220,10 @@ Status run_bench(const Run& run) {
   auto ctx = cuda::LinearContext::create(*arch);
   if (!ctx) return tl::unexpected(ctx.error());
   const int64_t max_m = *std::max_element(run.ms.begin(), run.ms.end());
-  int64_t max_k = 0;
-  for (const Shape& s : kShapes) max_k = std::max(max_k, s.k);
+  int64_t max_k = 0, max_n = 0;
+  for (const Shape& s : kShapes) max_k = std::max(max_k, s.k), max_n = std::max(max_n, s.n);
   // note: scratch sized up front: nothing may allocate inside a captured graph.
-  if (Status st = (*ctx)->reserve(max_m, max_k); !st) return st;
+  if (Status st = (*ctx)->reserve(max_m, max_n, max_k); !st) return st;
   fmt::print("device: {} ({} SMs, L2 {} MB, {}); copy bandwidth {:.0f} GB/s (read + written, 2 GiB D2D)\n",
              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, cuda::arch_name(*arch), *copy_gbs);
   fmt::print("GB/s = weight bytes (values + scales) / time; %bf16 = cuBLAS bf16 time / time; Lt fp8 = cuBLASLt\n"

@@ -8,10 +8,16 @@
 
 namespace mxq::cuda {
 
-int64_t fp8_b128_scale_offset(int64_t nb, int64_t kb, int64_t /*n*/, int64_t k) { return nb * cdiv(k, 128) + kb; }
-int64_t fp8_b128_scale_floats(int64_t n, int64_t k) { return cdiv(n, 128) * cdiv(k, 128); }
-ScaleStrides fp8_b128_scale_strides(int64_t /*n*/, int64_t k) { return {cdiv(k, 128), 1}; }
-int64_t fp8_b128_act_scale_ld(int64_t m) { return m; }
+namespace {
+int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
+}  // namespace
+
+int64_t fp8_b128_scale_offset(int64_t nb, int64_t kb, int64_t /*n*/, int64_t k) {
+  return nb * round4(cdiv(k, 128)) + kb;
+}
+int64_t fp8_b128_scale_floats(int64_t n, int64_t k) { return cdiv(n, 128) * round4(cdiv(k, 128)); }
+ScaleStrides fp8_b128_scale_strides(int64_t /*n*/, int64_t k) { return {round4(cdiv(k, 128)), 1}; }
+int64_t fp8_b128_padded_m(int64_t m) { return round4(m); }
 
 Status check_fp8_b128_gemm_shape(int64_t n, int64_t k) {
   if (n < 8 || k < 16 || n % 8 != 0 || k % 16 != 0)
@@ -157,32 +163,29 @@ Fp8B128Gemm::~Fp8B128Gemm() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-Status Fp8B128Gemm::reserve(int64_t max_m, int64_t max_k) {
-  const size_t vbytes = static_cast<size_t>(max_m * max_k);
-  const size_t sbytes = static_cast<size_t>(cdiv(max_k, 128) * fp8_b128_act_scale_ld(max_m)) * sizeof(float);
-  if (act_values_.bytes() < vbytes || act_scales_.bytes() < sbytes) {
-    auto v = DeviceBuffer::alloc(std::max(vbytes, act_values_.bytes()));
-    auto s = DeviceBuffer::alloc(std::max(sbytes, act_scales_.bytes()));
-    if (!v) return tl::unexpected(v.error());
-    if (!s) return tl::unexpected(s.error());
-    act_values_ = std::move(*v);
-    act_scales_ = std::move(*s);
-  }
-  return {};
+Status Fp8B128Gemm::reserve(int64_t max_m, int64_t max_n, int64_t max_k) {
+  const int64_t mp = fp8_b128_padded_m(max_m);
+  const size_t vbytes = static_cast<size_t>(mp * max_k);
+  const size_t sbytes = static_cast<size_t>(cdiv(max_k, 128) * mp) * sizeof(float);
+  const size_t obytes = static_cast<size_t>(mp * max_n) * 2;
+  auto grow = [](DeviceBuffer& b, size_t bytes) -> Status {
+    if (b.bytes() >= bytes) return {};
+    auto nb = DeviceBuffer::alloc(bytes);
+    if (!nb) return tl::unexpected(nb.error());
+    b = std::move(*nb);
+    return {};
+  };
+  if (Status st = grow(act_values_, vbytes); !st) return st;
+  if (Status st = grow(act_scales_, sbytes); !st) return st;
+  // note: the padded D is needed only when max_m % 4 != 0 for some call; sized for the worst case.
+  return grow(out_pad_, obytes);
 }
 
 Result<Fp8B128Gemm::Plan*> Fp8B128Gemm::plan_for(int64_t m, const Fp8B128Weights& w, const float* xs) {
   const auto key = std::make_tuple(m, w.n, w.k);
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
-  // note: the row-order-D assignment is tried when cuBLASLt refuses kRoles, so a library that takes only
-  // one of the two still runs; the probe test reports which one the device takes.
-  std::unique_ptr<Plan> p;
-  Status st;
-  for (detail::LtRoles roles : {detail::kRoles, detail::LtRoles::kActARowD}) {
-    p = std::make_unique<Plan>();
-    p->roles = roles;
-    if (st = build_plan(handle_, *p, m, w, xs, workspace_.bytes()); st) break;
-  }
+  auto p = std::make_unique<Plan>();
+  const Status st = build_plan(handle_, *p, m, w, xs, workspace_.bytes());
   if (!st) return tl::unexpected(st.error());
   Plan* raw = p.get();
   plans_.emplace(key, std::move(p));
@@ -192,7 +195,9 @@ Result<Fp8B128Gemm::Plan*> Fp8B128Gemm::plan_for(int64_t m, const Fp8B128Weights
 Status Fp8B128Gemm::matmul(const uint8_t* xq, const float* xs, int64_t m, const Fp8B128Weights& w, uint16_t* y,
                            cudaStream_t stream) {
   if (Status st = check_fp8_b128_gemm_shape(w.n, w.k); !st) return st;
-  if (m < 1 || m > INT_MAX) return fail("fp8-b128 cuBLASLt GEMM: m = {} (expected 1..{})", m, INT_MAX);
+  if (m < 4 || m > INT_MAX || m % 4 != 0)
+    return fail("fp8-b128 cuBLASLt GEMM: m = {} (expected a positive multiple of 4: cuBLASLt block scaling; run() "
+                "pads)", m);
   if (!xq || !xs || !w.values || !w.scales || !y) return fail("fp8-b128 cuBLASLt GEMM: null device pointer");
   auto plan = plan_for(m, w, xs);
   if (!plan) return tl::unexpected(plan.error());
@@ -204,21 +209,30 @@ Status Fp8B128Gemm::matmul(const uint8_t* xq, const float* xs, int64_t m, const 
 Status Fp8B128Gemm::run(const uint16_t* x, int64_t m, const Fp8B128Weights& w, uint16_t* y, cudaStream_t stream) {
   if (Status st = check_fp8_b128_gemm_shape(w.n, w.k); !st) return st;
   if (m < 1) return fail("fp8-b128 cuBLASLt GEMM: m = {} (expected >= 1)", m);
-  if (!x) return fail("fp8-b128 cuBLASLt GEMM: null device pointer");
-  const size_t vbytes = static_cast<size_t>(m * w.k);
-  const size_t sbytes = static_cast<size_t>(cdiv(w.k, 128) * fp8_b128_act_scale_ld(m)) * sizeof(float);
-  if (act_values_.bytes() < vbytes || act_scales_.bytes() < sbytes) {
+  if (!x || !y) return fail("fp8-b128 cuBLASLt GEMM: null device pointer");
+  const int64_t mp = fp8_b128_padded_m(m);
+  const bool padded = mp != m;
+  if (act_values_.bytes() < static_cast<size_t>(mp * w.k) ||
+      act_scales_.bytes() < static_cast<size_t>(cdiv(w.k, 128) * mp) * sizeof(float) ||
+      (padded && out_pad_.bytes() < static_cast<size_t>(mp * w.n) * 2)) {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     MXQ_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
     if (capturing != cudaStreamCaptureStatusNone)
-      return fail("fp8-b128 cuBLASLt GEMM: activation scratch too small for m = {}, k = {} while capturing a "
-                  "CUDA graph (call reserve() first)", m, w.k);
-    if (Status st = reserve(m, w.k); !st) return st;
+      return fail("fp8-b128 cuBLASLt GEMM: scratch too small for m = {}, n = {}, k = {} while capturing a CUDA "
+                  "graph (call reserve() first)", m, w.n, w.k);
+    if (Status st = reserve(m, w.n, w.k); !st) return st;
   }
   auto* xq = act_values_.as<uint8_t>();
   auto* xs = act_scales_.as<float>();
-  if (Status st = quantize_act_fp8_b128(x, m, w.k, xq, xs, fp8_b128_act_scale_ld(m), stream); !st) return st;
-  return matmul(xq, xs, m, w, y, stream);
+  // note: pad rows m..mp-1 of x_q and their scales are left as they are: each row of D depends on its own
+  // row of x only, and the pad rows of D are never copied out.
+  if (Status st = quantize_act_fp8_b128(x, m, w.k, xq, xs, mp, stream); !st) return st;
+  if (!padded) return matmul(xq, xs, m, w, y, stream);
+  auto* ypad = out_pad_.as<uint16_t>();
+  if (Status st = matmul(xq, xs, mp, w, ypad, stream); !st) return st;
+  // note: D is row-major [mp, n], so its first m rows are one contiguous run.
+  MXQ_CUDA_CHECK(cudaMemcpyAsync(y, ypad, static_cast<size_t>(m * w.n) * 2, cudaMemcpyDeviceToDevice, stream));
+  return {};
 }
 
 }  // namespace mxq::cuda

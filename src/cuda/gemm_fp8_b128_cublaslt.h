@@ -1,15 +1,21 @@
 // FP8-B128 linear for large M through cuBLASLt's block-scaled FP8 matmul (sm_90):
 //   y[M,N] bf16 = x[M,K] bf16 · W[N,K]^T, W in FP8-B128 (E4M3 + f32 per 128x128 block).
-// x is first quantized per 1x128 (quantize_act.h, E4M3 + f32); cuBLASLt then runs D = A^T·B in column-major
-// terms with A = W (K x N, ld K, transa = T, scale mode BLK128x128_32F), B = x_q (K x M, ld K, transb = N,
-// VEC128_32F) and D = y (N x M, ld N, bf16), f32 accumulate: the "TN" form cuBLASLt requires for FP8.
-// Native weight layout (weights_scale_offset below): values = the canonical row-major [N, K] plane as
-// stored; scales = the canonical [cdiv(N,128), cdiv(K,128)] f32 plane as stored (block (nb, kb) at
-// nb·cdiv(K,128) + kb: A's block grid in column-major with ld cdiv(K,128)). Activation scales are
-// K-block-major, x block (r, kb) at kb·M + r. Both were checked against the alternatives on the H200 by
-// the GPU test Fp8B128CublasLt.ScaleLayoutProbe.
-// Shapes cuBLASLt takes here: K % 16 == 0 (FP8 leading dimensions of 16 bytes), N % 8 == 0 (16-byte
-// bf16 rows of D); anything else is refused by name. The same native weights serve the small-M GEMV.
+// x is first quantized per 1x128 (quantize_act.h, E4M3 + f32); cuBLASLt then runs D = op(A)·op(B) with
+// A = x_q (K x M column-major, ld K, transa = T, scale mode VEC128_32F), B = W (K x N column-major, ld K,
+// transb = N, BLK128x128_32F), D = y (M x N in CUBLASLT_ORDER_ROW, ld N, bf16), f32 accumulate.
+// What the H200 (CUDA 13.0, driver 580) showed, GPU test Fp8B128CublasLt.ScaleLayoutProbe:
+//   - W as A (BLK128x128) with x as B (VEC128) is CUBLAS_STATUS_NOT_SUPPORTED, so x takes the A side and
+//     D is written row-order to stay y's row-major layout;
+//   - M must be a multiple of 4 (others NOT_SUPPORTED): run() pads M to 4 (pad rows in scratch, D into a
+//     scratch, then one copy of the M real rows), costing one extra pass over y only when M % 4 != 0;
+//   - W's block scales are K-block-major with the row length padded to a multiple of 4 floats: block
+//     (nb, kb) at nb · roundup(cdiv(K,128), 4) + kb (unpadded rows give wrong results when
+//     cdiv(K,128) % 4 != 0); x's scales are M-major, block (r, kb) at kb · M_padded + r.
+// Native weight layout (linear_prepare): values = the canonical row-major [N, K] plane as stored; scales =
+// the canonical [cdiv(N,128), cdiv(K,128)] f32 plane with each row padded to 4 floats (zero pads) — a byte
+// permutation plus padding. The same native weights serve the small-M GEMV.
+// Shapes: K % 16 == 0 (FP8 leading dimensions of 16 bytes), N % 8 == 0 (16-byte bf16 rows of D);
+// anything else is refused by name.
 #pragma once
 
 #include <cublasLt.h>
@@ -41,8 +47,9 @@ struct ScaleStrides {
   int64_t row, col;
 };
 ScaleStrides fp8_b128_scale_strides(int64_t n, int64_t k);
-// Leading dimension (floats) of the K-block-major activation scales for m rows.
-int64_t fp8_b128_act_scale_ld(int64_t m);
+// Rows cuBLASLt runs for m rows of x (m rounded up to 4), which is also the leading dimension (floats) of
+// the activation scales.
+int64_t fp8_b128_padded_m(int64_t m);
 
 // Refuses, by name, a weight shape cuBLASLt cannot take (see the top of this file).
 Status check_fp8_b128_gemm_shape(int64_t n, int64_t k);
@@ -55,9 +62,10 @@ enum class LtRoles : uint8_t {
   kActARowD,  // A = x_q (VEC128), B = W (BLK128x128), D = y as M x N in CUBLASLT_ORDER_ROW (ld N)
   kActAColD,  // A = x_q (VEC128), B = W (BLK128x128), D = y^T: M x N column-major (ld M), probe only
 };
-inline constexpr LtRoles kRoles = LtRoles::kWeightA;
+inline constexpr LtRoles kRoles = LtRoles::kActARowD;  // note: kWeightA is NOT_SUPPORTED (see the top)
 std::string_view lt_roles_name(LtRoles r);
-// One uncached matmul through a fresh handle, as the probe test needs it (same arguments as matmul()).
+// One uncached matmul through a fresh handle, as the probe test needs it (same arguments as matmul(), no
+// check of m).
 Status probe_matmul(LtRoles roles, const uint8_t* xq, const float* xs, int64_t m, const Fp8B128Weights& w,
                     uint16_t* y, cudaStream_t stream);
 }  // namespace detail
@@ -71,13 +79,13 @@ class Fp8B128Gemm {
   Fp8B128Gemm(const Fp8B128Gemm&) = delete;
   Fp8B128Gemm& operator=(const Fp8B128Gemm&) = delete;
 
-  // Sizes the activation scratch for up to max_m rows of max_k; run() grows it otherwise, which is
-  // refused while the stream is being captured into a CUDA graph.
-  Status reserve(int64_t max_m, int64_t max_k);
+  // Sizes the scratch (quantized x, and the padded D for M % 4 != 0) for up to max_m rows, max_n
+  // outputs, max_k inputs; run() grows it otherwise, which is refused while the stream is captured.
+  Status reserve(int64_t max_m, int64_t max_n, int64_t max_k);
   // Quantizes x (bf16 [m, w.k]) and runs the matmul into y (bf16 [m, w.n]). m >= 1.
   Status run(const uint16_t* x, int64_t m, const Fp8B128Weights& w, uint16_t* y, cudaStream_t stream);
-  // The matmul alone on already-quantized activations: xq E4M3 [m, k], xs K-block-major f32 scales with
-  // leading dimension fp8_b128_act_scale_ld(m). Used by run(), the layout probe test and the benchmark.
+  // The matmul alone on already-quantized activations: xq E4M3 [m, k], xs M-major f32 scales with leading
+  // dimension m; m % 4 == 0 (refused otherwise). Used by run() and the benchmark.
   Status matmul(const uint8_t* xq, const float* xs, int64_t m, const Fp8B128Weights& w, uint16_t* y,
                 cudaStream_t stream);
 
@@ -88,7 +96,7 @@ class Fp8B128Gemm {
   Result<Plan*> plan_for(int64_t m, const Fp8B128Weights& w, const float* xs);
 
   cublasLtHandle_t handle_ = nullptr;
-  DeviceBuffer workspace_, act_values_, act_scales_;
+  DeviceBuffer workspace_, act_values_, act_scales_, out_pad_;
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
 };
 

@@ -56,8 +56,9 @@ class LinearContext {
   LinearContext(const LinearContext&) = delete;
   LinearContext& operator=(const LinearContext&) = delete;
   Arch arch() const { return arch_; }
-  // Sizes scratch for M <= max_m, K <= max_k so that later calls allocate nothing (CUDA graph capture).
-  Status reserve(int64_t max_m, int64_t max_k) { return fp8_->reserve(max_m, max_k); }
+  // Sizes scratch for M <= max_m, N <= max_n, K <= max_k so that later calls allocate nothing (CUDA graph
+  // capture).
+  Status reserve(int64_t max_m, int64_t max_n, int64_t max_k) { return fp8_->reserve(max_m, max_n, max_k); }
   cublasHandle_t blas() const { return blas_; }
   Fp8B128Gemm& fp8() { return *fp8_; }
 

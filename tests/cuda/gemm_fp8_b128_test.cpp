@@ -1,9 +1,10 @@
 // cuBLASLt block-scaled FP8 (gemm_fp8_b128_cublaslt.h) on already-quantized operands against an f64
-// reference, for each candidate placement of the two scale tensors. The cuBLAS documentation leaves the
-// exact majorness and padding of VEC128_32F / BLK128x128_32F scales to be read off its figures, so this
-// test measures them: a wrong placement mixes scales of different blocks (drawn 2^-4..2^4 apart), which
-// shows as an NMSE near 1. It prints every candidate's error and requires the layout the library uses
-// (fp8_b128_scale_offset, fp8_b128_act_scale_ld) to be within tolerance.
+// reference, for each operand-role assignment and each candidate placement of the two scale tensors. The
+// cuBLAS documentation leaves the exact majorness and padding of VEC128_32F / BLK128x128_32F scales to be
+// read off its figures, so this test measures them: a wrong placement mixes scales of different blocks
+// (drawn 2^-4..2^4 apart), which shows as an NMSE near 1. It prints every candidate's error (or cuBLASLt's
+// refusal) and requires the roles and layout the library uses (detail::kRoles, fp8_b128_scale_offset,
+// fp8_b128_padded_m) to be within tolerance.
 #include "cuda/gemm_fp8_b128_cublaslt.h"
 
 #include <gtest/gtest.h>
@@ -32,7 +33,8 @@ TEST(Fp8B128CublasLt, ScaleLayoutProbe) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  constexpr int64_t m = 18, n = 384, k = 768;  // note: 18 rows and 6 K-blocks expose padding to 4
+  // note: 20 rows (a multiple of 4, as cuBLASLt requires, not of 8) and 6 K-blocks expose padding to 4
+  constexpr int64_t m = 20, n = 384, k = 768;
   const int64_t sr = cdiv(n, 128), sc = cdiv(k, 128);
   auto codes = [&](size_t count) {
     std::vector<uint8_t> v(count);
@@ -63,6 +65,7 @@ TEST(Fp8B128CublasLt, ScaleLayoutProbe) {
       {"w MN-major", [](int64_t nb, int64_t kb, int64_t nc, int64_t) { return kb * nc + nb; }},
       {"w MN-major, ld pad 4", [](int64_t nb, int64_t kb, int64_t nc, int64_t) { return kb * round4(nc) + nb; }},
   };
+  constexpr size_t kLibW = 1;  // K-major, ld padded to 4: what fp8_b128_scale_offset writes
   const Placement x_places[] = {
       {"x M-major", [](int64_t r, int64_t kb, int64_t mc, int64_t) { return kb * mc + r; }},
       {"x M-major, ld pad 4", [](int64_t r, int64_t kb, int64_t mc, int64_t) { return kb * round4(mc) + r; }},
@@ -110,12 +113,14 @@ TEST(Fp8B128CublasLt, ScaleLayoutProbe) {
         const double err = test::nmse(out, ref);
         std::printf("  scale layout probe: [%s] %-22s %-20s nmse %.3g\n",
                     std::string(detail::lt_roles_name(roles)).c_str(), wp.name, xp.name, err);
-        if (roles == detail::kRoles && &wp == &w_places[0] && &xp == &x_places[0]) production = err;
+        if (roles == detail::kRoles && &wp == &w_places[kLibW] && &xp == &x_places[0]) production = err;
       }
   }
-  // The library's layout is candidate (0, 0); keep the two in step.
-  EXPECT_EQ(fp8_b128_scale_offset(1, 2, n, k), w_places[0].offset(1, 2, sr, sc));
-  EXPECT_EQ(fp8_b128_act_scale_ld(m), m);
+  // The library's layout is candidate (kLibW, 0); keep the two in step.
+  for (int64_t nb = 0; nb < sr; ++nb)
+    for (int64_t kb = 0; kb < sc; ++kb)
+      EXPECT_EQ(fp8_b128_scale_offset(nb, kb, n, k), w_places[kLibW].offset(nb, kb, sr, sc));
+  EXPECT_EQ(fp8_b128_padded_m(m), m);
   EXPECT_LE(production, traits(Format::kFP8_B128).nmse_tolerance) << "cuBLASLt reads the scales elsewhere";
 }
 
