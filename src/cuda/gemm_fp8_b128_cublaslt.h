@@ -3,14 +3,16 @@
 // x is first quantized per 1x128 (quantize_act.h, E4M3 + f32); cuBLASLt then runs D = op(A)·op(B) with
 // A = x_q (K x M column-major, ld K, transa = T, scale mode VEC128_32F), B = W (K x N column-major, ld K,
 // transb = N, BLK128x128_32F), D = y (M x N in CUBLASLT_ORDER_ROW, ld N, bf16), f32 accumulate.
-// What the H200 (CUDA 13.0, driver 580) showed, GPU test Fp8B128CublasLt.ScaleLayoutProbe:
-//   - W as A (BLK128x128) with x as B (VEC128) is CUBLAS_STATUS_NOT_SUPPORTED, so x takes the A side and
-//     D is written row-order to stay y's row-major layout;
-//   - M must be a multiple of 4 (others NOT_SUPPORTED): run() pads M to 4 (pad rows in scratch, D into a
-//     scratch, then one copy of the M real rows), costing one extra pass over y only when M % 4 != 0;
-//   - W's block scales are K-block-major with the row length padded to a multiple of 4 floats: block
-//     (nb, kb) at nb · roundup(cdiv(K,128), 4) + kb (unpadded rows give wrong results when
-//     cdiv(K,128) % 4 != 0); x's scales are M-major, block (r, kb) at kb · M_padded + r.
+// What the H200 (CUDA 13.0, driver 580) showed, GPU test Fp8B128CublasLt.ScaleLayoutProbe (bench/RESULTS.md):
+//   - the heuristic refuses block scale modes whose scale pointers are not set yet (INVALID_VALUE);
+//   - M must be a multiple of 4 (M = 17, 18, 33: NOT_SUPPORTED): run() pads M to 4 (pad rows in scratch,
+//     D into a scratch, then one copy of the M real rows), an extra pass over y only when M % 4 != 0;
+//   - W's block scales are K-block-major with each row padded to a multiple of 4 floats: block (nb, kb) at
+//     nb · roundup(cdiv(K,128), 4) + kb (unpadded rows are wrong when cdiv(K,128) % 4 != 0, MN-major is
+//     wrong always); x's scales are M-major, block (r, kb) at kb · M_padded + r;
+//   - W as A with x as B and a column-major N x M D (LtRoles::kWeightA, also y in place) gives the same
+//     results; the library keeps the row-order form, which the tests and the benchmark ran (the two were
+//     not timed against each other).
 // Native weight layout (linear_prepare): values = the canonical row-major [N, K] plane as stored; scales =
 // the canonical [cdiv(N,128), cdiv(K,128)] f32 plane with each row padded to 4 floats (zero pads) — a byte
 // permutation plus padding. The same native weights serve the small-M GEMV.
@@ -23,8 +25,8 @@
 
 #include <cstdint>
 #include <map>
-#include <string_view>
 #include <memory>
+#include <string_view>
 #include <tuple>
 
 #include "base/error.h"
@@ -62,7 +64,7 @@ enum class LtRoles : uint8_t {
   kActARowD,  // A = x_q (VEC128), B = W (BLK128x128), D = y as M x N in CUBLASLT_ORDER_ROW (ld N)
   kActAColD,  // A = x_q (VEC128), B = W (BLK128x128), D = y^T: M x N column-major (ld M), probe only
 };
-inline constexpr LtRoles kRoles = LtRoles::kActARowD;  // note: kWeightA is NOT_SUPPORTED (see the top)
+inline constexpr LtRoles kRoles = LtRoles::kActARowD;
 std::string_view lt_roles_name(LtRoles r);
 // One uncached matmul through a fresh handle, as the probe test needs it (same arguments as matmul(), no
 // check of m).
