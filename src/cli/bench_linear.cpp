@@ -226,10 +226,12 @@ Status run_bench(const Run& run) {
   if (Status st = (*ctx)->reserve(max_m, max_n, max_k); !st) return st;
   fmt::print("device: {} ({} SMs, L2 {} MB, {}); copy bandwidth {:.0f} GB/s (read + written, 2 GiB D2D)\n",
              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, cuda::arch_name(*arch), *copy_gbs);
-  fmt::print("GB/s = weight bytes (values + scales) / time; %bf16 = cuBLAS bf16 time / time; Lt fp8 = cuBLASLt\n"
-             "FP8-B128 incl. the 1x128 activation quantize; weights rotated past L2, CUDA-graph event medians\n");
-  fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8} {:>7} {:>6} {:>6} {:>6} {:>8} {:>8}\n", "shape", "format", "N",
-             "K", "M", "kernel", "us", "TFLOP/s", "GB/s", "%copy", "%bf16", "bf16 us", "Lt fp8");
+  fmt::print(
+      "GB/s = weight bytes (values + scales) / time; %bf16 = cuBLAS bf16 time / time; Lt fp8 = cuBLASLt\n"
+      "FP8-B128 incl. the 1x128 activation quantize; weights rotated past L2, CUDA-graph event medians\n");
+  fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8} {:>7} {:>6} {:>6} {:>6} {:>8} {:>8}\n", "shape",
+             "format", "N", "K", "M", "kernel", "us", "TFLOP/s", "GB/s", "%copy", "%bf16", "bf16 us",
+             "Lt fp8");
   std::mt19937_64 rng(20261129);
   for (const Shape& s : kShapes) {
     auto x = replicate(random_bf16_bytes(rng, static_cast<size_t>(max_m * s.k)), 1);
@@ -254,7 +256,8 @@ Status run_bench(const Run& run) {
     for (int64_t m : run.ms) {
       auto us = time_graph(stream, [&](int i) {
         const cuda::LinearWeights w = wfp8->at(i);
-        return (*ctx)->fp8().run(xp, m, {w.values, reinterpret_cast<const float*>(w.scales), w.n, w.k}, yp, stream);
+        return (*ctx)->fp8().run(xp, m, {w.values, reinterpret_cast<const float*>(w.scales), w.n, w.k}, yp,
+                                 stream);
       });
       // note: a failing peer is reported and shown as nan; the rows of the other kernels still run.
       if (!us) fmt::print("cuBLASLt fp8-b128 {} M={}: {}\n", s.name, m, us.error().message);
@@ -279,9 +282,11 @@ Status run_bench(const Run& run) {
           continue;
         }
         const double gbs = static_cast<double>(w->bytes) / (*us * 1e-6) / 1e9;
-        fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8.2f} {:>7.1f} {:>6.0f} {:>5.1f}% {:>5.0f}% {:>8.2f} {:>8.2f}\n",
-                   s.name, traits(f).name, s.n, s.k, m, *kernel, *us, 2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12, gbs,
-                   100.0 * gbs / *copy_gbs, 100.0 * bf16_us[mi] / *us, bf16_us[mi], lt_us[mi]);
+        fmt::print(
+            "{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8.2f} {:>7.1f} {:>6.0f} {:>5.1f}% {:>5.0f}% {:>8.2f} "
+            "{:>8.2f}\n",
+            s.name, traits(f).name, s.n, s.k, m, *kernel, *us, 2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12, gbs,
+            100.0 * gbs / *copy_gbs, 100.0 * bf16_us[mi] / *us, bf16_us[mi], lt_us[mi]);
       }
       if (!refused.empty())
         fmt::print("{:<22} {:>8} {:>5} {:>5} M={} refused: {}\n", s.name, traits(f).name, s.n, s.k, refused,
@@ -339,13 +344,14 @@ Status run_bench(const Run& run) {
 #endif
 
 void add_bench_linear(CLI::App& bench, int& exit_code) {
-  auto* cmd =
-      bench.add_subcommand("linear", "linear kernels and GPU quantize vs copy bandwidth, cuBLAS bf16, cuBLASLt FP8");
+  auto* cmd = bench.add_subcommand(
+      "linear", "linear kernels and GPU quantize vs copy bandwidth, cuBLAS bf16, cuBLASLt FP8");
   auto formats =
       std::make_shared<std::vector<std::string>>(std::vector<std::string>{"mxfp8", "mxfp4", "fp8-b128"});
   auto ms = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{1, 8, 32, 128, 512, 4096});
   auto no_quantize = std::make_shared<bool>(false);
-  cmd->add_option("--formats", *formats, "weight formats, comma-separated (mxfp8, mxfp4, fp8-b128)")->delimiter(',');
+  cmd->add_option("--formats", *formats, "weight formats, comma-separated (mxfp8, mxfp4, fp8-b128)")
+      ->delimiter(',');
   cmd->add_option("--m", *ms, "activation rows, comma-separated (1..8192)")->delimiter(',');
   cmd->add_flag("--no-quantize", *no_quantize, "skip the quantize-kernel table");
   cmd->callback([formats, ms, no_quantize, &exit_code] {
@@ -354,7 +360,8 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
     for (const std::string& name : *formats) {
       auto f = parse_format(name);
       if (!f || (*f != Format::kMXFP8 && *f != Format::kMXFP4 && *f != Format::kFP8_B128)) {
-        spdlog::error("bench linear: --formats {}: not benchmarked (expected mxfp8, mxfp4 or fp8-b128)", name);
+        spdlog::error("bench linear: --formats {}: not benchmarked (expected mxfp8, mxfp4 or fp8-b128)",
+                      name);
         exit_code = kExitBadInput;
         return;
       }

@@ -25,7 +25,8 @@ Status check_fp8_b128_gemm_shape(int64_t n, int64_t k) {
         "fp8-b128 cuBLASLt GEMM: weight shape [{}, {}] (expected N a positive multiple of 8 and K of 16: "
         "cuBLASLt FP8 needs 16-byte leading dimensions)",
         n, k);
-  if (n > INT_MAX || k > INT_MAX) return fail("fp8-b128 cuBLASLt GEMM: weight shape [{}, {}] too large", n, k);
+  if (n > INT_MAX || k > INT_MAX)
+    return fail("fp8-b128 cuBLASLt GEMM: weight shape [{}, {}] too large", n, k);
   return {};
 }
 
@@ -53,8 +54,10 @@ Status set_scales(Fp8B128Gemm::Plan& p, const float* w_scales, const float* x_sc
   const bool weight_a = p.roles == detail::LtRoles::kWeightA;
   const void* a_scale = weight_a ? static_cast<const void*>(w_scales) : x_scales;
   const void* b_scale = weight_a ? static_cast<const void*>(x_scales) : w_scales;
-  MXQ_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
-  MXQ_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+  MXQ_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
+                                                sizeof(a_scale)));
+  MXQ_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
+                                                sizeof(b_scale)));
   return {};
 }
 
@@ -71,8 +74,10 @@ Status build_plan(cublasLtHandle_t handle, Fp8B128Gemm::Plan& p, int64_t m, cons
   const cublasLtMatmulMatrixScale_t a_mode = weight_a ? blk : vec, b_mode = weight_a ? vec : blk;
   MXQ_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   MXQ_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  MXQ_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
-  MXQ_CUDA_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
+  MXQ_CUDA_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
+  MXQ_CUDA_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
   if (Status st = set_scales(p, w.scales, xs); !st) return st;
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
   const int64_t a_cols = weight_a ? n : m, b_cols = weight_a ? m : n;
@@ -100,8 +105,10 @@ Status build_plan(cublasLtHandle_t handle, Fp8B128Gemm::Plan& p, int64_t m, cons
     return fail("fp8-b128 cuBLASLt GEMM ({}): heuristic for m = {}, n = {}, k = {}: {}",
                 detail::lt_roles_name(p.roles), m, n, k, cublasGetStatusName(st));
   if (found == 0)
-    return fail("fp8-b128 cuBLASLt GEMM ({}): no algorithm for m = {}, n = {}, k = {} (block-scaled FP8 needs "
-                "sm_90)", detail::lt_roles_name(p.roles), m, n, k);
+    return fail(
+        "fp8-b128 cuBLASLt GEMM ({}): no algorithm for m = {}, n = {}, k = {} (block-scaled FP8 needs "
+        "sm_90)",
+        detail::lt_roles_name(p.roles), m, n, k);
   p.algo = result.algo;
   return {};
 }
@@ -112,8 +119,8 @@ Status run_plan(cublasLtHandle_t handle, Fp8B128Gemm::Plan& p, const uint8_t* xq
   const void* a = weight_a ? static_cast<const void*>(w.values) : xq;
   const void* b = weight_a ? static_cast<const void*>(xq) : w.values;
   const float alpha = 1.0f, beta = 0.0f;
-  MXQ_CUDA_CHECK(cublasLtMatmul(handle, p.desc, &alpha, a, p.a, b, p.b, &beta, y, p.d, y, p.d, &p.algo, workspace,
-                                workspace_bytes, stream));
+  MXQ_CUDA_CHECK(cublasLtMatmul(handle, p.desc, &alpha, a, p.a, b, p.b, &beta, y, p.d, y, p.d, &p.algo,
+                                workspace, workspace_bytes, stream));
   return {};
 }
 
@@ -131,8 +138,8 @@ std::string_view detail::lt_roles_name(LtRoles r) {
   return "?";
 }
 
-Status detail::probe_matmul(LtRoles roles, const uint8_t* xq, const float* xs, int64_t m, const Fp8B128Weights& w,
-                            uint16_t* y, cudaStream_t stream) {
+Status detail::probe_matmul(LtRoles roles, const uint8_t* xq, const float* xs, int64_t m,
+                            const Fp8B128Weights& w, uint16_t* y, cudaStream_t stream) {
   if (Status st = check_fp8_b128_gemm_shape(w.n, w.k); !st) return st;
   cublasLtHandle_t handle = nullptr;
   MXQ_CUDA_CHECK(cublasLtCreate(&handle));
@@ -192,12 +199,14 @@ Result<Fp8B128Gemm::Plan*> Fp8B128Gemm::plan_for(int64_t m, const Fp8B128Weights
   return raw;
 }
 
-Status Fp8B128Gemm::matmul(const uint8_t* xq, const float* xs, int64_t m, const Fp8B128Weights& w, uint16_t* y,
-                           cudaStream_t stream) {
+Status Fp8B128Gemm::matmul(const uint8_t* xq, const float* xs, int64_t m, const Fp8B128Weights& w,
+                           uint16_t* y, cudaStream_t stream) {
   if (Status st = check_fp8_b128_gemm_shape(w.n, w.k); !st) return st;
   if (m < 4 || m > INT_MAX || m % 4 != 0)
-    return fail("fp8-b128 cuBLASLt GEMM: m = {} (expected a positive multiple of 4: cuBLASLt block scaling; run() "
-                "pads)", m);
+    return fail(
+        "fp8-b128 cuBLASLt GEMM: m = {} (expected a positive multiple of 4: cuBLASLt block scaling; run() "
+        "pads)",
+        m);
   if (!xq || !xs || !w.values || !w.scales || !y) return fail("fp8-b128 cuBLASLt GEMM: null device pointer");
   auto plan = plan_for(m, w, xs);
   if (!plan) return tl::unexpected(plan.error());
@@ -206,7 +215,8 @@ Status Fp8B128Gemm::matmul(const uint8_t* xq, const float* xs, int64_t m, const 
   return run_plan(handle_, **plan, xq, w, y, workspace_.as(), workspace_.bytes(), stream);
 }
 
-Status Fp8B128Gemm::run(const uint16_t* x, int64_t m, const Fp8B128Weights& w, uint16_t* y, cudaStream_t stream) {
+Status Fp8B128Gemm::run(const uint16_t* x, int64_t m, const Fp8B128Weights& w, uint16_t* y,
+                        cudaStream_t stream) {
   if (Status st = check_fp8_b128_gemm_shape(w.n, w.k); !st) return st;
   if (m < 1) return fail("fp8-b128 cuBLASLt GEMM: m = {} (expected >= 1)", m);
   if (!x || !y) return fail("fp8-b128 cuBLASLt GEMM: null device pointer");
@@ -218,8 +228,10 @@ Status Fp8B128Gemm::run(const uint16_t* x, int64_t m, const Fp8B128Weights& w, u
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     MXQ_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
     if (capturing != cudaStreamCaptureStatusNone)
-      return fail("fp8-b128 cuBLASLt GEMM: scratch too small for m = {}, n = {}, k = {} while capturing a CUDA "
-                  "graph (call reserve() first)", m, w.n, w.k);
+      return fail(
+          "fp8-b128 cuBLASLt GEMM: scratch too small for m = {}, n = {}, k = {} while capturing a CUDA "
+          "graph (call reserve() first)",
+          m, w.n, w.k);
     if (Status st = reserve(m, w.n, w.k); !st) return st;
   }
   auto* xq = act_values_.as<uint8_t>();
@@ -231,7 +243,8 @@ Status Fp8B128Gemm::run(const uint16_t* x, int64_t m, const Fp8B128Weights& w, u
   auto* ypad = out_pad_.as<uint16_t>();
   if (Status st = matmul(xq, xs, mp, w, ypad, stream); !st) return st;
   // note: D is row-major [mp, n], so its first m rows are one contiguous run.
-  MXQ_CUDA_CHECK(cudaMemcpyAsync(y, ypad, static_cast<size_t>(m * w.n) * 2, cudaMemcpyDeviceToDevice, stream));
+  MXQ_CUDA_CHECK(
+      cudaMemcpyAsync(y, ypad, static_cast<size_t>(m * w.n) * 2, cudaMemcpyDeviceToDevice, stream));
   return {};
 }
 

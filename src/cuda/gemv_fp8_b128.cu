@@ -56,8 +56,9 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (j >= jn) break;
         uint2 bx = make_uint2(0, 0);
         if (xok[nt]) bx = __ldg(reinterpret_cast<const uint2*>(xr[nt] + xoff + j * xstride));
-        const uint32_t a[4] = {gemv::e4m3x2_to_bf16x2(wa4[j] & 0xFFFFu), gemv::e4m3x2_to_bf16x2(wb4[j] & 0xFFFFu),
-                               gemv::e4m3x2_to_bf16x2(wa4[j] >> 16), gemv::e4m3x2_to_bf16x2(wb4[j] >> 16)};
+        const uint32_t a[4] = {gemv::e4m3x2_to_bf16x2(wa4[j] & 0xFFFFu),
+                               gemv::e4m3x2_to_bf16x2(wb4[j] & 0xFFFFu), gemv::e4m3x2_to_bf16x2(wa4[j] >> 16),
+                               gemv::e4m3x2_to_bf16x2(wb4[j] >> 16)};
         gemv::mma_bf16_16816(d, a, bx.x, bx.y);
       }
       acc[nt][0] = fmaf(d[0], s_a, acc[nt][0]);
@@ -72,7 +73,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int kStride = kWarps * kUnroll;
   uint4 wa[kUnroll], wb[kUnroll], na[kUnroll], nb[kUnroll];
   float sca[kUnroll], scb[kUnroll], nsa[kUnroll], nsb[kUnroll];
-  auto load = [&](int q0, uint4(&la)[kUnroll], uint4(&lb)[kUnroll], float(&ls)[kUnroll], float(&lt)[kUnroll]) {
+  auto load = [&](int q0, uint4(&la)[kUnroll], uint4(&lb)[kUnroll], float(&ls)[kUnroll],
+                  float(&lt)[kUnroll]) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (q0 + u >= nfull) break;
@@ -90,7 +92,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (q0 + u >= nfull) break;
-      const uint32_t wa4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w}, wb4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
+      const uint32_t wa4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w},
+                     wb4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
       group_mma(wa4, wb4, static_cast<int64_t>(q0 + u) * kGroupK + 16 * t, 4, 4, sca[u], scb[u]);
     }
 #pragma unroll
@@ -137,12 +140,13 @@ __global__ void __launch_bounds__(kThreads, 2)
 }  // namespace
 
 cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values, const float* scales,
-                                 int64_t s_row, int64_t s_col, uint16_t* y, int n, int k, cudaStream_t stream) {
+                                 int64_t s_row, int64_t s_col, uint16_t* y, int n, int k,
+                                 cudaStream_t stream) {
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
   auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
   const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
   const bool tail = k % kGroupK != 0;
-#define MXQ_GEMV_LAUNCH(NT, TAIL)                                             \
+#define MXQ_GEMV_LAUNCH(NT, TAIL) \
   gemv_fp8_b128_kernel<NT, TAIL><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, s_row, s_col, yb, n, k)
   if (m <= 8) {
     if (tail)

@@ -9,6 +9,7 @@
 namespace mxq::cuda {
 
 cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values, const float* scales,
-                                 int64_t s_row, int64_t s_col, uint16_t* y, int n, int k, cudaStream_t stream);
+                                 int64_t s_row, int64_t s_col, uint16_t* y, int n, int k,
+                                 cudaStream_t stream);
 
 }  // namespace mxq::cuda

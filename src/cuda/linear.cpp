@@ -11,7 +11,14 @@
 namespace mxq::cuda {
 namespace {
 
-enum class Kernel : uint8_t { kCublasBf16, kGemvMxfp8, kGemvMxfp4, kGemvFp8B128, kCublasLtFp8B128, kNeedsGemmMx };
+enum class Kernel : uint8_t {
+  kCublasBf16,
+  kGemvMxfp8,
+  kGemvMxfp4,
+  kGemvFp8B128,
+  kCublasLtFp8B128,
+  kNeedsGemmMx
+};
 
 struct Entry {
   Format format;
@@ -44,8 +51,8 @@ Result<const Entry*> find_entry(Format f, Arch arch, int64_t m) {
   for (const Entry& e : kTable) {
     if (e.format != f || e.arch != arch || m < e.m_lo || m > e.m_hi) continue;
     if (e.kernel == Kernel::kNeedsGemmMx)
-      return fail("{} linear for M > {} needs gemm_mx (not built) (arch {}, M = {})", traits(f).name, kGemvMaxM,
-                  arch_name(arch), m);
+      return fail("{} linear for M > {} needs gemm_mx (not built) (arch {}, M = {})", traits(f).name,
+                  kGemvMaxM, arch_name(arch), m);
     return &e;
   }
   return fail("no {} linear kernel on {} for M = {} (the dispatch table has no entry)", traits(f).name,
@@ -66,7 +73,8 @@ Status check_shape(Kernel kernel, int64_t n, int64_t k) {
       return {};
     case Kernel::kGemvFp8B128:
       if (n < 1 || k < 16 || k % 16 != 0 || n > INT_MAX || k > INT_MAX / 2)
-        return fail("gemv_fp8_b128: weight shape [{}, {}] (expected N >= 1, K a positive multiple of 16)", n, k);
+        return fail("gemv_fp8_b128: weight shape [{}, {}] (expected N >= 1, K a positive multiple of 16)", n,
+                    k);
       return {};
     case Kernel::kCublasLtFp8B128:
       return check_fp8_b128_gemm_shape(n, k);
@@ -86,8 +94,8 @@ Result<Arch> device_arch(int device) {
   MXQ_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   if (major == 9 && minor == 0) return Arch::kSm90a;
   if (major == 8) return Arch::kSm80;
-  return fail("device {}: compute capability {}.{} (expected 9.0 or 8.x: mxq builds sm_90a and sm_80)", device,
-              major, minor);
+  return fail("device {}: compute capability {}.{} (expected 9.0 or 8.x: mxq builds sm_90a and sm_80)",
+              device, major, minor);
 }
 
 Result<std::string_view> linear_kernel_name(Format f, Arch arch, int64_t m) {
@@ -96,7 +104,8 @@ Result<std::string_view> linear_kernel_name(Format f, Arch arch, int64_t m) {
   return (*e)->name;
 }
 
-Status check_linear_supported(Format f, Arch arch, std::string_view tensor, int64_t n, int64_t k, int64_t max_m) {
+Status check_linear_supported(Format f, Arch arch, std::string_view tensor, int64_t n, int64_t k,
+                              int64_t max_m) {
   if (max_m < 1) return fail("{}: max M = {} (expected >= 1)", tensor, max_m);
   // Walk the M axis range by range: every M in 1..max_m must land on an entry whose shape rule holds.
   for (int64_t m = 1; m <= max_m;) {
@@ -142,13 +151,16 @@ Result<HostPlanes> linear_prepare(Format f, Arch arch, const TensorGeometry& g, 
       return out;
     }
     case Format::kFP8_B128: {
-      const int64_t sr = cdiv(g.rows, 128), sc = cdiv(g.cols, 128), per_expert = fp8_b128_scale_floats(g.rows, g.cols);
-      HostPlanes out{canonical.values, std::vector<uint8_t>(static_cast<size_t>(g.experts * per_expert * 4), 0)};
+      const int64_t sr = cdiv(g.rows, 128), sc = cdiv(g.cols, 128),
+                    per_expert = fp8_b128_scale_floats(g.rows, g.cols);
+      HostPlanes out{canonical.values,
+                     std::vector<uint8_t>(static_cast<size_t>(g.experts * per_expert * 4), 0)};
       for (int64_t e = 0; e < g.experts; ++e)
         for (int64_t nb = 0; nb < sr; ++nb)
           for (int64_t kb = 0; kb < sc; ++kb)
-            std::memcpy(out.scales.data() + (e * per_expert + fp8_b128_scale_offset(nb, kb, g.rows, g.cols)) * 4,
-                        canonical.scales.data() + ((e * sr + nb) * sc + kb) * 4, 4);
+            std::memcpy(
+                out.scales.data() + (e * per_expert + fp8_b128_scale_offset(nb, kb, g.rows, g.cols)) * 4,
+                canonical.scales.data() + ((e * sr + nb) * sc + kb) * 4, 4);
       return out;
     }
     default:
@@ -187,10 +199,11 @@ Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int
     case Kernel::kCublasBf16: {
       const float alpha = 1.0f, beta = 0.0f;
       MXQ_CUDA_CHECK(cublasSetStream(ctx.blas(), stream));
-      MXQ_CUDA_CHECK(cublasGemmEx(ctx.blas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n), static_cast<int>(m),
-                                  static_cast<int>(w.k), &alpha, w.values, CUDA_R_16BF, static_cast<int>(w.k), x,
-                                  CUDA_R_16BF, static_cast<int>(w.k), &beta, y, CUDA_R_16BF, static_cast<int>(w.n),
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      MXQ_CUDA_CHECK(cublasGemmEx(ctx.blas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n),
+                                  static_cast<int>(m), static_cast<int>(w.k), &alpha, w.values, CUDA_R_16BF,
+                                  static_cast<int>(w.k), x, CUDA_R_16BF, static_cast<int>(w.k), &beta, y,
+                                  CUDA_R_16BF, static_cast<int>(w.n), CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
       return {};
     }
     case Kernel::kGemvMxfp8:
@@ -198,11 +211,11 @@ Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int
     case Kernel::kGemvMxfp4:
       return gemv_mxfp4(x, m, MxGemvWeights{w.format, w.values, w.scales, w.n, w.k}, y, stream);
     case Kernel::kGemvFp8B128:
-      return gemv_fp8_b128(x, m, Fp8B128Weights{w.values, reinterpret_cast<const float*>(w.scales), w.n, w.k}, y,
-                           stream);
+      return gemv_fp8_b128(x, m, Fp8B128Weights{w.values, reinterpret_cast<const float*>(w.scales), w.n, w.k},
+                           y, stream);
     case Kernel::kCublasLtFp8B128:
-      return ctx.fp8().run(x, m, Fp8B128Weights{w.values, reinterpret_cast<const float*>(w.scales), w.n, w.k}, y,
-                           stream);
+      return ctx.fp8().run(x, m, Fp8B128Weights{w.values, reinterpret_cast<const float*>(w.scales), w.n, w.k},
+                           y, stream);
     case Kernel::kNeedsGemmMx:
       break;
   }

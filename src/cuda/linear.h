@@ -40,7 +40,8 @@ struct LinearWeights {
 
 // Load-time check that every M in 1..max_m has a kernel for this format, arch and [n, k]; the refusal
 // names the tensor, the format, the arch and the M range or shape rule that fails.
-Status check_linear_supported(Format f, Arch arch, std::string_view tensor, int64_t n, int64_t k, int64_t max_m);
+Status check_linear_supported(Format f, Arch arch, std::string_view tensor, int64_t n, int64_t k,
+                              int64_t max_m);
 
 // canonical planes → the native planes the table's kernels read for (format, arch), host memory; a byte
 // permutation plus zero padding, learned by probe_layout (layout name: linear_layout_name). Formats without

@@ -14,8 +14,8 @@ static_assert(static_cast<int>(QuantRule::kCeil) == static_cast<int>(ScaleRule::
 
 // Shape checks, the launch, and the NaN/Inf read-back shared by both entry points.
 template <class Launch>
-Status checked_quantize(Format format, int64_t rows, int64_t cols, const void* x, uint8_t* values, void* scales,
-                        std::string_view name, cudaStream_t stream, Launch&& launch) {
+Status checked_quantize(Format format, int64_t rows, int64_t cols, const void* x, uint8_t* values,
+                        void* scales, std::string_view name, cudaStream_t stream, Launch&& launch) {
   if (format != Format::kMXFP8 && format != Format::kMXFP4 && format != Format::kFP8_B128)
     return fail("{}: GPU quantize to {} (expected mxfp8, mxfp4 or fp8-b128)", name, traits(format).name);
   if (rows < 0 || cols < 0) return fail("{}: shape [{}, {}] (expected non-negative)", name, rows, cols);
@@ -67,9 +67,12 @@ Status quantize(Format format, ScaleRule rule, Format src, const void* x, int64_
   const QuantFormat f = format == Format::kMXFP8   ? QuantFormat::kMXFP8
                         : format == Format::kMXFP4 ? QuantFormat::kMXFP4
                                                    : QuantFormat::kFP8_B128;
-  const QuantSrc s = src == Format::kBF16 ? QuantSrc::kBF16 : src == Format::kF16 ? QuantSrc::kF16 : QuantSrc::kF32;
+  const QuantSrc s = src == Format::kBF16  ? QuantSrc::kBF16
+                     : src == Format::kF16 ? QuantSrc::kF16
+                                           : QuantSrc::kF32;
   return checked_quantize(format, rows, cols, x, values, scales, name, stream, [&](unsigned long long* bad) {
-    return launch_quantize_src(f, static_cast<QuantRule>(rule), s, x, rows, cols, values, scales, bad, stream);
+    return launch_quantize_src(f, static_cast<QuantRule>(rule), s, x, rows, cols, values, scales, bad,
+                               stream);
   });
 }
 

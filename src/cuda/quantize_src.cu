@@ -113,8 +113,9 @@ constexpr int kTile = 128, kPasses = kTile / (kThreads / 16);
 // kVec: cols % 8 == 0, so each thread's 8 columns are one aligned vector load.
 template <QuantSrc S, bool kVec>
 __global__ void __launch_bounds__(kThreads)
-    quantize_b128_src_kernel(const void* __restrict__ x, int64_t rows, int64_t cols, uint8_t* __restrict__ values,
-                             float* __restrict__ scales, unsigned long long* bad_block) {
+    quantize_b128_src_kernel(const void* __restrict__ x, int64_t rows, int64_t cols,
+                             uint8_t* __restrict__ values, float* __restrict__ scales,
+                             unsigned long long* bad_block) {
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int tr = threadIdx.x / 16;
   const int64_t c = c0 + 8 * (threadIdx.x % 16);
@@ -169,7 +170,8 @@ template <QuantSrc S>
 cudaError_t launch_for_src(QuantFormat f, QuantRule rule, const void* x, int64_t rows, int64_t cols,
                            uint8_t* values, void* scales, unsigned long long* bad, cudaStream_t stream) {
   if (f == QuantFormat::kFP8_B128) {
-    const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
+    const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
+                    static_cast<unsigned>((rows + kTile - 1) / kTile));
     auto* s = static_cast<float*>(scales);
     if (cols % 8 == 0)
       quantize_b128_src_kernel<S, true><<<grid, kThreads, 0, stream>>>(x, rows, cols, values, s, bad);

@@ -5,8 +5,6 @@
 // (drawn 2^-4..2^4 apart), which shows as an NMSE near 1. It prints every candidate's error (or cuBLASLt's
 // refusal) and requires the roles and layout the library uses (detail::kRoles, fp8_b128_scale_offset,
 // fp8_b128_padded_m) to be within tolerance.
-#include "cuda/gemm_fp8_b128_cublaslt.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/gemm_fp8_b128_cublaslt.h"
 #include "format/codec.h"
 #include "format/formats.h"
 #include "gpu_test_util.h"
@@ -44,9 +43,12 @@ TEST(Fp8B128CublasLt, ScaleLayoutProbe) {
     }
     return v;
   };
-  auto scale = [&] { return std::ldexp(1.0f + static_cast<float>(rng() % 256) / 256.0f, -4 + static_cast<int>(rng() % 9)); };
+  auto scale = [&] {
+    return std::ldexp(1.0f + static_cast<float>(rng() % 256) / 256.0f, -4 + static_cast<int>(rng() % 9));
+  };
   const std::vector<uint8_t> wq = codes(static_cast<size_t>(n * k)), xq = codes(static_cast<size_t>(m * k));
-  std::vector<float> ws(static_cast<size_t>(sr * sc)), xs(static_cast<size_t>(m * sc));  // canonical, row-major
+  std::vector<float> ws(static_cast<size_t>(sr * sc)),
+      xs(static_cast<size_t>(m * sc));  // canonical, row-major
   for (auto& s : ws) s = scale();
   for (auto& s : xs) s = scale();
   std::vector<double> ref(static_cast<size_t>(m * n));
@@ -54,16 +56,19 @@ TEST(Fp8B128CublasLt, ScaleLayoutProbe) {
     for (int64_t c = 0; c < n; ++c) {
       double acc = 0;
       for (int64_t j = 0; j < k; ++j)
-        acc += static_cast<double>(e4m3_to_f32(xq[static_cast<size_t>(r * k + j)])) * xs[static_cast<size_t>(r * sc + j / 128)] *
-               e4m3_to_f32(wq[static_cast<size_t>(c * k + j)]) * ws[static_cast<size_t>((c / 128) * sc + j / 128)];
+        acc += static_cast<double>(e4m3_to_f32(xq[static_cast<size_t>(r * k + j)])) *
+               xs[static_cast<size_t>(r * sc + j / 128)] * e4m3_to_f32(wq[static_cast<size_t>(c * k + j)]) *
+               ws[static_cast<size_t>((c / 128) * sc + j / 128)];
       ref[static_cast<size_t>(r * n + c)] = acc;
     }
 
   const Placement w_places[] = {
       {"w K-major (canonical)", [](int64_t nb, int64_t kb, int64_t, int64_t kc) { return nb * kc + kb; }},
-      {"w K-major, ld pad 4", [](int64_t nb, int64_t kb, int64_t, int64_t kc) { return nb * round4(kc) + kb; }},
+      {"w K-major, ld pad 4",
+       [](int64_t nb, int64_t kb, int64_t, int64_t kc) { return nb * round4(kc) + kb; }},
       {"w MN-major", [](int64_t nb, int64_t kb, int64_t nc, int64_t) { return kb * nc + nb; }},
-      {"w MN-major, ld pad 4", [](int64_t nb, int64_t kb, int64_t nc, int64_t) { return kb * round4(nc) + nb; }},
+      {"w MN-major, ld pad 4",
+       [](int64_t nb, int64_t kb, int64_t nc, int64_t) { return kb * round4(nc) + nb; }},
   };
   constexpr size_t kLibW = 1;  // K-major, ld padded to 4: what fp8_b128_scale_offset writes
   const Placement x_places[] = {
@@ -75,7 +80,8 @@ TEST(Fp8B128CublasLt, ScaleLayoutProbe) {
   auto dxq = test::upload(xq);
   ASSERT_TRUE(dwq && dxq);
   double production = NAN;
-  for (detail::LtRoles roles : {detail::LtRoles::kWeightA, detail::LtRoles::kActARowD, detail::LtRoles::kActAColD}) {
+  for (detail::LtRoles roles :
+       {detail::LtRoles::kWeightA, detail::LtRoles::kActARowD, detail::LtRoles::kActAColD}) {
     const bool transposed = roles == detail::LtRoles::kActAColD;  // D holds y^T
     bool usable = true;
     for (const Placement& wp : w_places)
@@ -100,7 +106,8 @@ TEST(Fp8B128CublasLt, ScaleLayoutProbe) {
           std::printf("  scale layout probe: %s: %s\n", std::string(detail::lt_roles_name(roles)).c_str(),
                       st.error().message.c_str());
           usable = false;
-          if (roles == detail::kRoles) ADD_FAILURE() << "the library's role assignment: " << st.error().message;
+          if (roles == detail::kRoles)
+            ADD_FAILURE() << "the library's role assignment: " << st.error().message;
           continue;
         }
         auto y = test::download<uint16_t>(*dy, static_cast<size_t>(m * n));
@@ -129,7 +136,8 @@ TEST(Fp8B128CublasLt, RefusesShapesByName) {
     const Status st = check_fp8_b128_gemm_shape(n, k);
     ASSERT_FALSE(st);
     EXPECT_NE(st.error().message.find("fp8-b128"), std::string::npos) << st.error().message;
-    EXPECT_NE(st.error().message.find("[" + std::to_string(n) + ", " + std::to_string(k) + "]"), std::string::npos)
+    EXPECT_NE(st.error().message.find("[" + std::to_string(n) + ", " + std::to_string(k) + "]"),
+              std::string::npos)
         << st.error().message;
   }
   EXPECT_TRUE(check_fp8_b128_gemm_shape(200, 784));

@@ -47,7 +47,8 @@ HostPlanes random_planes(std::mt19937_64& rng, Format f, int64_t n, int64_t k) {
   }
   if (f == Format::kFP8_B128) {
     for (size_t i = 0; i < p.scales.size(); i += 4) {
-      const float s = std::ldexp(1.0f + static_cast<float>(rng() % 1024) / 1024.0f, -12 + static_cast<int>(rng() % 6));
+      const float s =
+          std::ldexp(1.0f + static_cast<float>(rng() % 1024) / 1024.0f, -12 + static_cast<int>(rng() % 6));
       std::memcpy(p.scales.data() + i, &s, 4);
     }
   } else {
@@ -80,8 +81,8 @@ TEST_P(Linear, MatchesCpuTwinOnDequantizedOperands) {
   auto ds = test::upload(native->scales);
   auto dy = test::poisoned<uint16_t>(static_cast<size_t>(c.m * c.n));
   ASSERT_TRUE(dx && dv && ds && dy);
-  const LinearWeights w{c.format, dv->as<uint8_t>(), native->scales.empty() ? nullptr : ds->as<uint8_t>(), c.n,
-                        c.k};
+  const LinearWeights w{c.format, dv->as<uint8_t>(), native->scales.empty() ? nullptr : ds->as<uint8_t>(),
+                        c.n, c.k};
   const Status st = linear(**ctx, w, dx->as<uint16_t>(), c.m, dy->as<uint16_t>(), nullptr);
 
   auto kernel = linear_kernel_name(c.format, *arch, c.m);
@@ -171,8 +172,8 @@ TEST_P(LinearSupport, RefusesByFormatArchAndTensor) {  // covers N-13
   }
   ASSERT_FALSE(st);
   const std::string& msg = st.error().message;
-  for (std::string_view part : {std::string_view(tensor), traits(c.format).name, arch_name(c.arch),
-                                std::string_view(c.expect)})
+  for (std::string_view part :
+       {std::string_view(tensor), traits(c.format).name, arch_name(c.arch), std::string_view(c.expect)})
     EXPECT_NE(msg.find(part), std::string::npos) << "missing '" << part << "' in: " << msg;
 }
 
@@ -182,7 +183,8 @@ INSTANTIATE_TEST_SUITE_P(
         SupportCase{"fp8_sm90_prefill", Format::kFP8_B128, Arch::kSm90a, 4096, 4096, 4096, ""},
         SupportCase{"mxfp8_decode_only", Format::kMXFP8, Arch::kSm90a, 4096, 12288, 16, ""},
         SupportCase{"bf16_sm80", Format::kBF16, Arch::kSm80, 77, 130, 4096, ""},
-        SupportCase{"mxfp8_prefill", Format::kMXFP8, Arch::kSm90a, 4096, 12288, 512, "needs gemm_mx (not built)"},
+        SupportCase{"mxfp8_prefill", Format::kMXFP8, Arch::kSm90a, 4096, 12288, 512,
+                    "needs gemm_mx (not built)"},
         SupportCase{"mxfp4_prefill_sm80", Format::kMXFP4, Arch::kSm80, 4096, 4096, 17, "needs gemm_mx"},
         SupportCase{"fp8_sm80_prefill", Format::kFP8_B128, Arch::kSm80, 4096, 4096, 64, "for M = 17"},
         SupportCase{"fp8_ragged_n", Format::kFP8_B128, Arch::kSm90a, 100, 768, 64, "multiple of 8"},
@@ -197,7 +199,9 @@ struct PrepareCase {
   Format format;
   std::vector<int64_t> shape;
 };
-void PrintTo(const PrepareCase& c, std::ostream* os) { *os << traits(c.format).name << " rank " << c.shape.size(); }
+void PrintTo(const PrepareCase& c, std::ostream* os) {
+  *os << traits(c.format).name << " rank " << c.shape.size();
+}
 
 class LinearPrepare : public ::testing::TestWithParam<PrepareCase> {};
 
@@ -223,7 +227,8 @@ TEST_P(LinearPrepare, ProbesAsPermutation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, LinearPrepare,
-                         ::testing::Values(PrepareCase{Format::kBF16, {40, 72}}, PrepareCase{Format::kMXFP8, {75, 320}},
+                         ::testing::Values(PrepareCase{Format::kBF16, {40, 72}},
+                                           PrepareCase{Format::kMXFP8, {75, 320}},
                                            PrepareCase{Format::kMXFP4, {33, 160}},
                                            PrepareCase{Format::kFP8_B128, {300, 784}},
                                            PrepareCase{Format::kFP8_B128, {2, 136, 400}}));

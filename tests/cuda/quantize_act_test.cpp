@@ -18,7 +18,9 @@ namespace {
 struct ActCase {
   int64_t m, k, ld_pad;
 };
-void PrintTo(const ActCase& c, std::ostream* os) { *os << "m=" << c.m << " k=" << c.k << " pad=" << c.ld_pad; }
+void PrintTo(const ActCase& c, std::ostream* os) {
+  *os << "m=" << c.m << " k=" << c.k << " pad=" << c.ld_pad;
+}
 
 class QuantizeAct : public ::testing::TestWithParam<ActCase> {};
 
@@ -38,8 +40,8 @@ TEST_P(QuantizeAct, BitwiseEqualsCpuTwin) {
   auto dv = test::poisoned<uint8_t>(want_v.size());
   auto ds = test::poisoned<float>(static_cast<size_t>(blocks * ld));
   ASSERT_TRUE(dx && dv && ds);
-  const Status st = cuda::quantize_act_fp8_b128(dx->as<uint16_t>(), c.m, c.k, dv->as<uint8_t>(), ds->as<float>(),
-                                                ld, nullptr);
+  const Status st = cuda::quantize_act_fp8_b128(dx->as<uint16_t>(), c.m, c.k, dv->as<uint8_t>(),
+                                                ds->as<float>(), ld, nullptr);
   ASSERT_TRUE(st) << st.error().message;
   auto v = test::download<uint8_t>(*dv, want_v.size());
   auto s = test::download<uint32_t>(*ds, static_cast<size_t>(blocks * ld));

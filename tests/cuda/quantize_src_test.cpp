@@ -42,7 +42,8 @@ std::vector<uint8_t> regime_source(std::mt19937_64& rng, Format src, size_t coun
       uint32_t man = static_cast<uint32_t>(rng()) & ((1u << mbits) - 1);
       if (regime == 6) man &= 7u << (mbits - 3);  // note: few mantissa bits land on encoder ties
       const uint32_t e = lo + static_cast<uint32_t>(rng() % (hi - lo + 1));
-      const uint32_t bits = regime == 9 ? sign << (ebits + mbits) : sign << (ebits + mbits) | e << mbits | man;
+      const uint32_t bits =
+          regime == 9 ? sign << (ebits + mbits) : sign << (ebits + mbits) | e << mbits | man;
       std::memcpy(out.data() + i * static_cast<size_t>(bytes), &bits, static_cast<size_t>(bytes));
     }
   }
@@ -65,8 +66,8 @@ TEST_P(QuantizeSrc, BitwiseEqualsCpuQuantize) {
   auto dv = test::poisoned<uint8_t>(vbytes);
   auto ds = test::poisoned<uint8_t>(sbytes);
   ASSERT_TRUE(dx && dv && ds);
-  const Status st = cuda::quantize(c.format, c.rule, c.src, dx->as(), c.rows, c.cols, dv->as<uint8_t>(), ds->as(),
-                                   "x", nullptr);
+  const Status st = cuda::quantize(c.format, c.rule, c.src, dx->as(), c.rows, c.cols, dv->as<uint8_t>(),
+                                   ds->as(), "x", nullptr);
   ASSERT_TRUE(st) << st.error().message;
   auto v = test::download<uint8_t>(*dv, vbytes);
   auto s = test::download<uint8_t>(*ds, sbytes);
@@ -81,7 +82,8 @@ std::vector<SrcCase> src_cases() {
     for (ScaleRule rule : {ScaleRule::kCeil, ScaleRule::kOcp, ScaleRule::kFloor, ScaleRule::kCt})
       cases.push_back({Format::kMXFP8, rule, src, 37, 320});
     cases.push_back({Format::kMXFP4, ScaleRule::kCt, src, 37, 320});
-    cases.push_back({Format::kFP8_B128, ScaleRule::kCeil, src, 130, 300});  // note: cols % 8 != 0: scalar loads
+    cases.push_back(
+        {Format::kFP8_B128, ScaleRule::kCeil, src, 130, 300});  // note: cols % 8 != 0: scalar loads
     cases.push_back({Format::kFP8_B128, ScaleRule::kCeil, src, 129, 264});
   }
   return cases;
@@ -90,7 +92,8 @@ std::vector<SrcCase> src_cases() {
 INSTANTIATE_TEST_SUITE_P(Cases, QuantizeSrc, ::testing::ValuesIn(src_cases()), [](const auto& info) {
   const SrcCase& c = info.param;
   std::string name = std::string(traits(c.format).name) + "_" + std::string(scale_rule_name(c.rule)) + "_" +
-                     std::string(traits(c.src).name) + "_" + std::to_string(c.rows) + "x" + std::to_string(c.cols);
+                     std::string(traits(c.src).name) + "_" + std::to_string(c.rows) + "x" +
+                     std::to_string(c.cols);
   for (char& ch : name)
     if (ch == '-') ch = '_';
   return name;
@@ -98,10 +101,12 @@ INSTANTIATE_TEST_SUITE_P(Cases, QuantizeSrc, ::testing::ValuesIn(src_cases()), [
 
 TEST(QuantizeSrcRefuses, RuleAndSourceByName) {
   uint8_t dummy = 0;
-  Status st = cuda::quantize(Format::kMXFP4, ScaleRule::kOcp, Format::kF32, &dummy, 1, 32, &dummy, &dummy, "w", nullptr);
+  Status st = cuda::quantize(Format::kMXFP4, ScaleRule::kOcp, Format::kF32, &dummy, 1, 32, &dummy, &dummy,
+                             "w", nullptr);
   ASSERT_FALSE(st);
   EXPECT_NE(st.error().message.find("ct only"), std::string::npos) << st.error().message;
-  st = cuda::quantize(Format::kMXFP8, ScaleRule::kCeil, Format::kE4M3, &dummy, 1, 32, &dummy, &dummy, "w", nullptr);
+  st = cuda::quantize(Format::kMXFP8, ScaleRule::kCeil, Format::kE4M3, &dummy, 1, 32, &dummy, &dummy, "w",
+                      nullptr);
   ASSERT_FALSE(st);
   EXPECT_NE(st.error().message.find("from e4m3"), std::string::npos) << st.error().message;
 }
