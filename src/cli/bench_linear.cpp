@@ -1,5 +1,6 @@
-// mxq bench linear: decode GEMV (MXFP8 / MXFP4 weight-only) and GPU quantize on Qwen3 shapes, against the
-// copy bandwidth and cuBLAS bf16 measured in the same run. Registered under `mxq bench` by add_bench_linear.
+// mxq bench linear: the CUDA linear dispatch table (cuda/linear.h: MXFP8 / MXFP4 / FP8-B128 by M) and GPU
+// quantize on Qwen3 shapes, against the copy bandwidth, cuBLAS bf16 and cuBLASLt FP8-B128 measured in the
+// same run. Registered under `mxq bench` by add_bench_linear.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -11,16 +12,17 @@
 #include "format/formats.h"
 
 #if defined(MXQ_HAVE_CUDA)
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <random>
 
 #include "cuda/check.h"
-#include "cuda/gemv_layout.h"
 #include "cuda/gemv_mx.h"
+#include "cuda/linear.h"
 #include "cuda/quantize_launch.h"
 #endif
 
@@ -74,6 +76,9 @@ Result<float> median_event_ms(cudaStream_t stream, int warmup, int reps, Enqueue
 // Times `body(i)` for i = 0..kLaunchesPerGraph-1 captured in one CUDA graph; median µs per launch.
 template <class Body>
 Result<double> time_graph(cudaStream_t stream, Body&& body) {
+  // note: one uncaptured call first: plans and heuristics are made outside the capture, errors show here.
+  if (Status st = body(0); !st) return tl::unexpected(st.error());
+  MXQ_CUDA_CHECK(cudaStreamSynchronize(stream));
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   MXQ_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -139,6 +144,30 @@ std::vector<uint8_t> random_bf16_bytes(std::mt19937_64& rng, size_t count) {
   return v;
 }
 
+// Native planes of a random weight: codes (no E4M3 NaN) and scales of a plausible size, laid out by
+// linear_prepare as the loader would.
+Result<HostPlanes> random_native(std::mt19937_64& rng, Format f, int64_t n, int64_t k, cuda::Arch arch) {
+  HostPlanes canonical;
+  if (f == Format::kBF16) {
+    canonical.values = random_bf16_bytes(rng, static_cast<size_t>(n * k));
+  } else {
+    canonical.values = random_bytes(rng, static_cast<size_t>(values_bytes(f, n, k)), f != Format::kMXFP4);
+    canonical.scales.resize(static_cast<size_t>(scales_bytes(f, n, k)));
+    if (f == Format::kFP8_B128) {
+      for (size_t i = 0; i < canonical.scales.size(); i += 4) {
+        const float v = std::ldexp(1.0f + static_cast<float>(rng() % 256) / 256.0f, -10);
+        std::memcpy(canonical.scales.data() + i, &v, 4);
+      }
+    } else {
+      for (auto& b : canonical.scales) b = static_cast<uint8_t>(115 + rng() % 10);
+    }
+  }
+  const std::vector<int64_t> shape = {n, k};
+  auto g = tensor_geometry("bench weight", f, shape);
+  if (!g) return tl::unexpected(g.error());
+  return cuda::linear_prepare(f, arch, *g, canonical);
+}
+
 int copies_for(int64_t bytes) {
   return static_cast<int>(std::clamp<int64_t>(kRotateBytes / bytes + 1, 2, 64));
 }
@@ -149,6 +178,34 @@ struct Run {
   bool quantize = true;
 };
 
+// Rotated device copies of one layer's native weights, and the LinearWeights of copy i.
+struct RotatedWeights {
+  Format format;
+  int64_t n, k, bytes;
+  std::vector<DeviceBuffer> values, scales;
+  cuda::LinearWeights at(int i) const {
+    const size_t c = static_cast<size_t>(i) % values.size();
+    return {format, values[c].as<uint8_t>(), scales.empty() ? nullptr : scales[c].as<uint8_t>(), n, k};
+  }
+};
+
+Result<RotatedWeights> rotated(std::mt19937_64& rng, Format f, int64_t n, int64_t k, cuda::Arch arch) {
+  auto planes = random_native(rng, f, n, k, arch);
+  if (!planes) return tl::unexpected(planes.error());
+  const int64_t bytes = static_cast<int64_t>(planes->values.size() + planes->scales.size());
+  const int copies = copies_for(bytes);
+  RotatedWeights w{f, n, k, bytes, {}, {}};
+  auto v = replicate(planes->values, copies);
+  if (!v) return tl::unexpected(v.error());
+  w.values = std::move(*v);
+  if (!planes->scales.empty()) {
+    auto sc = replicate(planes->scales, copies);
+    if (!sc) return tl::unexpected(sc.error());
+    w.scales = std::move(*sc);
+  }
+  return w;
+}
+
 Status run_bench(const Run& run) {
   cudaStream_t stream;
   MXQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -156,62 +213,84 @@ Status run_bench(const Run& run) {
   int dev = 0;
   MXQ_CUDA_CHECK(cudaGetDevice(&dev));
   MXQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  auto arch = cuda::device_arch(dev);
+  if (!arch) return tl::unexpected(arch.error());
   auto copy_gbs = copy_bandwidth(stream);
   if (!copy_gbs) return tl::unexpected(copy_gbs.error());
-  cublasHandle_t blas;
-  MXQ_CUDA_CHECK(cublasCreate(&blas));
-  MXQ_CUDA_CHECK(cublasSetStream(blas, stream));
-  auto blas_ws = DeviceBuffer::alloc(64 << 20);  // note: a fixed workspace keeps cuBLAS graph-capturable
-  if (!blas_ws) return tl::unexpected(blas_ws.error());
-  MXQ_CUDA_CHECK(cublasSetWorkspace(blas, blas_ws->as(), blas_ws->bytes()));
-  fmt::print("device: {} ({} SMs, L2 {} MB); copy bandwidth {:.0f} GB/s (read + written, 2 GiB D2D)\n",
-             prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, *copy_gbs);
-  fmt::print("{:<24} {:>6} {:>6} {:>6} {:>3} {:>8} {:>8} {:>7} {:>8} {:>10} {:>8}\n", "shape", "format", "N",
-             "K", "M", "us", "GB/s", "%copy", "TFLOP/s", "cuBLAS us", "vs bf16");
+  auto ctx = cuda::LinearContext::create(*arch);
+  if (!ctx) return tl::unexpected(ctx.error());
+  const int64_t max_m = *std::max_element(run.ms.begin(), run.ms.end());
+  int64_t max_k = 0, max_n = 0;
+  for (const Shape& s : kShapes) max_k = std::max(max_k, s.k), max_n = std::max(max_n, s.n);
+  // note: scratch sized up front: nothing may allocate inside a captured graph.
+  if (Status st = (*ctx)->reserve(max_m, max_n, max_k); !st) return st;
+  fmt::print("device: {} ({} SMs, L2 {} MB, {}); copy bandwidth {:.0f} GB/s (read + written, 2 GiB D2D)\n",
+             prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, cuda::arch_name(*arch), *copy_gbs);
+  fmt::print(
+      "GB/s = weight bytes (values + scales) / time; %bf16 = cuBLAS bf16 time / time; Lt fp8 = cuBLASLt\n"
+      "FP8-B128 incl. the 1x128 activation quantize; weights rotated past L2, CUDA-graph event medians\n");
+  fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8} {:>7} {:>6} {:>6} {:>6} {:>8} {:>8}\n", "shape",
+             "format", "N", "K", "M", "kernel", "us", "TFLOP/s", "GB/s", "%copy", "%bf16", "bf16 us",
+             "Lt fp8");
   std::mt19937_64 rng(20261129);
   for (const Shape& s : kShapes) {
-    // cuBLAS bf16 peer: rotated bf16 weights, same x / y.
-    const int64_t bf16_bytes = s.n * s.k * 2;
-    const int bf16_copies = copies_for(bf16_bytes);
-    auto wbf = replicate(random_bf16_bytes(rng, static_cast<size_t>(s.n * s.k)), bf16_copies);
-    auto x = replicate(random_bf16_bytes(rng, static_cast<size_t>(cuda::kGemvMaxM * s.k)), 1);
-    auto y = DeviceBuffer::alloc(static_cast<size_t>(cuda::kGemvMaxM * s.n * 2));
-    if (!wbf || !x || !y) return fail("bench linear: device allocation failed for {}", s.name);
+    auto x = replicate(random_bf16_bytes(rng, static_cast<size_t>(max_m * s.k)), 1);
+    auto y = DeviceBuffer::alloc(static_cast<size_t>(max_m * s.n * 2));
+    if (!x || !y) return fail("bench linear: device allocation failed for {}", s.name);
+    const uint16_t* xp = (*x)[0].as<uint16_t>();
+    auto* yp = y->as<uint16_t>();
+    auto time_linear = [&](const RotatedWeights& w, int64_t m) {
+      return time_graph(stream, [&](int i) { return cuda::linear(**ctx, w.at(i), xp, m, yp, stream); });
+    };
+    auto wbf = rotated(rng, Format::kBF16, s.n, s.k, *arch);
+    if (!wbf) return tl::unexpected(wbf.error());
+    std::vector<double> bf16_us, lt_us;
+    for (int64_t m : run.ms) {
+      auto us = time_linear(*wbf, m);
+      if (!us) return tl::unexpected(us.error());
+      bf16_us.push_back(*us);
+    }
+    wbf = RotatedWeights{};  // note: free the bf16 copies before the next format's
+    auto wfp8 = rotated(rng, Format::kFP8_B128, s.n, s.k, *arch);
+    if (!wfp8) return tl::unexpected(wfp8.error());
+    for (int64_t m : run.ms) {
+      auto us = time_graph(stream, [&](int i) {
+        const cuda::LinearWeights w = wfp8->at(i);
+        return (*ctx)->fp8().run(xp, m, {w.values, reinterpret_cast<const float*>(w.scales), w.n, w.k}, yp,
+                                 stream);
+      });
+      // note: a failing peer is reported and shown as nan; the rows of the other kernels still run.
+      if (!us) fmt::print("cuBLASLt fp8-b128 {} M={}: {}\n", s.name, m, us.error().message);
+      lt_us.push_back(us ? *us : NAN);
+    }
     for (Format f : run.formats) {
-      const int64_t vbytes = values_bytes(f, s.n, s.k), sbytes = scales_bytes(f, s.n, s.k);
-      const auto canonical = random_bytes(rng, static_cast<size_t>(vbytes), f == Format::kMXFP8);
-      std::vector<uint8_t> native(canonical.size()), scales(static_cast<size_t>(sbytes));
-      for (auto& b : scales) b = static_cast<uint8_t>(115 + rng() % 10);
-      if (Status st = cuda::prepare_gemv_values(f, canonical.data(), native.data(), s.n, s.k); !st) return st;
-      const int copies = copies_for(vbytes + sbytes);
-      auto wv = replicate(native, copies);
-      auto ws = replicate(scales, copies);
-      if (!wv || !ws) return fail("bench linear: device allocation failed for {} {}", s.name, traits(f).name);
-      for (int64_t m : run.ms) {
-        auto us = time_graph(stream, [&](int i) {
-          const cuda::MxGemvWeights w{f, (*wv)[static_cast<size_t>(i % copies)].as<uint8_t>(),
-                                      (*ws)[static_cast<size_t>(i % copies)].as<uint8_t>(), s.n, s.k};
-          return f == Format::kMXFP8
-                     ? cuda::gemv_mxfp8((*x)[0].as<uint16_t>(), m, w, y->as<uint16_t>(), stream)
-                     : cuda::gemv_mxfp4((*x)[0].as<uint16_t>(), m, w, y->as<uint16_t>(), stream);
-        });
-        if (!us) return tl::unexpected(us.error());
-        auto blas_us = time_graph(stream, [&](int i) -> Status {
-          const float alpha = 1.0f, beta = 0.0f;
-          MXQ_CUDA_CHECK(cublasGemmEx(
-              blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.n), static_cast<int>(m),
-              static_cast<int>(s.k), &alpha, (*wbf)[static_cast<size_t>(i % bf16_copies)].as(), CUDA_R_16BF,
-              static_cast<int>(s.k), (*x)[0].as(), CUDA_R_16BF, static_cast<int>(s.k), &beta, y->as(),
-              CUDA_R_16BF, static_cast<int>(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-          return {};
-        });
-        if (!blas_us) return tl::unexpected(blas_us.error());
-        const double gbs = (vbytes + sbytes) / (*us * 1e-6) / 1e9;
+      Result<RotatedWeights> w = f == Format::kFP8_B128 ? std::move(wfp8) : rotated(rng, f, s.n, s.k, *arch);
+      if (!w) return tl::unexpected(w.error());
+      std::string refused, refusal;
+      for (size_t mi = 0; mi < run.ms.size(); ++mi) {
+        const int64_t m = run.ms[mi];
+        auto kernel = cuda::linear_kernel_name(f, *arch, m);
+        if (!kernel) {  // note: one line per shape and format for the M the table refuses
+          refused += fmt::format("{}{}", refused.empty() ? "" : ",", m);
+          refusal = kernel.error().message;
+          continue;
+        }
+        auto us = time_linear(*w, m);
+        if (!us) {
+          fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} error: {}\n", s.name, traits(f).name, s.n, s.k, m,
+                     *kernel, us.error().message);
+          continue;
+        }
+        const double gbs = static_cast<double>(w->bytes) / (*us * 1e-6) / 1e9;
         fmt::print(
-            "{:<24} {:>6} {:>6} {:>6} {:>3} {:>8.2f} {:>8.0f} {:>6.1f}% {:>8.2f} {:>10.2f} {:>7.2f}x\n",
-            s.name, traits(f).name, s.n, s.k, m, *us, gbs, 100.0 * gbs / *copy_gbs,
-            2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12, *blas_us, *blas_us / *us);
+            "{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8.2f} {:>7.1f} {:>6.0f} {:>5.1f}% {:>5.0f}% {:>8.2f} "
+            "{:>8.2f}\n",
+            s.name, traits(f).name, s.n, s.k, m, *kernel, *us, 2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12, gbs,
+            100.0 * gbs / *copy_gbs, 100.0 * bf16_us[mi] / *us, bf16_us[mi], lt_us[mi]);
       }
+      if (!refused.empty())
+        fmt::print("{:<22} {:>8} {:>5} {:>5} M={} refused: {}\n", s.name, traits(f).name, s.n, s.k, refused,
+                   refusal.substr(0, refusal.find(" (arch")));
     }
   }
   if (run.quantize) {
@@ -257,7 +336,6 @@ Status run_bench(const Run& run) {
       }
     }
   }
-  cublasDestroy(blas);
   cudaStreamDestroy(stream);
   return {};
 }
@@ -266,33 +344,40 @@ Status run_bench(const Run& run) {
 #endif
 
 void add_bench_linear(CLI::App& bench, int& exit_code) {
-  auto* cmd =
-      bench.add_subcommand("linear", "decode GEMV and GPU quantize vs copy bandwidth and cuBLAS bf16");
-  auto formats = std::make_shared<std::vector<std::string>>(std::vector<std::string>{"mxfp8", "mxfp4"});
-  auto ms = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{1, 2, 4, 8, 16});
+  auto* cmd = bench.add_subcommand(
+      "linear", "linear kernels and GPU quantize vs copy bandwidth, cuBLAS bf16, cuBLASLt FP8");
+  auto formats =
+      std::make_shared<std::vector<std::string>>(std::vector<std::string>{"mxfp8", "mxfp4", "fp8-b128"});
+  auto ms = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{1, 8, 32, 128, 512, 4096});
   auto no_quantize = std::make_shared<bool>(false);
-  cmd->add_option("--formats", *formats, "weight formats, comma-separated (mxfp8, mxfp4)")->delimiter(',');
-  cmd->add_option("--m", *ms, "activation rows per GEMV, comma-separated (1..16)")->delimiter(',');
+  cmd->add_option("--formats", *formats, "weight formats, comma-separated (mxfp8, mxfp4, fp8-b128)")
+      ->delimiter(',');
+  cmd->add_option("--m", *ms, "activation rows, comma-separated (1..8192)")->delimiter(',');
   cmd->add_flag("--no-quantize", *no_quantize, "skip the quantize-kernel table");
   cmd->callback([formats, ms, no_quantize, &exit_code] {
 #if defined(MXQ_HAVE_CUDA)
     Run run;
     for (const std::string& name : *formats) {
       auto f = parse_format(name);
-      if (!f || (*f != Format::kMXFP8 && *f != Format::kMXFP4)) {
-        spdlog::error("bench linear: --formats {}: no GEMV kernel (expected mxfp8 or mxfp4)", name);
+      if (!f || (*f != Format::kMXFP8 && *f != Format::kMXFP4 && *f != Format::kFP8_B128)) {
+        spdlog::error("bench linear: --formats {}: not benchmarked (expected mxfp8, mxfp4 or fp8-b128)",
+                      name);
         exit_code = kExitBadInput;
         return;
       }
       run.formats.push_back(*f);
     }
     for (int64_t m : *ms)
-      if (m < 1 || m > cuda::kGemvMaxM) {
-        spdlog::error("bench linear: --m {}: the GEMV path takes 1..{} (the large-M path is not built yet)",
-                      m, cuda::kGemvMaxM);
+      if (m < 1 || m > 8192) {
+        spdlog::error("bench linear: --m {}: expected 1..8192", m);
         exit_code = kExitBadInput;
         return;
       }
+    if (ms->empty()) {
+      spdlog::error("bench linear: --m is empty");
+      exit_code = kExitBadInput;
+      return;
+    }
     run.ms = *ms;
     run.quantize = !*no_quantize;
     if (Status st = run_bench(run); !st) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -52,6 +53,25 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
   return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// Two E4M3 bytes (low 16 bits of `pair`) → bf16x2, exact: E4M3 pair → f16x2 (exact) → bf16 bits by moving
+// the exponent field (value · 2^-112, a bf16 normal) → one bf16x2 multiply by 2^112 (exact). Shared by the
+// MXFP8 "cvt" decode and the FP8-B128 GEMV.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t pair) {
+  uint32_t h;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n .reg .b16 lo;\n cvt.u16.u32 lo, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(h) : "r"(pair));
+#else
+  // note: E4M3 bits placed as f16 bits are the value · 2^-8 (subnormals included); f16 handles the rest.
+  const uint32_t u = __byte_perm(pair, 0, 0x7170);  // bytes: b0, 0, b1, 0
+  h = ((u & 0x007F007Fu) << 7) | ((u & 0x00800080u) << 8);
+  __half2 hv =
+      __hmul2(*reinterpret_cast<__half2*>(&h), __half2(__ushort_as_half(0x5C00), __ushort_as_half(0x5C00)));
+  h = *reinterpret_cast<uint32_t*>(&hv);
+#endif
+  const uint32_t raw = ((h >> 3) & 0x0FFF0FFFu) | (h & 0x80008000u);
+  return bf16x2_mul(raw, 0x77807780u);  // note: bf16 0x7780 = 2^112
 }
 
 // E8M0 byte → 2^(b-127) as f32: 0 is the subnormal 2^-127, 255 is NaN.

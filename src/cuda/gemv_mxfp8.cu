@@ -18,22 +18,6 @@
 namespace mxq::cuda {
 namespace {
 
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t pair) {
-  uint32_t h;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm("{\n .reg .b16 lo;\n cvt.u16.u32 lo, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(h) : "r"(pair));
-#else
-  // note: E4M3 bits placed as f16 bits are the value · 2^-8 (subnormals included); f16 handles the rest.
-  const uint32_t u = __byte_perm(pair, 0, 0x7170);  // bytes: b0, 0, b1, 0
-  h = ((u & 0x007F007Fu) << 7) | ((u & 0x00800080u) << 8);
-  __half2 hv =
-      __hmul2(*reinterpret_cast<__half2*>(&h), __half2(__ushort_as_half(0x5C00), __ushort_as_half(0x5C00)));
-  h = *reinterpret_cast<uint32_t*>(&hv);
-#endif
-  const uint32_t raw = ((h >> 3) & 0x0FFF0FFFu) | (h & 0x80008000u);
-  return gemv::bf16x2_mul(raw, 0x77807780u);  // note: bf16 0x7780 = 2^112
-}
-
 // Bytes b0..b3 → pairs (b0, b1), (b2, b3) in the 2^-120 placement above.
 __device__ __forceinline__ void e4m3x4_to_bf16x4_scaled(uint32_t word, uint32_t* pairs) {
   // note: selector nibbles 8 and 9 (A, B) replicate the sign of byte 0 (1, 2, 3) into the byte above it, so
@@ -55,8 +39,8 @@ struct Mxfp8BitsDecode {
 struct Mxfp8Decode {
   static constexpr int kGroupK = 64, kPairsPerWord = 2, kRowBytesNum = 1, kRowBytesDen = 1, kScaleFold = 0;
   __device__ static void decode(uint32_t word, uint32_t* pairs) {
-    pairs[0] = e4m3x2_to_bf16x2(word & 0xFFFFu);
-    pairs[1] = e4m3x2_to_bf16x2(word >> 16);
+    pairs[0] = gemv::e4m3x2_to_bf16x2(word & 0xFFFFu);
+    pairs[1] = gemv::e4m3x2_to_bf16x2(word >> 16);
   }
   __device__ static uint32_t load_tail(const uint8_t* p) {
     return __ldg(reinterpret_cast<const uint32_t*>(p));

@@ -1,0 +1,15 @@
+// Unchecked FP8-B128 GEMV launcher (nvcc side); gemv_fp8_b128.cpp checks the arguments. Contract:
+// gemv_fp8_b128.h. The weight scale of row block nb, column block kb is scales[nb · s_row + kb · s_col].
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace mxq::cuda {
+
+cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values, const float* scales,
+                                 int64_t s_row, int64_t s_col, uint16_t* y, int n, int k,
+                                 cudaStream_t stream);
+
+}  // namespace mxq::cuda

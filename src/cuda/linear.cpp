@@ -1,0 +1,225 @@
+#include "cuda/linear.h"
+
+#include <climits>
+#include <cstring>
+#include <limits>
+
+#include "cuda/gemv_fp8_b128.h"
+#include "cuda/gemv_layout.h"
+#include "cuda/gemv_mx.h"
+
+namespace mxq::cuda {
+namespace {
+
+enum class Kernel : uint8_t {
+  kCublasBf16,
+  kGemvMxfp8,
+  kGemvMxfp4,
+  kGemvFp8B128,
+  kCublasLtFp8B128,
+  kNeedsGemmMx
+};
+
+struct Entry {
+  Format format;
+  Arch arch;
+  int64_t m_lo, m_hi;
+  Kernel kernel;
+  std::string_view name;
+};
+
+constexpr int64_t kAnyM = std::numeric_limits<int>::max();
+// note: the closed table (see linear.h). An entry of kind kNeedsGemmMx is a refusal that names the kernel
+// still to be written; a (format, arch, M) with no entry at all is refused as missing.
+constexpr Entry kTable[] = {
+    {Format::kBF16, Arch::kSm90a, 1, kAnyM, Kernel::kCublasBf16, "cublas_bf16"},
+    {Format::kBF16, Arch::kSm80, 1, kAnyM, Kernel::kCublasBf16, "cublas_bf16"},
+    {Format::kMXFP8, Arch::kSm90a, 1, kGemvMaxM, Kernel::kGemvMxfp8, "gemv_mxfp8"},
+    {Format::kMXFP8, Arch::kSm80, 1, kGemvMaxM, Kernel::kGemvMxfp8, "gemv_mxfp8"},
+    {Format::kMXFP8, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kNeedsGemmMx, "gemm_mx"},
+    {Format::kMXFP8, Arch::kSm80, kGemvMaxM + 1, kAnyM, Kernel::kNeedsGemmMx, "gemm_mx"},
+    {Format::kMXFP4, Arch::kSm90a, 1, kGemvMaxM, Kernel::kGemvMxfp4, "gemv_mxfp4"},
+    {Format::kMXFP4, Arch::kSm80, 1, kGemvMaxM, Kernel::kGemvMxfp4, "gemv_mxfp4"},
+    {Format::kMXFP4, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kNeedsGemmMx, "gemm_mx"},
+    {Format::kMXFP4, Arch::kSm80, kGemvMaxM + 1, kAnyM, Kernel::kNeedsGemmMx, "gemm_mx"},
+    {Format::kFP8_B128, Arch::kSm90a, 1, kGemvMaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
+    {Format::kFP8_B128, Arch::kSm80, 1, kGemvMaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
+    {Format::kFP8_B128, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kCublasLtFp8B128, "cublaslt_fp8_b128"},
+};
+
+Result<const Entry*> find_entry(Format f, Arch arch, int64_t m) {
+  for (const Entry& e : kTable) {
+    if (e.format != f || e.arch != arch || m < e.m_lo || m > e.m_hi) continue;
+    if (e.kernel == Kernel::kNeedsGemmMx)
+      return fail("{} linear for M > {} needs gemm_mx (not built) (arch {}, M = {})", traits(f).name,
+                  kGemvMaxM, arch_name(arch), m);
+    return &e;
+  }
+  return fail("no {} linear kernel on {} for M = {} (the dispatch table has no entry)", traits(f).name,
+              arch_name(arch), m);
+}
+
+// Shape rule of one kernel, as a refusal naming [n, k].
+Status check_shape(Kernel kernel, int64_t n, int64_t k) {
+  switch (kernel) {
+    case Kernel::kCublasBf16:
+      if (n < 1 || k < 1 || n > INT_MAX || k > INT_MAX)
+        return fail("cublas_bf16: weight shape [{}, {}] (expected 1..{} each)", n, k, INT_MAX);
+      return {};
+    case Kernel::kGemvMxfp8:
+    case Kernel::kGemvMxfp4:
+      if (n < 1 || k < 32 || k % 32 != 0 || n > INT_MAX || k > INT_MAX / 2)
+        return fail("gemv_mx: weight shape [{}, {}] (expected N >= 1, K a positive multiple of 32)", n, k);
+      return {};
+    case Kernel::kGemvFp8B128:
+      if (n < 1 || k < 16 || k % 16 != 0 || n > INT_MAX || k > INT_MAX / 2)
+        return fail("gemv_fp8_b128: weight shape [{}, {}] (expected N >= 1, K a positive multiple of 16)", n,
+                    k);
+      return {};
+    case Kernel::kCublasLtFp8B128:
+      return check_fp8_b128_gemm_shape(n, k);
+    case Kernel::kNeedsGemmMx:
+      break;
+  }
+  return fail("linear: kernel without a shape rule");  // not reached: find_entry refuses kNeedsGemmMx
+}
+
+}  // namespace
+
+std::string_view arch_name(Arch a) { return a == Arch::kSm90a ? "sm_90a" : "sm_80"; }
+
+Result<Arch> device_arch(int device) {
+  int major = 0, minor = 0;
+  MXQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  MXQ_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major == 9 && minor == 0) return Arch::kSm90a;
+  if (major == 8) return Arch::kSm80;
+  return fail("device {}: compute capability {}.{} (expected 9.0 or 8.x: mxq builds sm_90a and sm_80)",
+              device, major, minor);
+}
+
+Result<std::string_view> linear_kernel_name(Format f, Arch arch, int64_t m) {
+  auto e = find_entry(f, arch, m);
+  if (!e) return tl::unexpected(e.error());
+  return (*e)->name;
+}
+
+Status check_linear_supported(Format f, Arch arch, std::string_view tensor, int64_t n, int64_t k,
+                              int64_t max_m) {
+  if (max_m < 1) return fail("{}: max M = {} (expected >= 1)", tensor, max_m);
+  // Walk the M axis range by range: every M in 1..max_m must land on an entry whose shape rule holds.
+  for (int64_t m = 1; m <= max_m;) {
+    auto e = find_entry(f, arch, m);
+    if (!e) return fail_in(tensor, e.error());
+    if (Status st = check_shape((*e)->kernel, n, k); !st)
+      return fail("{}: {} on {} for M {}..{}: {}", tensor, traits(f).name, arch_name(arch), m,
+                  std::min((*e)->m_hi, max_m), st.error().message);
+    m = (*e)->m_hi + 1;
+  }
+  return {};
+}
+
+std::string_view linear_layout_name(Format f) {
+  switch (f) {
+    case Format::kMXFP8:
+    case Format::kMXFP4:
+      return "cuda_gemv_mx";
+    case Format::kFP8_B128:
+      return "cuda_fp8_b128";
+    default:
+      return "row_major";
+  }
+}
+
+Result<HostPlanes> linear_prepare(Format f, Arch arch, const TensorGeometry& g, const HostPlanes& canonical) {
+  if (canonical.values.size() != static_cast<size_t>(g.values.bytes()) ||
+      canonical.scales.size() != static_cast<size_t>(g.scales.bytes()))
+    return fail("linear_prepare: planes of {} and {} bytes (expected {} and {})", canonical.values.size(),
+                canonical.scales.size(), g.values.bytes(), g.scales.bytes());
+  // note: every kernel of the table reads the same layout for a format on either arch; `arch` keys the
+  // refusal of formats with no entry.
+  if (auto e = find_entry(f, arch, 1); !e) return fail_in("linear_prepare", e.error());
+  const int64_t rows = g.experts * g.rows;
+  switch (f) {
+    case Format::kBF16:
+      return canonical;
+    case Format::kMXFP8:
+    case Format::kMXFP4: {
+      HostPlanes out{std::vector<uint8_t>(canonical.values.size()), canonical.scales};
+      if (Status st = prepare_gemv_values(f, canonical.values.data(), out.values.data(), rows, g.cols); !st)
+        return tl::unexpected(st.error());
+      return out;
+    }
+    case Format::kFP8_B128: {
+      const int64_t sr = cdiv(g.rows, 128), sc = cdiv(g.cols, 128),
+                    per_expert = fp8_b128_scale_floats(g.rows, g.cols);
+      HostPlanes out{canonical.values,
+                     std::vector<uint8_t>(static_cast<size_t>(g.experts * per_expert * 4), 0)};
+      for (int64_t e = 0; e < g.experts; ++e)
+        for (int64_t nb = 0; nb < sr; ++nb)
+          for (int64_t kb = 0; kb < sc; ++kb)
+            std::memcpy(
+                out.scales.data() + (e * per_expert + fp8_b128_scale_offset(nb, kb, g.rows, g.cols)) * 4,
+                canonical.scales.data() + ((e * sr + nb) * sc + kb) * 4, 4);
+      return out;
+    }
+    default:
+      return fail("linear_prepare: format {} has no linear kernel", traits(f).name);
+  }
+}
+
+Result<std::unique_ptr<LinearContext>> LinearContext::create(Arch arch) {
+  std::unique_ptr<LinearContext> c(new LinearContext());
+  c->arch_ = arch;
+  MXQ_CUDA_CHECK(cublasCreate(&c->blas_));
+  // note: a fixed workspace keeps cuBLAS graph-capturable
+  auto ws = DeviceBuffer::alloc(32u << 20);
+  if (!ws) return tl::unexpected(ws.error());
+  c->blas_workspace_ = std::move(*ws);
+  MXQ_CUDA_CHECK(cublasSetWorkspace(c->blas_, c->blas_workspace_.as(), c->blas_workspace_.bytes()));
+  auto fp8 = Fp8B128Gemm::create();
+  if (!fp8) return tl::unexpected(fp8.error());
+  c->fp8_ = std::move(*fp8);
+  return c;
+}
+
+LinearContext::~LinearContext() {
+  if (blas_) cublasDestroy(blas_);
+}
+
+Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int64_t m, uint16_t* y,
+              cudaStream_t stream) {
+  auto entry = find_entry(w.format, ctx.arch(), m);
+  if (!entry) return tl::unexpected(entry.error());
+  const Kernel kernel = (*entry)->kernel;
+  if (Status st = check_shape(kernel, w.n, w.k); !st) return st;
+  if (!x || !y || !w.values || (w.format != Format::kBF16 && !w.scales))
+    return fail("linear {}: null device pointer", (*entry)->name);
+  switch (kernel) {
+    case Kernel::kCublasBf16: {
+      const float alpha = 1.0f, beta = 0.0f;
+      MXQ_CUDA_CHECK(cublasSetStream(ctx.blas(), stream));
+      MXQ_CUDA_CHECK(cublasGemmEx(ctx.blas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n),
+                                  static_cast<int>(m), static_cast<int>(w.k), &alpha, w.values, CUDA_R_16BF,
+                                  static_cast<int>(w.k), x, CUDA_R_16BF, static_cast<int>(w.k), &beta, y,
+                                  CUDA_R_16BF, static_cast<int>(w.n), CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+      return {};
+    }
+    case Kernel::kGemvMxfp8:
+      return gemv_mxfp8(x, m, MxGemvWeights{w.format, w.values, w.scales, w.n, w.k}, y, stream);
+    case Kernel::kGemvMxfp4:
+      return gemv_mxfp4(x, m, MxGemvWeights{w.format, w.values, w.scales, w.n, w.k}, y, stream);
+    case Kernel::kGemvFp8B128:
+      return gemv_fp8_b128(x, m, Fp8B128Weights{w.values, reinterpret_cast<const float*>(w.scales), w.n, w.k},
+                           y, stream);
+    case Kernel::kCublasLtFp8B128:
+      return ctx.fp8().run(x, m, Fp8B128Weights{w.values, reinterpret_cast<const float*>(w.scales), w.n, w.k},
+                           y, stream);
+    case Kernel::kNeedsGemmMx:
+      break;
+  }
+  return fail("linear: unreachable kernel kind");  // not reached: find_entry refuses kNeedsGemmMx
+}
+
+}  // namespace mxq::cuda

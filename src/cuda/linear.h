@@ -1,0 +1,81 @@
+// The one closed dispatch table of CUDA linear kernels: y[M,N] = x[M,K] · W[N,K]^T, x and y bf16 on the
+// device, W in its format and native layout. Keyed by (format, arch, M range):
+//   format    arch          M       kernel
+//   bf16      sm_90a, sm_80 1..     cuBLAS GEMM (bf16 in/out, f32 accumulate)
+//   mxfp8/4   sm_90a, sm_80 1..16   gemv_mx (weight-only, gemv_mx.h)
+//   mxfp8/4   sm_90a, sm_80 17..    gemm_mx: not built yet, a named refusal (never a fallback)
+//   fp8-b128  sm_90a, sm_80 1..16   gemv_fp8_b128 (weight-only)
+//   fp8-b128  sm_90a        17..    cuBLASLt block-scaled FP8 (activations quantized per 1x128)
+// Anything else is a missing entry: check_linear_supported refuses it at load naming format, arch and
+// tensor; linear() refuses it the same way if asked anyway.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "base/error.h"
+#include "cuda/gemm_fp8_b128_cublaslt.h"
+#include "format/formats.h"
+#include "layout/layout.h"
+#include "layout/probe.h"
+
+namespace mxq::cuda {
+
+enum class Arch : uint8_t { kSm80, kSm90a };
+std::string_view arch_name(Arch a);  // "sm_80", "sm_90a"
+// The table's arch for a device: compute capability 9.0 → sm_90a, 8.x → sm_80; others are refused.
+Result<Arch> device_arch(int device);
+
+// One layer's weights on the device in the native layout linear_prepare wrote; scales is null for bf16.
+struct LinearWeights {
+  Format format = Format::kBF16;
+  const uint8_t* values = nullptr;
+  const uint8_t* scales = nullptr;
+  int64_t n = 0, k = 0;
+};
+
+// Load-time check that every M in 1..max_m has a kernel for this format, arch and [n, k]; the refusal
+// names the tensor, the format, the arch and the M range or shape rule that fails.
+Status check_linear_supported(Format f, Arch arch, std::string_view tensor, int64_t n, int64_t k,
+                              int64_t max_m);
+
+// canonical planes → the native planes the table's kernels read for (format, arch), host memory; a byte
+// permutation plus zero padding, learned by probe_layout (layout name: linear_layout_name). Formats without
+// a kernel are refused by name.
+Result<HostPlanes> linear_prepare(Format f, Arch arch, const TensorGeometry& g, const HostPlanes& canonical);
+std::string_view linear_layout_name(Format f);
+
+// Per-stream state of the table's library kernels: cuBLAS and cuBLASLt handles, workspaces, scratch.
+class LinearContext {
+ public:
+  static Result<std::unique_ptr<LinearContext>> create(Arch arch);
+  ~LinearContext();
+  LinearContext(const LinearContext&) = delete;
+  LinearContext& operator=(const LinearContext&) = delete;
+  Arch arch() const { return arch_; }
+  // Sizes scratch for M <= max_m, N <= max_n, K <= max_k so that later calls allocate nothing (CUDA graph
+  // capture).
+  Status reserve(int64_t max_m, int64_t max_n, int64_t max_k) { return fp8_->reserve(max_m, max_n, max_k); }
+  cublasHandle_t blas() const { return blas_; }
+  Fp8B128Gemm& fp8() { return *fp8_; }
+
+ private:
+  LinearContext() = default;
+  Arch arch_ = Arch::kSm90a;
+  cublasHandle_t blas_ = nullptr;
+  DeviceBuffer blas_workspace_;
+  std::unique_ptr<Fp8B128Gemm> fp8_;
+};
+
+// Picks the kernel from the table and runs it; x [m, w.k], y [m, w.n], bf16 bits, device buffers.
+Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int64_t m, uint16_t* y,
+              cudaStream_t stream);
+
+// The table entry's kernel name for (format, arch, m), or the named refusal: for tests and the benchmark.
+Result<std::string_view> linear_kernel_name(Format f, Arch arch, int64_t m);
+
+}  // namespace mxq::cuda

@@ -1,0 +1,23 @@
+#include "cuda/quantize_act.h"
+
+#include <climits>
+
+#include "cuda/check.h"
+#include "cuda/quantize_act_launch.h"
+
+namespace mxq::cuda {
+
+Status quantize_act_fp8_b128(const uint16_t* x, int64_t m, int64_t k, uint8_t* values, float* scales,
+                             int64_t scale_ld, cudaStream_t stream) {
+  if (m < 0 || k < 0) return fail("quantize_act_fp8_b128: shape [{}, {}] (expected non-negative)", m, k);
+  if (scale_ld < m) return fail("quantize_act_fp8_b128: scale_ld {} (expected >= m = {})", scale_ld, m);
+  if (m == 0 || k == 0) return {};
+  // note: the grid holds one warp per (row, block): 8 warps per CUDA block, at most 2^31 - 1 blocks.
+  if (m * ((k + 127) / 128) > 8LL * INT_MAX)
+    return fail("quantize_act_fp8_b128: shape [{}, {}] has too many blocks for one launch", m, k);
+  if (!x || !values || !scales) return fail("quantize_act_fp8_b128: null device pointer");
+  MXQ_CUDA_CHECK(launch_quantize_act_fp8_b128(x, m, k, values, scales, scale_ld, stream));
+  return {};
+}
+
+}  // namespace mxq::cuda
