@@ -1,0 +1,74 @@
+// Host side of the MX GEMM launchers: kernel choice by device and path, the x tensor map for TMA.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "cuda/gemm_mx_launch.h"
+#include "cuda/gemm_mx_sm80.cuh"
+#include "cuda/gemm_mx_sm90.cuh"
+
+namespace mxq::cuda::gemm {
+
+// x [m, k] bf16 row-major as a 2D tensor map: boxes of 64 k x 256 rows, 128-byte swizzle, zero fill past
+// the edges (so a 32-wide K tail and rows past m read 0).
+inline cudaError_t make_x_map(CUtensorMap* map, const uint16_t* x, int m, int k) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (!encode) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(m)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
+  const cuuint32_t box[2] = {kStageK, kSm90BlockM}, elem_strides[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(x), dims, strides,
+                            box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// Whether the current device runs the sm_90a code (compute capability 9.0 exactly).
+inline cudaError_t is_sm90(bool* yes) {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev); e != cudaSuccess)
+    return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev); e != cudaSuccess)
+    return e;
+  *yes = major == 9 && minor == 0;
+  return cudaSuccess;
+}
+
+// Arguments were checked by gemm_mx.cpp.
+template <class Fmt>
+cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y,
+                        int n, int k, GemmPath path, cudaStream_t stream) {
+  auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
+  bool sm90 = false;
+  if (path == GemmPath::kAuto)
+    if (cudaError_t e = is_sm90(&sm90); e != cudaSuccess) return e;
+  if (sm90) {
+    static const cudaError_t attr = cudaFuncSetAttribute(
+        gemm_mx_sm90<Fmt>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSm90SmemBytes);
+    if (attr != cudaSuccess) return attr;
+    CUtensorMap map;
+    if (cudaError_t e = make_x_map(&map, x, m, k); e != cudaSuccess) return e;
+    const dim3 grid(((n + kSm90BlockN - 1) / kSm90BlockN) * ((m + kSm90BlockM - 1) / kSm90BlockM));
+    gemm_mx_sm90<Fmt><<<grid, kSm90Threads, kSm90SmemBytes, stream>>>(map, m, values, scales, yb, n, k);
+    return cudaGetLastError();
+  }
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(gemm_mx_sm80<Fmt>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSm80SmemBytes);
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(((n + kSm80BlockN - 1) / kSm80BlockN) * ((m + kSm80BlockM - 1) / kSm80BlockM));
+  gemm_mx_sm80<Fmt><<<grid, kSm80Threads, kSm80SmemBytes, stream>>>(reinterpret_cast<const __nv_bfloat16*>(x),
+                                                                    m, values, scales, yb, n, k);
+  return cudaGetLastError();
+}
+
+}  // namespace mxq::cuda::gemm
