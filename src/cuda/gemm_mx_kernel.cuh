@@ -27,9 +27,10 @@ struct RawStage {
 };
 
 // Scale bytes of blocks 2s, 2s+1 of a row of kb blocks (block 2s+1 may not exist: then 0).
+template <bool kTail>
 __device__ __forceinline__ uint32_t load_stage_scales(const uint8_t* row_s, int kb, int s) {
   const int b = 2 * s;
-  if ((kb & 1) == 0) return __ldg(reinterpret_cast<const uint16_t*>(row_s + b));
+  if (!kTail || (kb & 1) == 0) return __ldg(reinterpret_cast<const uint16_t*>(row_s + b));
   uint32_t r = __ldg(row_s + b);
   if (b + 1 < kb) r |= static_cast<uint32_t>(__ldg(row_s + b + 1)) << 8;
   return r;
@@ -38,11 +39,12 @@ __device__ __forceinline__ uint32_t load_stage_scales(const uint8_t* row_s, int 
 // MXFP8 policy: a 64-element layout group is one stage; lane t holds 16 B, word j = canonical elements
 // 16j + 4t .. 16j + 4t + 3 (a 32-wide tail group: 8 B at 8t, words 2 and 3 zero).
 struct Fp8 {
-  static constexpr int kWords = 4;
-  static constexpr int kFoldBase = 112 + 127;  // decoded bits are the value · 2^-112
+  static constexpr int kWords = 4, kGroupK = 64;
+  static constexpr int kFoldBase = 120 + 127;  // decoded bits are the value · 2^-120
+  template <bool kTail>
   __device__ static void load(const uint8_t* row_v, int k, int s, int t, uint32_t (&w)[kWords]) {
     const int k0 = s * kStageK;
-    if (k0 + kStageK <= k) {
+    if (!kTail || k0 + kStageK <= k) {
       const uint4 v = gemv::load_stream16(row_v + k0 + 16 * t);
       w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
     } else {
@@ -56,11 +58,12 @@ struct Fp8 {
 // uses its words 2h, 2h+1 (word j/2 byte 2(j%2)+c = elements 16j + 4t + 2c, +1 of block j). A tail group of
 // J = 2, 4 or 6 blocks has a 2J-byte run at 2J·t.
 struct Fp4 {
-  static constexpr int kWords = 2;
+  static constexpr int kWords = 2, kGroupK = 128;
   static constexpr int kFoldBase = 126 + 127;  // decoded bits are the value · 2^-126
+  template <bool kTail>
   __device__ static void load(const uint8_t* row_v, int k, int s, int t, uint32_t (&w)[kWords]) {
     const int q = s >> 1, h = s & 1, rem = k - q * 128;
-    if (rem >= 128) {
+    if (!kTail || rem >= 128) {
       const uint2 v = __ldg(reinterpret_cast<const uint2*>(row_v + q * 64 + 16 * t + 8 * h));
       w[0] = v.x, w[1] = v.y;
     } else {
@@ -72,11 +75,12 @@ struct Fp4 {
   }
 };
 
-template <class Fmt>
+// kTail false: the caller guarantees K is a whole number of layout groups (no bounds, aligned scales).
+template <class Fmt, bool kTail>
 __device__ __forceinline__ void load_raw(const uint8_t* row_v, const uint8_t* row_s, int k, int s, int t,
                                          RawStage<Fmt::kWords>& r) {
-  Fmt::load(row_v, k, s, t, r.w);
-  r.sc = load_stage_scales(row_s, k / 32, s);
+  Fmt::template load<kTail>(row_v, k, s, t, r.w);
+  r.sc = load_stage_scales<kTail>(row_s, k / 32, s);
 }
 
 // The largest scale byte of a row of kb blocks, reduced over the quad (every lane of the warp must call).
@@ -104,20 +108,13 @@ __device__ __forceinline__ float post_scale(uint32_t bref) {
   return __uint_as_float(bref == 0 ? 0x00400000u : bref << 23);
 }
 
-// E4M3 pair (low 16 bits) → bf16x2 bits of the values · 2^-112 (exact, always a bf16 normal or zero).
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_raw(uint32_t pair) {
-  uint32_t h;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm("{\n .reg .b16 lo;\n cvt.u16.u32 lo, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(h) : "r"(pair));
-#else
-  // note: E4M3 bits placed as f16 bits are the value · 2^-8 (subnormals included); f16 handles the rest.
-  const uint32_t u = __byte_perm(pair, 0, 0x7170);  // bytes: b0, 0, b1, 0
-  h = ((u & 0x007F007Fu) << 7) | ((u & 0x00800080u) << 8);
-  __half2 hv =
-      __hmul2(*reinterpret_cast<__half2*>(&h), __half2(__ushort_as_half(0x5C00), __ushort_as_half(0x5C00)));
-  h = *reinterpret_cast<uint32_t*>(&hv);
-#endif
-  return ((h >> 3) & 0x0FFF0FFFu) | (h & 0x80008000u);
+// E4M3 bytes b0..b3 → bf16x2 pairs (b0, b1), (b2, b3) with the fold multiplier s: each byte s.eeee.mmm
+// placed as the bf16 bits s at 15, eeee.mmm at 10..4 is the value · 2^-120 exactly (codes 1..7 land on bf16
+// subnormals, which the bf16x2 multiply keeps).
+__device__ __forceinline__ void e4m3x4_to_bf16x4_scaled(uint32_t word, uint32_t s, uint32_t& lo, uint32_t& hi) {
+  // note: as in gemv_mxfp8.cu: selector nibbles 8..B replicate a byte's sign into the byte above it.
+  lo = gemv::bf16x2_mul((gemv::prmt(word, 0, 0x9180) << 4) & 0x87F087F0u, s);
+  hi = gemv::bf16x2_mul((gemv::prmt(word, 0, 0xB3A2) << 4) & 0x87F087F0u, s);
 }
 
 // E2M1 nibbles: byte p of `word` (elements 2p, 2p+1) → pairs[p] = the values · 2^-126 · 2^(fold exponent).
@@ -166,11 +163,7 @@ __device__ __forceinline__ void row_fragments(const RawStage<Fmt::kWords>& r, ui
       q[0] = r.w[0], q[1] = r.w[1], q[2] = r.w[2], q[3] = r.w[3];
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t s = j < 2 ? s0 : s1;
-      lo[j] = gemv::bf16x2_mul(e4m3x2_to_bf16x2_raw(q[j] & 0xFFFFu), s);
-      hi[j] = gemv::bf16x2_mul(e4m3x2_to_bf16x2_raw(q[j] >> 16), s);
-    }
+    for (int j = 0; j < 4; ++j) e4m3x4_to_bf16x4_scaled(q[j], j < 2 ? s0 : s1, lo[j], hi[j]);
   } else {
     uint32_t q[2];
     if constexpr (kNatural) {

@@ -53,13 +53,20 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
   if (path == GemmPath::kAuto)
     if (cudaError_t e = is_sm90(&sm90); e != cudaSuccess) return e;
   if (sm90) {
-    static const cudaError_t attr = cudaFuncSetAttribute(
-        gemm_mx_sm90<Fmt>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSm90SmemBytes);
-    if (attr != cudaSuccess) return attr;
     CUtensorMap map;
     if (cudaError_t e = make_x_map(&map, x, m, k); e != cudaSuccess) return e;
     const dim3 grid(((n + kSm90BlockN - 1) / kSm90BlockN) * ((m + kSm90BlockM - 1) / kSm90BlockM));
-    gemm_mx_sm90<Fmt><<<grid, kSm90Threads, kSm90SmemBytes, stream>>>(map, m, values, scales, yb, n, k);
+    const bool tail = k % Fmt::kGroupK != 0;
+    auto kernel = tail ? gemm_mx_sm90<Fmt, true> : gemm_mx_sm90<Fmt, false>;
+    static const cudaError_t attr = [] {
+      cudaError_t e = cudaFuncSetAttribute(gemm_mx_sm90<Fmt, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kSm90SmemBytes);
+      if (e != cudaSuccess) return e;
+      return cudaFuncSetAttribute(gemm_mx_sm90<Fmt, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  kSm90SmemBytes);
+    }();
+    if (attr != cudaSuccess) return attr;
+    kernel<<<grid, kSm90Threads, kSm90SmemBytes, stream>>>(map, m, values, scales, yb, n, k);
     return cudaGetLastError();
   }
   static const cudaError_t attr =

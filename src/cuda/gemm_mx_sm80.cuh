@@ -59,12 +59,12 @@ __global__ void __launch_bounds__(kSm80Threads)
 
   float acc[16][4] = {};
   RawStage<Fmt::kWords> cur_a, cur_b, nxt_a, nxt_b;
-  load_raw<Fmt>(va, sa, k, 0, t, cur_a);
-  load_raw<Fmt>(vb, sb, k, 0, t, cur_b);
+  load_raw<Fmt, true>(va, sa, k, 0, t, cur_a);
+  load_raw<Fmt, true>(vb, sb, k, 0, t, cur_b);
   for (int s = 0; s < stages; ++s) {
     if (s + 1 < stages) {
-      load_raw<Fmt>(va, sa, k, s + 1, t, nxt_a);
-      load_raw<Fmt>(vb, sb, k, s + 1, t, nxt_b);
+      load_raw<Fmt, true>(va, sa, k, s + 1, t, nxt_a);
+      load_raw<Fmt, true>(vb, sb, k, s + 1, t, nxt_b);
     }
     asm volatile("cp.async.wait_group %0;" ::"n"(kSm80Stages - 2) : "memory");
     __syncthreads();  // note: stage s landed for all threads, and slot (s-1) is no longer read

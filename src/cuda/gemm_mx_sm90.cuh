@@ -2,10 +2,10 @@
 // Computes Y^T = W · X^T per tile: 128 weight rows (N) x 256 activation rows (M), K in 64-wide stages.
 // Warp-specialised, 3 warpgroups: warpgroup 0 has one thread issuing TMA copies of the x tile (256 rows x 64
 // bf16, 128-byte swizzle, 4-stage mbarrier ring); warpgroups 1 and 2 own 64 weight rows each: every lane
-// loads its 16 B per row per layout group straight from global memory (up to 3 stages ahead, GEMV layout),
+// loads its 16 B per row per layout group straight from global memory (2 stages before decoding, GEMV layout),
 // reorders them to natural k order in the quad (gemm_mx_kernel.cuh), decodes with the scale folded in and
-// issues wgmma m64n256k16 (f32 accumulators, 128 registers per thread), double-buffering the A registers:
-// stage s+1 is decoded while stage s's wgmmas run.
+// issues wgmma m64n256k16 (f32 accumulators, 128 registers per thread) from a ring of 3 A-register sets:
+// stage s+2 is decoded while stages s and s+1 are queued on the tensor cores.
 #pragma once
 
 #include <cuda.h>
@@ -97,7 +97,9 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
 #endif
 
 // Grid: cdiv(n, 128) * cdiv(m, 256) blocks (tile_of), 384 threads, kSm90SmemBytes of dynamic shared memory.
-template <class Fmt>
+// kTail: K has a short last layout group (K % 64 for MXFP8, K % 128 for MXFP4); without one the weight
+// loads need no bounds and the scale pairs are 2-byte aligned.
+template <class Fmt, bool kTail>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     gemm_mx_sm90(const __grid_constant__ CUtensorMap xmap, int m, const uint8_t* __restrict__ wv,
                  const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k) {
@@ -142,48 +144,56 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-    RawStage<Fmt::kWords> raw[2][2];  // [stage parity][row a, row b]
-    uint32_t frag[2][4][4];           // [stage parity][k-step][register]
-    load_raw<Fmt>(va, sa, k, 0, t, raw[0][0]);
-    load_raw<Fmt>(vb, sb, k, 0, t, raw[0][1]);
-    if (stages > 1) {
-      load_raw<Fmt>(va, sa, k, 1, t, raw[1][0]);
-      load_raw<Fmt>(vb, sb, k, 1, t, raw[1][1]);
-    }
+    RawStage<Fmt::kWords> raw[2][2];  // [stage % 2][row a, row b]: raw bytes of stage s+2 (s+3)
+    uint32_t frag[3][4][4];           // [stage % 3][k-step][register]
+    auto load_stage = [&](int s, RawStage<Fmt::kWords>(&r)[2]) {
+      load_raw<Fmt, kTail>(va, sa, k, s, t, r[0]);
+      load_raw<Fmt, kTail>(vb, sb, k, s, t, r[1]);
+    };
+    load_stage(0, raw[0]);
+    if (stages > 1) load_stage(1, raw[1]);
     stage_fragments<Fmt, true>(raw[0][0], raw[0][1], bref_a, bref_b, t, frag[0]);
-    if (stages > 2) {
-      load_raw<Fmt>(va, sa, k, 2, t, raw[0][0]);
-      load_raw<Fmt>(vb, sb, k, 2, t, raw[0][1]);
-    }
-    // One stage s (its fragments decoded in parity p): wait for its x tile, issue 4 wgmmas, and while they
-    // run decode stage s+1 (parity 1-p) and refill that parity's raw registers with stage s+3; then retire
-    // the wgmmas and free the slot.
-    // note: retiring every stage (wait_group 0) before the next issue keeps ptxas from serialising the
-    // wgmmas (C7513: registers of a later wgmma written inside an open stage); the other consumer
-    // warpgroup keeps the tensor cores busy across the gap.
-    auto stage = [&](int s, auto parity) {
-      constexpr int p = decltype(parity)::value;
+    if (stages > 1) stage_fragments<Fmt, true>(raw[1][0], raw[1][1], bref_a, bref_b, t, frag[1]);
+    if (stages > 2) load_stage(2, raw[0]);
+    if (stages > 3) load_stage(3, raw[1]);
+    // One stage s (fragments in frag[F = s % 3], raw[R = s % 2] holding stage s+2): wait for its x tile,
+    // issue 4 wgmmas, retire stage s-1 (wait_group 1) and free its slot, then decode stage s+2 into the
+    // fragments stage s-1 used and refill raw[R] with stage s+4. Two stages stay queued on the tensor
+    // cores while a third is decoded.
+    // note: fragments are written 2 stages ahead, never while the wgmma they feed has an older wgmma in
+    // flight that was issued after the write: ptxas then keeps the wgmmas asynchronous (writing them one
+    // stage ahead with wait_group 1 triggers C7513 serialisation).
+    auto stage = [&](int s, auto fi, auto ri) {
+      constexpr int F = decltype(fi)::value, R = decltype(ri)::value;
       const int slot = s % kSm90Stages;
       mbar_wait(full + slot, (s / kSm90Stages) & 1);
       const uint8_t* tile = ring + slot * kSm90StageBytes;
       wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wgmma_m64n256k16_rs(acc, frag[p][j], smem_desc(tile + 32 * j));
+      for (int j = 0; j < 4; ++j) wgmma_m64n256k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
       wgmma_commit();
-      if (s + 1 < stages) {
-        stage_fragments<Fmt, true>(raw[1 - p][0], raw[1 - p][1], bref_a, bref_b, t, frag[1 - p]);
-        if (s + 3 < stages) {
-          load_raw<Fmt>(va, sa, k, s + 3, t, raw[1 - p][0]);
-          load_raw<Fmt>(vb, sb, k, s + 3, t, raw[1 - p][1]);
-        }
+      wgmma_wait<1>();
+      if (s > 0 && lane == 0) mbar_arrive(empty + (s + kSm90Stages - 1) % kSm90Stages);
+      if (s + 2 < stages) {
+        stage_fragments<Fmt, true>(raw[R][0], raw[R][1], bref_a, bref_b, t, frag[(F + 2) % 3]);
+        if (s + 4 < stages) load_stage(s + 4, raw[R]);
       }
-      wgmma_wait<0>();
-      if (lane == 0) mbar_arrive(empty + slot);
     };
-    for (int s = 0; s < stages; s += 2) {
-      stage(s, std::integral_constant<int, 0>{});
-      if (s + 1 < stages) stage(s + 1, std::integral_constant<int, 1>{});
+    using std::integral_constant;
+    for (int s = 0; s < stages; s += 6) {
+      stage(s, integral_constant<int, 0>{}, integral_constant<int, 0>{});
+      if (s + 1 >= stages) break;
+      stage(s + 1, integral_constant<int, 1>{}, integral_constant<int, 1>{});
+      if (s + 2 >= stages) break;
+      stage(s + 2, integral_constant<int, 2>{}, integral_constant<int, 0>{});
+      if (s + 3 >= stages) break;
+      stage(s + 3, integral_constant<int, 0>{}, integral_constant<int, 1>{});
+      if (s + 4 >= stages) break;
+      stage(s + 4, integral_constant<int, 1>{}, integral_constant<int, 0>{});
+      if (s + 5 >= stages) break;
+      stage(s + 5, integral_constant<int, 2>{}, integral_constant<int, 1>{});
     }
+    wgmma_wait<0>();
 
     // Epilogue: acc[4j + c] holds row (c < 2 ? g : g+8), activation column 8j + 2t + (c & 1).
     const float post_a = post_scale(bref_a), post_b = post_scale(bref_b);

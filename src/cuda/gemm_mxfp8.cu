@@ -5,8 +5,8 @@
 //   scales: canonical [N, K/32] E8M0, row-major (identity); x: row-major bf16, 16-byte aligned; y: row-major
 //           bf16; K % 32 == 0; any M, N >= 1.
 // Arch: sm_90a → gemm_mx_sm90.cuh (wgmma, TMA); sm_80+ → gemm_mx_sm80.cuh (mma.sync, cp.async).
-// Decode: E4M3 pair → f16x2 (cvt, exact) → bf16 bits (value · 2^-112) → one bf16x2 multiply by
-// 2^(112 + b - bref), the row-relative scale fold of gemm_mx_kernel.cuh.
+// Decode: E4M3 byte bits placed as bf16 bits (value · 2^-120, the GEMV's "bits" decode) → one bf16x2
+// multiply by 2^(120 + b - bref), the row-relative scale fold of gemm_mx_kernel.cuh.
 #include "cuda/gemm_mx_launch.cuh"
 
 namespace mxq::cuda {
