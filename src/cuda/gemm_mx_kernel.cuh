@@ -147,23 +147,25 @@ __device__ __forceinline__ void row_fragments(const RawStage<Fmt::kWords>& r, ui
   // note: for odd t, round A brought the "+8" half: swap the prmt operands (selector ^ 0x4444).
   const uint32_t swap = (t & 1) ? 0x4444u : 0u;
   if constexpr (Fmt::kWords == 4) {
-    uint32_t q[4];
     if constexpr (kNatural) {
       const uint32_t sel_a = (t >> 1) ? 0x7632u : 0x5410u, sel_b = sel_a ^ 0x2222u;
-      const uint32_t ra0 = __shfl_sync(0xFFFFFFFFu, gemv::prmt(r.w[0], r.w[1], sel_a), src_a);
-      const uint32_t ra1 = __shfl_sync(0xFFFFFFFFu, gemv::prmt(r.w[2], r.w[3], sel_a), src_a);
-      const uint32_t rb0 = __shfl_sync(0xFFFFFFFFu, gemv::prmt(r.w[0], r.w[1], sel_b), src_b);
-      const uint32_t rb1 = __shfl_sync(0xFFFFFFFFu, gemv::prmt(r.w[2], r.w[3], sel_b), src_b);
-      // q[j] = bytes 2t, 2t+1, 2t+8, 2t+9 of block j.
-      q[0] = gemv::prmt(ra0, rb0, 0x5410u ^ swap);
-      q[1] = gemv::prmt(ra0, rb0, 0x7632u ^ swap);
-      q[2] = gemv::prmt(ra1, rb1, 0x5410u ^ swap);
-      q[3] = gemv::prmt(ra1, rb1, 0x7632u ^ swap);
-    } else {
-      q[0] = r.w[0], q[1] = r.w[1], q[2] = r.w[2], q[3] = r.w[3];
-    }
+      const uint32_t ra[2] = {__shfl_sync(0xFFFFFFFFu, gemv::prmt(r.w[0], r.w[1], sel_a), src_a),
+                              __shfl_sync(0xFFFFFFFFu, gemv::prmt(r.w[2], r.w[3], sel_a), src_a)};
+      const uint32_t rb[2] = {__shfl_sync(0xFFFFFFFFu, gemv::prmt(r.w[0], r.w[1], sel_b), src_b),
+                              __shfl_sync(0xFFFFFFFFu, gemv::prmt(r.w[2], r.w[3], sel_b), src_b)};
+      // Block j's bytes 2t, 2t+1 are half j%2 of ra[j/2] (rb for odd t), bytes 2t+8, 2t+9 the same half of
+      // rb (ra): one prmt over {rb, ra} picks a pair and replicates each byte's sign (selector nibbles 8-F)
+      // as e4m3x4_to_bf16x4_scaled does.
 #pragma unroll
-    for (int j = 0; j < 4; ++j) e4m3x4_to_bf16x4_scaled(q[j], j < 2 ? s0 : s1, lo[j], hi[j]);
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t sel = ((j & 1) ? 0xB3A2u : 0x9180u) ^ swap, s = j < 2 ? s0 : s1;
+        lo[j] = gemv::bf16x2_mul((gemv::prmt(ra[j >> 1], rb[j >> 1], sel) << 4) & 0x87F087F0u, s);
+        hi[j] = gemv::bf16x2_mul((gemv::prmt(ra[j >> 1], rb[j >> 1], sel ^ 0x4444u) << 4) & 0x87F087F0u, s);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) e4m3x4_to_bf16x4_scaled(r.w[j], j < 2 ? s0 : s1, lo[j], hi[j]);
+    }
   } else {
     uint32_t q[2];
     if constexpr (kNatural) {

@@ -10,9 +10,9 @@
 
 namespace mxq::cuda::gemm {
 
-// x [m, k] bf16 row-major as a 2D tensor map: boxes of 64 k x 256 rows, 128-byte swizzle, zero fill past
+// x [m, k] bf16 row-major as a 2D tensor map: boxes of 64 k x box_rows rows, 128-byte swizzle, zero fill past
 // the edges (so a 32-wide K tail and rows past m read 0).
-inline cudaError_t make_x_map(CUtensorMap* map, const uint16_t* x, int m, int k) {
+inline cudaError_t make_x_map(CUtensorMap* map, const uint16_t* x, int m, int k, int box_rows) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -25,7 +25,7 @@ inline cudaError_t make_x_map(CUtensorMap* map, const uint16_t* x, int m, int k)
   if (!encode) return cudaErrorNotSupported;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(m)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
-  const cuuint32_t box[2] = {kStageK, kSm90BlockM}, elem_strides[2] = {1, 1};
+  const cuuint32_t box[2] = {kStageK, static_cast<cuuint32_t>(box_rows)}, elem_strides[2] = {1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(x), dims, strides,
                             box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -53,20 +53,37 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
   if (path == GemmPath::kAuto)
     if (cudaError_t e = is_sm90(&sm90); e != cudaSuccess) return e;
   if (sm90) {
-    CUtensorMap map;
-    if (cudaError_t e = make_x_map(&map, x, m, k); e != cudaSuccess) return e;
-    const dim3 grid(((n + kSm90BlockN - 1) / kSm90BlockN) * ((m + kSm90BlockM - 1) / kSm90BlockM));
-    const bool tail = k % Fmt::kGroupK != 0;
-    auto kernel = tail ? gemm_mx_sm90<Fmt, true> : gemm_mx_sm90<Fmt, false>;
+    static const int sms = [] {
+      int dev = 0, count = 0;
+      if (cudaGetDevice(&dev) != cudaSuccess ||
+          cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 132;
+      return count;
+    }();
     static const cudaError_t attr = [] {
-      cudaError_t e = cudaFuncSetAttribute(gemm_mx_sm90<Fmt, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           kSm90SmemBytes);
-      if (e != cudaSuccess) return e;
-      return cudaFuncSetAttribute(gemm_mx_sm90<Fmt, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  kSm90SmemBytes);
+      for (auto kernel : {gemm_mx_sm90<Fmt, true, 256>, gemm_mx_sm90<Fmt, false, 256>})
+        if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 sm90_smem_bytes(256));
+            e != cudaSuccess)
+          return e;
+      for (auto kernel : {gemm_mx_sm90<Fmt, true, 128>, gemm_mx_sm90<Fmt, false, 128>})
+        if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 sm90_smem_bytes(128));
+            e != cudaSuccess)
+          return e;
+      return cudaSuccess;
     }();
     if (attr != cudaSuccess) return attr;
-    kernel<<<grid, kSm90Threads, kSm90SmemBytes, stream>>>(map, m, values, scales, yb, n, k);
+    const int tiles_n = (n + kSm90BlockN - 1) / kSm90BlockN;
+    // note: 128-row activation tiles when 256-row ones would not fill two waves of the SMs (small M).
+    const int bm = static_cast<int64_t>(tiles_n) * ((m + 255) / 256) < 2 * sms ? 128 : 256;
+    CUtensorMap map;
+    if (cudaError_t e = make_x_map(&map, x, m, k, bm); e != cudaSuccess) return e;
+    const dim3 grid(tiles_n * ((m + bm - 1) / bm));
+    const bool tail = k % Fmt::kGroupK != 0;
+    auto kernel = bm == 256 ? (tail ? gemm_mx_sm90<Fmt, true, 256> : gemm_mx_sm90<Fmt, false, 256>)
+                            : (tail ? gemm_mx_sm90<Fmt, true, 128> : gemm_mx_sm90<Fmt, false, 128>);
+    kernel<<<grid, kSm90Threads, sm90_smem_bytes(bm), stream>>>(map, m, values, scales, yb, n, k);
     return cudaGetLastError();
   }
   static const cudaError_t attr =

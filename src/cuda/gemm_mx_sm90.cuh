@@ -1,10 +1,10 @@
 // The sm_90a MX GEMM: wgmma with the weights as A from registers, activations as B from shared memory.
-// Computes Y^T = W · X^T per tile: 128 weight rows (N) x 256 activation rows (M), K in 64-wide stages.
+// Computes Y^T = W · X^T per tile: 128 weight rows (N) x 256 (or 128) activation rows (M), K in 64-wide stages.
 // Warp-specialised, 3 warpgroups: warpgroup 0 has one thread issuing TMA copies of the x tile (256 rows x 64
 // bf16, 128-byte swizzle, 4-stage mbarrier ring); warpgroups 1 and 2 own 64 weight rows each: every lane
 // loads its 16 B per row per layout group straight from global memory (2 stages before decoding, GEMV layout),
 // reorders them to natural k order in the quad (gemm_mx_kernel.cuh), decodes with the scale folded in and
-// issues wgmma m64n256k16 (f32 accumulators, 128 registers per thread) from a ring of 3 A-register sets:
+// issues wgmma m64n256k16 or m64n128k16 (f32 accumulators, 128 or 64 registers per thread) from a ring of 3 A-register sets:
 // stage s+2 is decoded while stages s and s+1 are queued on the tensor cores.
 #pragma once
 
@@ -16,10 +16,11 @@
 
 namespace mxq::cuda::gemm {
 
-inline constexpr int kSm90BlockN = 128, kSm90BlockM = 256, kSm90Stages = 4, kSm90Threads = 384;
-inline constexpr int kSm90StageBytes = kSm90BlockM * kStageK * 2;
+// note: kBM (activation rows per tile) is 256, or 128 when 256-row tiles would leave SMs idle (small M).
+inline constexpr int kSm90BlockN = 128, kSm90Stages = 4, kSm90Threads = 384;
+constexpr int sm90_stage_bytes(int bm) { return bm * kStageK * 2; }
 // note: + 1024 so the stage ring can start on a 1024-byte boundary (128-byte swizzle atoms), + barriers.
-inline constexpr int kSm90SmemBytes = kSm90Stages * kSm90StageBytes + 1024 + 2 * kSm90Stages * 8;
+constexpr int sm90_smem_bytes(int bm) { return kSm90Stages * sm90_stage_bytes(bm) + 1024 + 2 * kSm90Stages * 8; }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -94,24 +95,47 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
 }
+
+// d[64] += A (registers, 64 x 16 over the warpgroup) · B (shared, K-major 16 x 128).
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
+}
 #endif
 
-// Grid: cdiv(n, 128) * cdiv(m, 256) blocks (tile_of), 384 threads, kSm90SmemBytes of dynamic shared memory.
+// Grid: cdiv(n, 128) * cdiv(m, kBM) blocks (tile_of), 384 threads, sm90_smem_bytes(kBM) of dynamic shared
+// memory.
 // kTail: K has a short last layout group (K % 64 for MXFP8, K % 128 for MXFP4); without one the weight
 // loads need no bounds and the scale pairs are 2-byte aligned.
-template <class Fmt, bool kTail>
+template <class Fmt, bool kTail, int kBM>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     gemm_mx_sm90(const __grid_constant__ CUtensorMap xmap, int m, const uint8_t* __restrict__ wv,
                  const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kStageBytes = sm90_stage_bytes(kBM);
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint64_t* full = reinterpret_cast<uint64_t*>(ring + kSm90Stages * kSm90StageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring + kSm90Stages * kStageBytes);
   uint64_t* empty = full + kSm90Stages;
   const int wg = threadIdx.x / 128, stages = (k + kStageK - 1) / kStageK;
   int tile_n, tile_m;
-  tile_of(blockIdx.x, (m + kSm90BlockM - 1) / kSm90BlockM, tile_n, tile_m);
-  const int n0 = tile_n * kSm90BlockN, m0 = tile_m * kSm90BlockM;
+  tile_of(blockIdx.x, (m + kBM - 1) / kBM, tile_n, tile_m);
+  const int n0 = tile_n * kSm90BlockN, m0 = tile_m * kBM;
   if (threadIdx.x == 0) {
     for (int i = 0; i < kSm90Stages; ++i) mbar_init(full + i, 1), mbar_init(empty + i, 8);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -125,8 +149,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       for (int s = 0; s < stages; ++s) {
         const int slot = s % kSm90Stages;
         if (s >= kSm90Stages) mbar_wait(empty + slot, ((s / kSm90Stages) - 1) & 1);
-        mbar_expect_tx(full + slot, kSm90StageBytes);
-        tma_load_2d(ring + slot * kSm90StageBytes, &xmap, s * kStageK, m0, full + slot);
+        mbar_expect_tx(full + slot, kStageBytes);
+        tma_load_2d(ring + slot * kStageBytes, &xmap, s * kStageK, m0, full + slot);
       }
     }
   } else {
@@ -141,9 +165,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     const uint8_t *sa = ws + ra * kb, *sb = ws + rb * kb;
     const uint32_t bref_a = row_max_scale(sa, kb, t), bref_b = row_max_scale(sb, kb, t);
 
-    float acc[128];
+    float acc[kBM / 2];
 #pragma unroll
-    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    for (int i = 0; i < kBM / 2; ++i) acc[i] = 0.f;
     RawStage<Fmt::kWords> raw[2][2];  // [stage % 2][row a, row b]: raw bytes of stage s+2 (s+3)
     uint32_t frag[3][4][4];           // [stage % 3][k-step][register]
     auto load_stage = [&](int s, RawStage<Fmt::kWords>(&r)[2]) {
@@ -167,10 +191,15 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       constexpr int F = decltype(fi)::value, R = decltype(ri)::value;
       const int slot = s % kSm90Stages;
       mbar_wait(full + slot, (s / kSm90Stages) & 1);
-      const uint8_t* tile = ring + slot * kSm90StageBytes;
+      const uint8_t* tile = ring + slot * kStageBytes;
       wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wgmma_m64n256k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (kBM == 256)
+          wgmma_m64n256k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
+        else
+          wgmma_m64n128k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
+      }
       wgmma_commit();
       wgmma_wait<1>();
       if (s > 0 && lane == 0) mbar_arrive(empty + (s + kSm90Stages - 1) % kSm90Stages);
@@ -198,7 +227,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     // Epilogue: acc[4j + c] holds row (c < 2 ? g : g+8), activation column 8j + 2t + (c & 1).
     const float post_a = post_scale(bref_a), post_b = post_scale(bref_b);
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < kBM / 8; ++j) {
       const int col = m0 + 8 * j + 2 * t;
       store_pair(y, m, n, row_a, col, acc[4 * j] * post_a, acc[4 * j + 1] * post_a);
       store_pair(y, m, n, row_b, col, acc[4 * j + 2] * post_b, acc[4 * j + 3] * post_b);
