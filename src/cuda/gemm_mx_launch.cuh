@@ -75,8 +75,13 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
     }();
     if (attr != cudaSuccess) return attr;
     const int tiles_n = (n + kSm90BlockN - 1) / kSm90BlockN;
-    // note: 128-row activation tiles when 256-row ones would not fill two waves of the SMs (small M).
-    const int bm = static_cast<int64_t>(tiles_n) * ((m + 255) / 256) < 2 * sms ? 128 : 256;
+    // Activation tile: the one with the smaller estimated time, waves x rows per tile, a 128-row tile
+    // costing 1.15x half a 256-row one (shorter wgmmas, same decode work).
+    // note: bench/RESULTS.md run 3: 128 always below 2 waves made 6144x4096 at M = 512 1.5 waves (91 µs vs
+    // 59 µs with 256), while it halved 4096x4096 at M = 32..512 and gate_up at M = 32..128.
+    const int64_t waves256 = (static_cast<int64_t>(tiles_n) * ((m + 255) / 256) + sms - 1) / sms;
+    const int64_t waves128 = (static_cast<int64_t>(tiles_n) * ((m + 127) / 128) + sms - 1) / sms;
+    const int bm = waves128 * 115 < waves256 * 200 ? 128 : 256;
     CUtensorMap map;
     if (cudaError_t e = make_x_map(&map, x, m, k, bm); e != cudaSuccess) return e;
     const dim3 grid(tiles_n * ((m + bm - 1) / bm));
