@@ -121,7 +121,9 @@ std::vector<uint8_t> random_bf16_bytes(std::mt19937_64& rng, size_t count) {
   return v;
 }
 
-int copies_for(int64_t bytes) { return static_cast<int>(std::clamp<int64_t>(kRotateBytes / bytes + 1, 2, 64)); }
+int copies_for(int64_t bytes) {
+  return static_cast<int>(std::clamp<int64_t>(kRotateBytes / bytes + 1, 2, 64));
+}
 
 Status run_bench(const std::vector<Format>& formats, const std::vector<int64_t>& ms) {
   cudaStream_t stream;
@@ -137,8 +139,8 @@ Status run_bench(const std::vector<Format>& formats, const std::vector<int64_t>&
   if (!blas_ws) return tl::unexpected(blas_ws.error());
   MXQ_CUDA_CHECK(cublasSetWorkspace(blas, blas_ws->as(), blas_ws->bytes()));
   fmt::print("device: {} ({} SMs, L2 {} MB)\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-  fmt::print("{:<14} {:>6} {:>6} {:>6} {:>5} {:>9} {:>8} {:>10} {:>8} {:>8}\n", "shape", "format", "N", "K", "M",
-             "us", "TFLOP/s", "cuBLAS us", "TFLOP/s", "%cuBLAS");
+  fmt::print("{:<14} {:>6} {:>6} {:>6} {:>5} {:>9} {:>8} {:>10} {:>8} {:>8}\n", "shape", "format", "N", "K",
+             "M", "us", "TFLOP/s", "cuBLAS us", "TFLOP/s", "%cuBLAS");
   const int64_t max_m = *std::max_element(ms.begin(), ms.end());
   std::mt19937_64 rng(20261129);
   for (const Shape& s : kShapes) {
@@ -154,11 +156,11 @@ Status run_bench(const std::vector<Format>& formats, const std::vector<int64_t>&
     for (int64_t m : ms) {
       auto us = time_graph(stream, [&](int i) -> Status {
         const float alpha = 1.0f, beta = 0.0f;
-        MXQ_CUDA_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.n), static_cast<int>(m),
-                                    static_cast<int>(s.k), &alpha,
-                                    (*wbf)[static_cast<size_t>(i % bf16_copies)].as(), CUDA_R_16BF,
-                                    static_cast<int>(s.k), xp, CUDA_R_16BF, static_cast<int>(s.k), &beta, yp,
-                                    CUDA_R_16BF, static_cast<int>(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        MXQ_CUDA_CHECK(
+            cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.n), static_cast<int>(m),
+                         static_cast<int>(s.k), &alpha, (*wbf)[static_cast<size_t>(i % bf16_copies)].as(),
+                         CUDA_R_16BF, static_cast<int>(s.k), xp, CUDA_R_16BF, static_cast<int>(s.k), &beta,
+                         yp, CUDA_R_16BF, static_cast<int>(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return {};
       });
       if (!us) return tl::unexpected(us.error());
@@ -185,8 +187,8 @@ Status run_bench(const std::vector<Format>& formats, const std::vector<int64_t>&
         if (!us) return tl::unexpected(us.error());
         const double flop = 2.0 * m * s.n * s.k;
         fmt::print("{:<14} {:>6} {:>6} {:>6} {:>5} {:>9.1f} {:>8.1f} {:>10.1f} {:>8.1f} {:>7.1f}%\n", s.name,
-                   traits(f).name, s.n, s.k, m, *us, flop / (*us * 1e6), blas_us[mi], flop / (blas_us[mi] * 1e6),
-                   100.0 * blas_us[mi] / *us);
+                   traits(f).name, s.n, s.k, m, *us, flop / (*us * 1e6), blas_us[mi],
+                   flop / (blas_us[mi] * 1e6), 100.0 * blas_us[mi] / *us);
       }
     }
   }

@@ -5,8 +5,9 @@
 // Scale folding: a row's blocks are decoded as code · 2^(b - bref) in bf16, bref = the row's largest scale
 // byte, and the row's f32 accumulator is multiplied by 2^(bref - 127) at the end. The decoded value is then
 // at most 448 (E4M3) or 6 (E2M1) and exact while code · 2^(b - bref) is a bf16 (normal, or a subnormal
-// whose bits fit): any byte pattern is handled, and only blocks more than ~2^117 below the row's largest
-// lose bits (they are that far under the row's largest terms). Byte 255 (NaN) makes its row NaN.
+// whose bits fit): any byte pattern is handled, and only blocks whose byte is more than 124 (E4M3) or 132
+// (E2M1) below the row's largest lose bits (their terms are that many binades under the row's largest
+// scale). Byte 255 (NaN) makes its row NaN.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -111,7 +112,8 @@ __device__ __forceinline__ float post_scale(uint32_t bref) {
 // E4M3 bytes b0..b3 → bf16x2 pairs (b0, b1), (b2, b3) with the fold multiplier s: each byte s.eeee.mmm
 // placed as the bf16 bits s at 15, eeee.mmm at 10..4 is the value · 2^-120 exactly (codes 1..7 land on bf16
 // subnormals, which the bf16x2 multiply keeps).
-__device__ __forceinline__ void e4m3x4_to_bf16x4_scaled(uint32_t word, uint32_t s, uint32_t& lo, uint32_t& hi) {
+__device__ __forceinline__ void e4m3x4_to_bf16x4_scaled(uint32_t word, uint32_t s, uint32_t& lo,
+                                                        uint32_t& hi) {
   // note: as in gemv_mxfp8.cu: selector nibbles 8..B replicate a byte's sign into the byte above it.
   lo = gemv::bf16x2_mul((gemv::prmt(word, 0, 0x9180) << 4) & 0x87F087F0u, s);
   hi = gemv::bf16x2_mul((gemv::prmt(word, 0, 0xB3A2) << 4) & 0x87F087F0u, s);
@@ -143,7 +145,8 @@ __device__ __forceinline__ void row_fragments(const RawStage<Fmt::kWords>& r, ui
   // 2 + t/2). Round A: lane t reads lane t/2 if t is even, else 2 + t/2; round B the other; each source
   // lane serves one reader per round, so it packs the halves (bytes) that reader wants: h = t/2 in round A.
   const int quad = (threadIdx.x & 31) & ~3;
-  const int src_a = quad | ((t & 1) ? 2 + (t >> 1) : (t >> 1)), src_b = quad | ((t & 1) ? (t >> 1) : 2 + (t >> 1));
+  const int src_a = quad | ((t & 1) ? 2 + (t >> 1) : (t >> 1)),
+            src_b = quad | ((t & 1) ? (t >> 1) : 2 + (t >> 1));
   // note: for odd t, round A brought the "+8" half: swap the prmt operands (selector ^ 0x4444).
   const uint32_t swap = (t & 1) ? 0x4444u : 0u;
   if constexpr (Fmt::kWords == 4) {
@@ -189,8 +192,9 @@ __device__ __forceinline__ void row_fragments(const RawStage<Fmt::kWords>& r, ui
 // A fragments of a 16-row slab (rows g and g+8 of the lane) for the 4 k-steps of a stage, in mma/wgmma
 // register order: {row g slots 2t.., row g+8 slots 2t.., row g slots 2t+8.., row g+8 slots 2t+8..}.
 template <class Fmt, bool kNatural>
-__device__ __forceinline__ void stage_fragments(const RawStage<Fmt::kWords>& ra, const RawStage<Fmt::kWords>& rb,
-                                                uint32_t bref_a, uint32_t bref_b, int t, uint32_t (&a)[4][4]) {
+__device__ __forceinline__ void stage_fragments(const RawStage<Fmt::kWords>& ra,
+                                                const RawStage<Fmt::kWords>& rb, uint32_t bref_a,
+                                                uint32_t bref_b, int t, uint32_t (&a)[4][4]) {
   uint32_t lo_a[4], hi_a[4], lo_b[4], hi_b[4];
   row_fragments<Fmt, kNatural>(ra, bref_a, t, lo_a, hi_a);
   row_fragments<Fmt, kNatural>(rb, bref_b, t, lo_b, hi_b);
@@ -212,7 +216,8 @@ __device__ __forceinline__ void tile_of(int bid, int tiles_m, int& tile_n, int& 
 }
 
 // Stores one accumulator pair row of the lane: y[col][row] and y[col+1][row] (y is [m, n] row-major).
-__device__ __forceinline__ void store_pair(__nv_bfloat16* y, int m, int n, int row, int col, float v0, float v1) {
+__device__ __forceinline__ void store_pair(__nv_bfloat16* y, int m, int n, int row, int col, float v0,
+                                           float v1) {
   if (row >= n) return;
   if (col < m) y[static_cast<int64_t>(col) * n + row] = __float2bfloat16_rn(v0);
   if (col + 1 < m) y[static_cast<int64_t>(col + 1) * n + row] = __float2bfloat16_rn(v1);

@@ -36,9 +36,11 @@ inline cudaError_t make_x_map(CUtensorMap* map, const uint16_t* x, int m, int k,
 inline cudaError_t is_sm90(bool* yes) {
   int dev = 0, major = 0, minor = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev); e != cudaSuccess)
+  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+      e != cudaSuccess)
     return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev); e != cudaSuccess)
+  if (cudaError_t e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+      e != cudaSuccess)
     return e;
   *yes = major == 9 && minor == 0;
   return cudaSuccess;

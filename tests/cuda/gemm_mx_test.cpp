@@ -1,7 +1,8 @@
-// GPU GEMM (MXFP8 / MXFP4 weight-only, large M) against the CPU twin (mxq::linear on the canonical planes, f32
-// accumulation) and an f64 reference, on fresh random codes, scales and activations at ragged N and K (every
-// layout tail), M from 1 to 4096, through both kernels (wgmma on sm_90a, the portable mma.sync one), with
-// extreme scale bytes (0, 1, 2, 253, 254, 255) per row, against the GEMV for M <= 16, and refusals by name.
+// GPU GEMM (MXFP8 / MXFP4 weight-only, large M) against the CPU twin (mxq::linear on the canonical planes,
+// f32 accumulation) and an f64 reference, on fresh random codes, scales and activations at ragged N and K
+// (every layout tail), M from 1 to 4096, through both kernels (wgmma on sm_90a, the portable mma.sync one),
+// with extreme scale bytes (0, 1, 2, 253, 254, 255) per row, against the GEMV for M <= 16, and refusals by
+// name.
 #include "cuda/gemm_mx.h"
 
 #include <gtest/gtest.h>
@@ -139,7 +140,8 @@ std::vector<GemmCase> gemm_cases() {
     // K: 416 = an MXFP8 tail of 32 and an MXFP4 tail of 32; 224, 320: MXFP4 tails of 96 and 64; N ragged.
     const int64_t ks[] = {416, 224, 320, 1024, 416, 224, 320, 256, 160};
     const int64_t ms[] = {17, 31, 64, 100, 128, 257, 512, 1000, 4096};
-    for (size_t i = 0; i < std::size(ms); ++i) cases.push_back({f, ms[i], 200 + 37 * static_cast<int64_t>(i), ks[i]});
+    for (size_t i = 0; i < std::size(ms); ++i)
+      cases.push_back({f, ms[i], 200 + 37 * static_cast<int64_t>(i), ks[i]});
     cases.push_back({f, 300, 1, 64});      // one weight row
     cases.push_back({f, 33, 4096, 4096});  // a Qwen3 shape, several N tiles and stages
     cases.push_back({f, 600, 129, 2048});  // one row past a tile in N, 3 tiles in M
@@ -202,19 +204,21 @@ TEST_P(GemmMxExtreme, RowsMatchF64) {
   }
 }
 
-// Row r's blocks alternate between its extreme byte and bytes up to 2^20 below it: no row is dominated
-// by another's scale, so a fold that loses the small blocks shows in that row.
-INSTANTIATE_TEST_SUITE_P(
-    Scales, GemmMxExtreme,
-    ::testing::Values(ExtremeCase{"tiny", Format::kMXFP8, 0, 2, -6, 2},
-                      ExtremeCase{"tiny", Format::kMXFP4, 0, 2, -6, 2},
-                      ExtremeCase{"small_mixed", Format::kMXFP8, 0, 20, -6, 2},
-                      ExtremeCase{"small_mixed", Format::kMXFP4, 0, 20, -6, 2},
-                      ExtremeCase{"huge", Format::kMXFP8, 252, 254, -30, -24},
-                      ExtremeCase{"huge", Format::kMXFP4, 252, 254, -30, -24},
-                      ExtremeCase{"huge_mixed", Format::kMXFP8, 234, 254, -30, -24},
-                      ExtremeCase{"huge_mixed", Format::kMXFP4, 234, 254, -30, -24}),
-    [](const auto& info) { return std::string(info.param.what) + "_" + std::string(traits(info.param.format).name); });
+// Each block's byte is drawn from the case's range: only edge bytes ("tiny", "huge") or edge bytes mixed
+// with bytes up to 20 above or below them in one row ("_mixed"); x is scaled so the huge rows stay finite.
+INSTANTIATE_TEST_SUITE_P(Scales, GemmMxExtreme,
+                         ::testing::Values(ExtremeCase{"tiny", Format::kMXFP8, 0, 2, -6, 2},
+                                           ExtremeCase{"tiny", Format::kMXFP4, 0, 2, -6, 2},
+                                           ExtremeCase{"small_mixed", Format::kMXFP8, 0, 20, -6, 2},
+                                           ExtremeCase{"small_mixed", Format::kMXFP4, 0, 20, -6, 2},
+                                           ExtremeCase{"huge", Format::kMXFP8, 252, 254, -30, -24},
+                                           ExtremeCase{"huge", Format::kMXFP4, 252, 254, -30, -24},
+                                           ExtremeCase{"huge_mixed", Format::kMXFP8, 234, 254, -30, -24},
+                                           ExtremeCase{"huge_mixed", Format::kMXFP4, 234, 254, -30, -24}),
+                         [](const auto& info) {
+                           return std::string(info.param.what) + "_" +
+                                  std::string(traits(info.param.format).name);
+                         });
 
 // A NaN scale byte (255) makes its row NaN and leaves the others finite.
 TEST(GemmMxNanScale, PoisonsOnlyItsRow) {
@@ -262,7 +266,8 @@ TEST_P(GemmMxRefuses, ByName) {
   alignas(16) uint8_t dummy[32] = {};
   uint16_t out = 0;
   const MxGemvWeights w{c.weights, dummy, dummy, 8, c.k};
-  const uint16_t* x = c.null_x ? nullptr : reinterpret_cast<const uint16_t*>(dummy + (c.misaligned_x ? 2 : 0));
+  const uint16_t* x =
+      c.null_x ? nullptr : reinterpret_cast<const uint16_t*>(dummy + (c.misaligned_x ? 2 : 0));
   const Status st = c.weights == Format::kMXFP4 && c.what != std::string("wrong_format")
                         ? gemm_mxfp4(x, c.m, w, &out, nullptr)
                         : gemm_mxfp8(x, c.m, w, &out, nullptr);
