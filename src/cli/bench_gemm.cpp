@@ -1,0 +1,237 @@
+// mxq bench gemm: large-M MXFP8 / MXFP4 weight-only GEMM (prefill) on Qwen3-8B shapes against cuBLAS bf16
+// (cublasGemmEx, bf16 in and out, f32 accumulation) on the same shape in the same run.
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "format/formats.h"
+
+#if defined(MXQ_HAVE_CUDA)
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <random>
+
+#include "cuda/check.h"
+#include "cuda/gemm_mx.h"
+#include "cuda/gemv_layout.h"
+#endif
+
+namespace mxq::cli {
+
+#if defined(MXQ_HAVE_CUDA)
+namespace {
+
+using cuda::DeviceBuffer;
+
+struct Shape {
+  const char* name;
+  int64_t n, k;
+};
+// note: Qwen3-8B: hidden 4096, 32 q / 8 kv heads of 128, intermediate 12288 (gate and up fused).
+constexpr Shape kShapes[] = {
+    {"8B q/o_proj", 4096, 4096},
+    {"8B qkv_proj", 6144, 4096},
+    {"8B gate_up", 24576, 4096},
+    {"8B down_proj", 4096, 12288},
+};
+// note: small-M launches read a different copy of the weights each time; 4x the 60 MB L2 keeps them out.
+constexpr int64_t kRotateBytes = 256LL << 20;
+constexpr int kLaunchesPerGraph = 10, kReps = 9;
+
+// Median of `reps` CUDA-event timings of `enqueue()` after `warmup` untimed runs, in ms.
+template <class Enqueue>
+Result<float> median_event_ms(cudaStream_t stream, int warmup, int reps, Enqueue&& enqueue) {
+  cudaEvent_t start, stop;
+  MXQ_CUDA_CHECK(cudaEventCreate(&start));
+  MXQ_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> ms;
+  for (int rep = -warmup; rep < reps; ++rep) {
+    MXQ_CUDA_CHECK(cudaEventRecord(start, stream));
+    MXQ_CUDA_CHECK(enqueue());
+    MXQ_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MXQ_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    MXQ_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    if (rep >= 0) ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  return ms[ms.size() / 2];
+}
+
+// body(i) for i < kLaunchesPerGraph captured in one CUDA graph (after one direct, untimed body(0));
+// median µs per launch.
+template <class Body>
+Result<double> time_graph(cudaStream_t stream, Body&& body) {
+  if (Status st = body(0); !st) return tl::unexpected(st.error());
+  MXQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  MXQ_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kLaunchesPerGraph; ++i) {
+    if (Status st = body(i); !st) {
+      cudaStreamEndCapture(stream, &graph);
+      return tl::unexpected(st.error());
+    }
+  }
+  MXQ_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  MXQ_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  auto ms = median_event_ms(stream, 2, kReps, [&] { return cudaGraphLaunch(exec, stream); });
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  if (!ms) return tl::unexpected(ms.error());
+  return 1e3 * *ms / kLaunchesPerGraph;
+}
+
+// `copies` device copies of the same host bytes.
+Result<std::vector<DeviceBuffer>> replicate(const std::vector<uint8_t>& host, int copies) {
+  std::vector<DeviceBuffer> out;
+  for (int i = 0; i < copies; ++i) {
+    auto b = DeviceBuffer::alloc(host.size());
+    if (!b) return tl::unexpected(b.error());
+    MXQ_CUDA_CHECK(cudaMemcpy(b->as(), host.data(), host.size(), cudaMemcpyHostToDevice));
+    out.push_back(std::move(*b));
+  }
+  return out;
+}
+
+// Random codes (no E4M3 NaN codes) or random finite bf16 with |x| in [2^-6, 2^2): never zeros.
+std::vector<uint8_t> random_codes(std::mt19937_64& rng, size_t count, bool e4m3) {
+  std::vector<uint8_t> v(count);
+  for (auto& b : v) {
+    do b = static_cast<uint8_t>(rng());
+    while (e4m3 && (b & 0x7F) == 0x7F);
+  }
+  return v;
+}
+std::vector<uint8_t> random_bf16_bytes(std::mt19937_64& rng, size_t count) {
+  std::vector<uint8_t> v(count * 2);
+  for (size_t i = 0; i < count; ++i) {
+    const uint16_t h = static_cast<uint16_t>((rng() & 1) << 15 | (121 + rng() % 8) << 7 | (rng() & 127));
+    v[2 * i] = static_cast<uint8_t>(h), v[2 * i + 1] = static_cast<uint8_t>(h >> 8);
+  }
+  return v;
+}
+
+int copies_for(int64_t bytes) {
+  return static_cast<int>(std::clamp<int64_t>(kRotateBytes / bytes + 1, 2, 64));
+}
+
+Status run_bench(const std::vector<Format>& formats, const std::vector<int64_t>& ms) {
+  cudaStream_t stream;
+  MXQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaDeviceProp prop{};
+  int dev = 0;
+  MXQ_CUDA_CHECK(cudaGetDevice(&dev));
+  MXQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  cublasHandle_t blas;
+  MXQ_CUDA_CHECK(cublasCreate(&blas));
+  MXQ_CUDA_CHECK(cublasSetStream(blas, stream));
+  auto blas_ws = DeviceBuffer::alloc(64 << 20);  // note: a fixed workspace keeps cuBLAS graph-capturable
+  if (!blas_ws) return tl::unexpected(blas_ws.error());
+  MXQ_CUDA_CHECK(cublasSetWorkspace(blas, blas_ws->as(), blas_ws->bytes()));
+  fmt::print("device: {} ({} SMs, L2 {} MB)\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  fmt::print("{:<14} {:>6} {:>6} {:>6} {:>5} {:>9} {:>8} {:>10} {:>8} {:>8}\n", "shape", "format", "N", "K",
+             "M", "us", "TFLOP/s", "cuBLAS us", "TFLOP/s", "%cuBLAS");
+  const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+  std::mt19937_64 rng(20261129);
+  for (const Shape& s : kShapes) {
+    const int64_t bf16_bytes = s.n * s.k * 2;
+    const int bf16_copies = copies_for(bf16_bytes);
+    auto wbf = replicate(random_bf16_bytes(rng, static_cast<size_t>(s.n * s.k)), bf16_copies);
+    auto x = replicate(random_bf16_bytes(rng, static_cast<size_t>(max_m * s.k)), 1);
+    auto y = DeviceBuffer::alloc(static_cast<size_t>(max_m * s.n * 2));
+    if (!wbf || !x || !y) return fail("bench gemm: device allocation failed for {}", s.name);
+    const auto* xp = (*x)[0].as<uint16_t>();
+    auto* yp = y->as<uint16_t>();
+    std::vector<double> blas_us;
+    for (int64_t m : ms) {
+      auto us = time_graph(stream, [&](int i) -> Status {
+        const float alpha = 1.0f, beta = 0.0f;
+        MXQ_CUDA_CHECK(
+            cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.n), static_cast<int>(m),
+                         static_cast<int>(s.k), &alpha, (*wbf)[static_cast<size_t>(i % bf16_copies)].as(),
+                         CUDA_R_16BF, static_cast<int>(s.k), xp, CUDA_R_16BF, static_cast<int>(s.k), &beta,
+                         yp, CUDA_R_16BF, static_cast<int>(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return {};
+      });
+      if (!us) return tl::unexpected(us.error());
+      blas_us.push_back(*us);
+    }
+    for (Format f : formats) {
+      const int64_t vbytes = values_bytes(f, s.n, s.k), sbytes = scales_bytes(f, s.n, s.k);
+      const auto canonical = random_codes(rng, static_cast<size_t>(vbytes), f == Format::kMXFP8);
+      std::vector<uint8_t> native(canonical.size()), scales(static_cast<size_t>(sbytes));
+      for (auto& b : scales) b = static_cast<uint8_t>(115 + rng() % 10);
+      if (Status st = cuda::prepare_gemv_values(f, canonical.data(), native.data(), s.n, s.k); !st) return st;
+      const int copies = copies_for(vbytes + sbytes);
+      auto wv = replicate(native, copies);
+      auto ws = replicate(scales, copies);
+      if (!wv || !ws) return fail("bench gemm: device allocation failed for {} {}", s.name, traits(f).name);
+      for (size_t mi = 0; mi < ms.size(); ++mi) {
+        const int64_t m = ms[mi];
+        auto us = time_graph(stream, [&](int i) {
+          const cuda::MxGemvWeights w{f, (*wv)[static_cast<size_t>(i % copies)].as<uint8_t>(),
+                                      (*ws)[static_cast<size_t>(i % copies)].as<uint8_t>(), s.n, s.k};
+          return f == Format::kMXFP8 ? cuda::gemm_mxfp8(xp, m, w, yp, stream)
+                                     : cuda::gemm_mxfp4(xp, m, w, yp, stream);
+        });
+        if (!us) return tl::unexpected(us.error());
+        const double flop = 2.0 * m * s.n * s.k;
+        fmt::print("{:<14} {:>6} {:>6} {:>6} {:>5} {:>9.1f} {:>8.1f} {:>10.1f} {:>8.1f} {:>7.1f}%\n", s.name,
+                   traits(f).name, s.n, s.k, m, *us, flop / (*us * 1e6), blas_us[mi],
+                   flop / (blas_us[mi] * 1e6), 100.0 * blas_us[mi] / *us);
+      }
+    }
+  }
+  cublasDestroy(blas);
+  cudaStreamDestroy(stream);
+  return {};
+}
+
+}  // namespace
+#endif
+
+void add_bench_gemm(CLI::App& bench, int& exit_code) {
+  auto* cmd = bench.add_subcommand("gemm", "large-M MXFP8 / MXFP4 weight-only GEMM vs cuBLAS bf16");
+  auto formats = std::make_shared<std::vector<std::string>>(std::vector<std::string>{"mxfp8", "mxfp4"});
+  auto ms = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{32, 128, 512, 4096, 8192});
+  cmd->add_option("--formats", *formats, "weight formats, comma-separated (mxfp8, mxfp4)")->delimiter(',');
+  cmd->add_option("--m", *ms, "activation rows, comma-separated (>= 1)")->delimiter(',');
+  cmd->callback([formats, ms, &exit_code] {
+#if defined(MXQ_HAVE_CUDA)
+    std::vector<Format> fs;
+    for (const std::string& name : *formats) {
+      auto f = parse_format(name);
+      if (!f || (*f != Format::kMXFP8 && *f != Format::kMXFP4)) {
+        spdlog::error("bench gemm: --formats {}: no GEMM kernel (expected mxfp8 or mxfp4)", name);
+        exit_code = kExitBadInput;
+        return;
+      }
+      fs.push_back(*f);
+    }
+    if (ms->empty() || std::any_of(ms->begin(), ms->end(), [](int64_t m) { return m < 1 || m > 65536; })) {
+      spdlog::error("bench gemm: --m takes 1..65536");
+      exit_code = kExitBadInput;
+      return;
+    }
+    if (Status st = run_bench(fs, *ms); !st) {
+      spdlog::error("bench gemm: {}", st.error().message);
+      exit_code = 1;
+    }
+#else
+    spdlog::error("bench gemm: this mxq was built without CUDA (expected a build where nvcc was found)");
+    exit_code = 1;
+#endif
+  });
+}
+
+}  // namespace mxq::cli

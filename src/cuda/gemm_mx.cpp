@@ -1,0 +1,42 @@
+#include "cuda/gemm_mx.h"
+
+#include <climits>
+
+#include "cuda/check.h"
+#include "cuda/gemm_mx_launch.h"
+
+namespace mxq::cuda {
+namespace {
+
+using Launcher = cudaError_t (*)(const uint16_t*, int, const uint8_t*, const uint8_t*, uint16_t*, int, int,
+                                 GemmPath, cudaStream_t);
+
+Status checked_gemm(Format expected, Launcher launch, const uint16_t* x, int64_t m, const MxGemvWeights& w,
+                    uint16_t* y, cudaStream_t stream) {
+  const std::string_view name = traits(expected).name;
+  if (w.format != expected)
+    return fail("gemm_{}: weights are {} (expected {})", name, traits(w.format).name, name);
+  if (m < 1 || m > INT_MAX) return fail("gemm_{}: m = {} (expected 1..{})", name, m, INT_MAX);
+  // note: INT_MAX / 2 keeps every in-kernel element index of a row in int.
+  if (w.n < 1 || w.k < 32 || w.k % 32 != 0 || w.n > INT_MAX || w.k > INT_MAX / 2)
+    return fail("gemm_{}: weight shape [{}, {}] (expected N >= 1, K a positive multiple of 32)", name, w.n,
+                w.k);
+  if (!x || !y || !w.values || !w.scales) return fail("gemm_{}: null device pointer", name);
+  // note: x is read by 16-byte copies (TMA tensor map on sm_90a, cp.async elsewhere).
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return fail("gemm_{}: x is not 16-byte aligned", name);
+  MXQ_CUDA_CHECK(launch(x, static_cast<int>(m), w.values, w.scales, y, static_cast<int>(w.n),
+                        static_cast<int>(w.k), GemmPath::kAuto, stream));
+  return {};
+}
+
+}  // namespace
+
+Status gemm_mxfp8(const uint16_t* x, int64_t m, const MxGemvWeights& w, uint16_t* y, cudaStream_t stream) {
+  return checked_gemm(Format::kMXFP8, launch_gemm_mxfp8, x, m, w, y, stream);
+}
+
+Status gemm_mxfp4(const uint16_t* x, int64_t m, const MxGemvWeights& w, uint16_t* y, cudaStream_t stream) {
+  return checked_gemm(Format::kMXFP4, launch_gemm_mxfp4, x, m, w, y, stream);
+}
+
+}  // namespace mxq::cuda

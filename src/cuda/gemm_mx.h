@@ -1,0 +1,21 @@
+// Weight-only GEMM for prefill (M > 16, any M >= 1 accepted): y[M,N] = x[M,K] · W[N,K]^T with x, y bf16 and
+// W in MXFP8 or MXFP4, read in the same native layout as the GEMV (prepare_gemv_values, gemv_layout.h), so
+// one weight buffer serves both and the dispatch picks the kernel by M.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "base/error.h"
+#include "cuda/gemv_mx.h"
+
+namespace mxq::cuda {
+
+// x: [m, k] bf16 bits (16-byte aligned), y: [m, n] bf16 bits, both row-major device buffers; w as for the
+// GEMV. f32 accumulation. Refuses by name a format other than the launcher's, m < 1, k not a multiple of 32,
+// a null or misaligned pointer.
+Status gemm_mxfp8(const uint16_t* x, int64_t m, const MxGemvWeights& w, uint16_t* y, cudaStream_t stream);
+Status gemm_mxfp4(const uint16_t* x, int64_t m, const MxGemvWeights& w, uint16_t* y, cudaStream_t stream);
+
+}  // namespace mxq::cuda

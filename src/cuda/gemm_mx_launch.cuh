@@ -1,0 +1,105 @@
+// Host side of the MX GEMM launchers: kernel choice by device and path, the x tensor map for TMA.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "cuda/gemm_mx_launch.h"
+#include "cuda/gemm_mx_sm80.cuh"
+#include "cuda/gemm_mx_sm90.cuh"
+
+namespace mxq::cuda::gemm {
+
+// x [m, k] bf16 row-major as a 2D tensor map: boxes of 64 k x box_rows rows, 128-byte swizzle, zero fill past
+// the edges (so a 32-wide K tail and rows past m read 0).
+inline cudaError_t make_x_map(CUtensorMap* map, const uint16_t* x, int m, int k, int box_rows) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (!encode) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(m)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
+  const cuuint32_t box[2] = {kStageK, static_cast<cuuint32_t>(box_rows)}, elem_strides[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(x), dims, strides,
+                            box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// Whether the current device runs the sm_90a code (compute capability 9.0 exactly).
+inline cudaError_t is_sm90(bool* yes) {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+      e != cudaSuccess)
+    return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+      e != cudaSuccess)
+    return e;
+  *yes = major == 9 && minor == 0;
+  return cudaSuccess;
+}
+
+// Arguments were checked by gemm_mx.cpp.
+template <class Fmt>
+cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y,
+                        int n, int k, GemmPath path, cudaStream_t stream) {
+  auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
+  bool sm90 = false;
+  if (path == GemmPath::kAuto)
+    if (cudaError_t e = is_sm90(&sm90); e != cudaSuccess) return e;
+  if (sm90) {
+    static const int sms = [] {
+      int dev = 0, count = 0;
+      if (cudaGetDevice(&dev) != cudaSuccess ||
+          cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 132;
+      return count;
+    }();
+    static const cudaError_t attr = [] {
+      for (auto kernel : {gemm_mx_sm90<Fmt, true, 256>, gemm_mx_sm90<Fmt, false, 256>})
+        if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 sm90_smem_bytes(256));
+            e != cudaSuccess)
+          return e;
+      for (auto kernel : {gemm_mx_sm90<Fmt, true, 128>, gemm_mx_sm90<Fmt, false, 128>})
+        if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 sm90_smem_bytes(128));
+            e != cudaSuccess)
+          return e;
+      return cudaSuccess;
+    }();
+    if (attr != cudaSuccess) return attr;
+    const int tiles_n = (n + kSm90BlockN - 1) / kSm90BlockN;
+    // Activation tile: the one with the smaller estimated time, waves x rows per tile, a 128-row tile
+    // costing 1.15x half a 256-row one (shorter wgmmas, same decode work).
+    // note: bench/RESULTS.md run 3: 128 always below 2 waves made 6144x4096 at M = 512 1.5 waves (91 µs vs
+    // 59 µs with 256), while it halved 4096x4096 at M = 32..512 and gate_up at M = 32..128.
+    const int64_t waves256 = (static_cast<int64_t>(tiles_n) * ((m + 255) / 256) + sms - 1) / sms;
+    const int64_t waves128 = (static_cast<int64_t>(tiles_n) * ((m + 127) / 128) + sms - 1) / sms;
+    const int bm = waves128 * 115 < waves256 * 200 ? 128 : 256;
+    CUtensorMap map;
+    if (cudaError_t e = make_x_map(&map, x, m, k, bm); e != cudaSuccess) return e;
+    const dim3 grid(tiles_n * ((m + bm - 1) / bm));
+    const bool tail = k % Fmt::kGroupK != 0;
+    auto kernel = bm == 256 ? (tail ? gemm_mx_sm90<Fmt, true, 256> : gemm_mx_sm90<Fmt, false, 256>)
+                            : (tail ? gemm_mx_sm90<Fmt, true, 128> : gemm_mx_sm90<Fmt, false, 128>);
+    kernel<<<grid, kSm90Threads, sm90_smem_bytes(bm), stream>>>(map, m, values, scales, yb, n, k);
+    return cudaGetLastError();
+  }
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(gemm_mx_sm80<Fmt>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSm80SmemBytes);
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(((n + kSm80BlockN - 1) / kSm80BlockN) * ((m + kSm80BlockM - 1) / kSm80BlockM));
+  gemm_mx_sm80<Fmt><<<grid, kSm80Threads, kSm80SmemBytes, stream>>>(reinterpret_cast<const __nv_bfloat16*>(x),
+                                                                    m, values, scales, yb, n, k);
+  return cudaGetLastError();
+}
+
+}  // namespace mxq::cuda::gemm
