@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "cuda/gemm_mx.h"
 #include "cuda/gemv_fp8_b128.h"
 #include "cuda/gemv_layout.h"
 #include "cuda/gemv_mx.h"
@@ -17,7 +18,8 @@ enum class Kernel : uint8_t {
   kGemvMxfp4,
   kGemvFp8B128,
   kCublasLtFp8B128,
-  kNeedsGemmMx
+  kGemmMxfp8,
+  kGemmMxfp4
 };
 
 struct Entry {
@@ -29,19 +31,19 @@ struct Entry {
 };
 
 constexpr int64_t kAnyM = std::numeric_limits<int>::max();
-// note: the closed table (see linear.h). An entry of kind kNeedsGemmMx is a refusal that names the kernel
-// still to be written; a (format, arch, M) with no entry at all is refused as missing.
+// note: the closed table (see linear.h); a (format, arch, M) with no entry is refused as missing. gemm_mx
+// picks its wgmma (sm_90a) or mma.sync (sm_80) kernel itself; both read the GEMV's native layout.
 constexpr Entry kTable[] = {
     {Format::kBF16, Arch::kSm90a, 1, kAnyM, Kernel::kCublasBf16, "cublas_bf16"},
     {Format::kBF16, Arch::kSm80, 1, kAnyM, Kernel::kCublasBf16, "cublas_bf16"},
     {Format::kMXFP8, Arch::kSm90a, 1, kGemvMaxM, Kernel::kGemvMxfp8, "gemv_mxfp8"},
     {Format::kMXFP8, Arch::kSm80, 1, kGemvMaxM, Kernel::kGemvMxfp8, "gemv_mxfp8"},
-    {Format::kMXFP8, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kNeedsGemmMx, "gemm_mx"},
-    {Format::kMXFP8, Arch::kSm80, kGemvMaxM + 1, kAnyM, Kernel::kNeedsGemmMx, "gemm_mx"},
+    {Format::kMXFP8, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp8, "gemm_mxfp8"},
+    {Format::kMXFP8, Arch::kSm80, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp8, "gemm_mxfp8"},
     {Format::kMXFP4, Arch::kSm90a, 1, kGemvMaxM, Kernel::kGemvMxfp4, "gemv_mxfp4"},
     {Format::kMXFP4, Arch::kSm80, 1, kGemvMaxM, Kernel::kGemvMxfp4, "gemv_mxfp4"},
-    {Format::kMXFP4, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kNeedsGemmMx, "gemm_mx"},
-    {Format::kMXFP4, Arch::kSm80, kGemvMaxM + 1, kAnyM, Kernel::kNeedsGemmMx, "gemm_mx"},
+    {Format::kMXFP4, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp4, "gemm_mxfp4"},
+    {Format::kMXFP4, Arch::kSm80, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp4, "gemm_mxfp4"},
     {Format::kFP8_B128, Arch::kSm90a, 1, kGemvMaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
     {Format::kFP8_B128, Arch::kSm80, 1, kGemvMaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
     {Format::kFP8_B128, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kCublasLtFp8B128, "cublaslt_fp8_b128"},
@@ -50,9 +52,6 @@ constexpr Entry kTable[] = {
 Result<const Entry*> find_entry(Format f, Arch arch, int64_t m) {
   for (const Entry& e : kTable) {
     if (e.format != f || e.arch != arch || m < e.m_lo || m > e.m_hi) continue;
-    if (e.kernel == Kernel::kNeedsGemmMx)
-      return fail("{} linear for M > {} needs gemm_mx (not built) (arch {}, M = {})", traits(f).name,
-                  kGemvMaxM, arch_name(arch), m);
     return &e;
   }
   return fail("no {} linear kernel on {} for M = {} (the dispatch table has no entry)", traits(f).name,
@@ -68,6 +67,8 @@ Status check_shape(Kernel kernel, int64_t n, int64_t k) {
       return {};
     case Kernel::kGemvMxfp8:
     case Kernel::kGemvMxfp4:
+    case Kernel::kGemmMxfp8:
+    case Kernel::kGemmMxfp4:
       if (n < 1 || k < 32 || k % 32 != 0 || n > INT_MAX || k > INT_MAX / 2)
         return fail("gemv_mx: weight shape [{}, {}] (expected N >= 1, K a positive multiple of 32)", n, k);
       return {};
@@ -78,10 +79,8 @@ Status check_shape(Kernel kernel, int64_t n, int64_t k) {
       return {};
     case Kernel::kCublasLtFp8B128:
       return check_fp8_b128_gemm_shape(n, k);
-    case Kernel::kNeedsGemmMx:
-      break;
   }
-  return fail("linear: kernel without a shape rule");  // not reached: find_entry refuses kNeedsGemmMx
+  return fail("linear: kernel without a shape rule");  // not reached: every kind has one
 }
 
 }  // namespace
@@ -216,10 +215,12 @@ Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int
     case Kernel::kCublasLtFp8B128:
       return ctx.fp8().run(x, m, Fp8B128Weights{w.values, reinterpret_cast<const float*>(w.scales), w.n, w.k},
                            y, stream);
-    case Kernel::kNeedsGemmMx:
-      break;
+    case Kernel::kGemmMxfp8:
+      return gemm_mxfp8(x, m, MxGemvWeights{w.format, w.values, w.scales, w.n, w.k}, y, stream);
+    case Kernel::kGemmMxfp4:
+      return gemm_mxfp4(x, m, MxGemvWeights{w.format, w.values, w.scales, w.n, w.k}, y, stream);
   }
-  return fail("linear: unreachable kernel kind");  // not reached: find_entry refuses kNeedsGemmMx
+  return fail("linear: unreachable kernel kind");  // not reached: the switch covers every kind
 }
 
 }  // namespace mxq::cuda
