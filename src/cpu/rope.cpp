@@ -5,8 +5,7 @@
 
 namespace mxq {
 
-Status rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions,
-            float theta) {
+Result<std::vector<float>> rope_inv_freq(float theta, int64_t head_dim) {
   if (head_dim <= 0 || head_dim % 2 != 0)
     return fail("rope: head_dim must be even and positive, got {}", head_dim);
   if (!std::isfinite(theta) || theta <= 1.0f)
@@ -20,6 +19,15 @@ Status rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int
     inv_freq[i] =
         1.0f / static_cast<float>(std::pow(static_cast<double>(theta), static_cast<double>(exponent)));
   }
+  return inv_freq;
+}
+
+Status rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions,
+            float theta) {
+  auto table = rope_inv_freq(theta, head_dim);
+  if (!table) return tl::unexpected(table.error());
+  const std::vector<float>& inv_freq = *table;
+  const int64_t half = head_dim / 2;
   std::vector<float> cos_a(static_cast<size_t>(half)), sin_a(static_cast<size_t>(half));
   for (int64_t t = 0; t < tokens; ++t) {
     if (positions[t] < 0) return fail("rope: position of token {} is negative ({})", t, positions[t]);

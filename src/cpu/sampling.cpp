@@ -54,13 +54,13 @@ void apply_top_k_top_p(std::vector<float>& logits, int64_t top_k, float top_p) {
 
 // One draw by inverse CDF over token ids in increasing order; u uses the top 53 bits of one rng output
 // (portable: std::uniform_real_distribution differs between standard libraries).
-int32_t draw(const std::vector<float>& logits, std::mt19937_64& rng) {
+int32_t draw(const std::vector<float>& logits, uint64_t random_bits) {
   const float m = *std::max_element(logits.begin(), logits.end());
   std::vector<double> weights(logits.size());
   double total = 0.0;
   for (size_t i = 0; i < logits.size(); ++i)
     total += weights[i] = std::exp(static_cast<double>(logits[i] - m));
-  const double target = static_cast<double>(rng() >> 11) * 0x1p-53 * total;
+  const double target = static_cast<double>(random_bits >> 11) * 0x1p-53 * total;
   double cumulative = 0.0;
   int32_t last_kept = 0;
   for (size_t i = 0; i < logits.size(); ++i) {
@@ -88,8 +88,12 @@ Status check_sampling_params(const SamplingParams& p, int64_t vocab) {
   return {};
 }
 
-Result<SampledToken> sample(const float* logits, int64_t vocab, const SamplingParams& p,
-                            std::mt19937_64& rng) {
+namespace {
+
+// note: the draw is taken through `bits` only after every check passed and only when not greedy, so the
+// std::mt19937_64 overload advances its generator exactly as before.
+template <class Bits>
+Result<SampledToken> sample_impl(const float* logits, int64_t vocab, const SamplingParams& p, Bits bits) {
   if (auto ok = check_sampling_params(p, vocab); !ok) return tl::unexpected(ok.error());
   for (int64_t i = 0; i < vocab; ++i)
     if (std::isnan(logits[i]) || logits[i] == INFINITY)
@@ -106,7 +110,7 @@ Result<SampledToken> sample(const float* logits, int64_t vocab, const SamplingPa
     for (float& v : scaled) v /= p.temperature;
     if (p.min_p > 0.0f) apply_min_p(scaled, p.min_p);
     if (p.top_k > 0 || p.top_p < 1.0f) apply_top_k_top_p(scaled, p.top_k, p.top_p);
-    out.id = draw(scaled, rng);
+    out.id = draw(scaled, bits());
   }
   out.logprob = raw_logprobs[out.id];
 
@@ -118,6 +122,16 @@ Result<SampledToken> sample(const float* logits, int64_t vocab, const SamplingPa
   });
   for (int64_t j = 0; j < p.num_logprobs; ++j) out.top_logprobs.push_back({order[j], raw_logprobs[order[j]]});
   return out;
+}
+
+}  // namespace
+
+Result<SampledToken> sample(const float* logits, int64_t vocab, const SamplingParams& p, std::mt19937_64& rng) {
+  return sample_impl(logits, vocab, p, [&rng] { return rng(); });
+}
+
+Result<SampledToken> sample(const float* logits, int64_t vocab, const SamplingParams& p, uint64_t random_bits) {
+  return sample_impl(logits, vocab, p, [random_bits] { return random_bits; });
 }
 
 }  // namespace mxq

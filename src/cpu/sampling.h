@@ -40,4 +40,9 @@ Status check_sampling_params(const SamplingParams& params, int64_t vocab);
 Result<SampledToken> sample(const float* logits, int64_t vocab, const SamplingParams& params,
                             std::mt19937_64& rng);
 
+// The same, with the one 64-bit draw given (unused when greedy): the CPU twin of cuda/sample, which passes
+// philox_random_bits(seed, step) (cpu/philox.h) so every draw of a batch is reproducible from its request.
+Result<SampledToken> sample(const float* logits, int64_t vocab, const SamplingParams& params,
+                            uint64_t random_bits);
+
 }  // namespace mxq
