@@ -3,12 +3,46 @@
 #include <xxhash.h>
 
 #include <cassert>
-#include <cstdlib>
-#include <cstring>
 
 namespace mxq {
 
-void WeightStore::Free::operator()(uint8_t* p) const { std::free(p); }
+WeightStore::WeightStore() : WeightStore(host_weight_memory()) {}
+
+WeightStore::WeightStore(std::unique_ptr<WeightMemory> memory) : memory_(std::move(memory)) {
+  assert(memory_ && "a weight store needs a memory");
+}
+
+WeightStore::WeightStore(WeightStore&& o) noexcept
+    : memory_(std::move(o.memory_)),
+      tensors_(std::move(o.tensors_)),
+      buffers_(std::move(o.buffers_)),
+      total_bytes_(o.total_bytes_),
+      inconsistent_(std::move(o.inconsistent_)) {
+  o.buffers_.clear();
+  o.tensors_.clear();
+}
+
+WeightStore& WeightStore::operator=(WeightStore&& o) noexcept {
+  if (this != &o) {
+    release();
+    memory_ = std::move(o.memory_);
+    tensors_ = std::move(o.tensors_);
+    buffers_ = std::move(o.buffers_);
+    total_bytes_ = o.total_bytes_;
+    inconsistent_ = std::move(o.inconsistent_);
+    o.buffers_.clear();
+    o.tensors_.clear();
+  }
+  return *this;
+}
+
+WeightStore::~WeightStore() { release(); }
+
+void WeightStore::release() {
+  for (std::span<uint8_t> b : buffers_) memory_->free_plane(b);
+  buffers_.clear();
+  tensors_.clear();
+}
 
 Result<PlaneBytes> plane_bytes(Format format, const std::vector<int64_t>& shape, std::string_view name) {
   int64_t n = 1;
@@ -47,10 +81,6 @@ PlaneLayout flat_identity(int64_t bytes) {
   return {PlaneKind::kIdentity, PlaneGeometry{bytes ? 1 : 0, bytes}, bytes, {}, {}};
 }
 
-bool is_identity(const Layout& l) {
-  return l.values.kind == PlaneKind::kIdentity && l.scales.kind == PlaneKind::kIdentity;
-}
-
 }  // namespace
 
 Status WeightStore::add(std::string name, Format format, std::vector<int64_t> shape) {
@@ -67,41 +97,44 @@ Status WeightStore::add(std::string name, Format format, std::vector<int64_t> sh
   if (layout.values.canonical.bytes() != pb->values || layout.scales.canonical.bytes() != pb->scales)
     return fail("{}: layout {} maps {} value and {} scale bytes, the tensor has {} and {}", name, layout.name,
                 layout.values.canonical.bytes(), layout.scales.canonical.bytes(), pb->values, pb->scales);
-  // note: 64-byte alignment so vector loads of a row never split a cache line at the start.
-  auto alloc = [this](int64_t bytes) -> std::span<uint8_t> {
-    if (bytes == 0) return {};
-    const size_t rounded = (static_cast<size_t>(bytes) + 63) / 64 * 64;
-    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, rounded));
-    assert(p && "out of host memory for weights");
-    std::memset(p, 0, rounded);
-    buffers_.emplace_back(p);
-    total_bytes_ += bytes;
-    return {p, static_cast<size_t>(bytes)};
-  };
-  QTensor t{name,
-            format,
-            std::move(shape),
-            alloc(layout.values.native_bytes),
-            alloc(layout.scales.native_bytes),
-            0,
-            std::move(layout)};
+  QTensor t{name, format, std::move(shape), {}, {}, 0, std::move(layout)};
+  for (Plane p : {Plane::kValues, Plane::kScales}) {
+    auto buf = memory_->allocate_plane(t.layout.plane(p));
+    if (!buf) return fail("{} {}: live buffer of {} bytes in {} memory: {}", t.name, plane_name(p),
+                          t.layout.plane(p).native_bytes, memory_->name(), buf.error().message);
+    if (!buf->empty()) buffers_.push_back(*buf);
+    total_bytes_ += static_cast<int64_t>(buf->size());
+    (p == Plane::kValues ? t.values : t.scales) = *buf;
+  }
   const auto pos = tensors_.emplace(std::move(name), std::move(t)).first;
   return refresh_checksum(pos->first).map([](uint64_t) {});
 }
 
 Status WeightStore::apply_tensor(std::string_view name, std::span<const uint8_t> values,
                                  std::span<const uint8_t> scales) {
-  auto it = tensors_.find(name);
-  if (it == tensors_.end()) return fail("{}: not a tensor of this model", name);
-  QTensor& t = it->second;
-  const auto want_values = static_cast<uint64_t>(t.layout.values.canonical.bytes()),
-             want_scales = static_cast<uint64_t>(t.layout.scales.canonical.bytes());
-  if (values.size() != want_values || scales.size() != want_scales)
-    return fail("{}: {} update with {} value bytes and {} scale bytes, expected {} and {}", name,
-                traits(t.format).name, values.size(), scales.size(), want_values, want_scales);
-  if (auto s = to_native(t.layout.values, values, t.values); !s) return fail_in(name, s.error());
-  if (auto s = to_native(t.layout.scales, scales, t.scales); !s) return fail_in(name, s.error());
-  return refresh_checksum(name).map([](uint64_t) {});
+  const TensorWrite w{name, values, scales};
+  return apply_tensors({&w, 1});
+}
+
+Status WeightStore::apply_tensors(std::span<const TensorWrite> writes) {
+  for (const TensorWrite& w : writes) {
+    auto it = tensors_.find(w.name);
+    if (it == tensors_.end()) return fail("{}: not a tensor of this model", w.name);
+    const QTensor& t = it->second;
+    const auto want_values = static_cast<uint64_t>(t.layout.values.canonical.bytes()),
+               want_scales = static_cast<uint64_t>(t.layout.scales.canonical.bytes());
+    if (w.values.size() != want_values || w.scales.size() != want_scales)
+      return fail("{}: {} update with {} value bytes and {} scale bytes, expected {} and {}", w.name,
+                  traits(t.format).name, w.values.size(), w.scales.size(), want_values, want_scales);
+  }
+  std::vector<std::string_view> names;
+  for (const TensorWrite& w : writes) {
+    QTensor& t = tensors_.find(w.name)->second;
+    if (auto s = memory_->write_plane(t.layout.values, w.values, t.values); !s) return fail_in(w.name, s.error());
+    if (auto s = memory_->write_plane(t.layout.scales, w.scales, t.scales); !s) return fail_in(w.name, s.error());
+    names.push_back(w.name);
+  }
+  return refresh_checksums(names);
 }
 
 Status WeightStore::apply_sparse(std::string_view name, Plane plane, std::span<const int64_t> indices,
@@ -123,7 +156,8 @@ Status WeightStore::apply_sparse(std::string_view name, Plane plane, std::span<c
   if (!undo.empty() && undo.size() != bytes.size())
     return fail("{} {}: undo space of {} bytes for {} new bytes", name, plane_name(plane), undo.size(),
                 bytes.size());
-  for (size_t j = 0; j < indices.size(); ++j) {
+  // note: a device store's indices may be device memory: its memory checks them on the device instead.
+  for (size_t j = 0; !memory_->on_device() && j < indices.size(); ++j) {
     if (indices[j] < 0 || indices[j] >= entries)
       return fail("{} {}: entry {} at position {} is outside [0, {})", name, plane_name(plane), indices[j], j,
                   entries);
@@ -132,41 +166,38 @@ Status WeightStore::apply_sparse(std::string_view name, Plane plane, std::span<c
                   plane_name(plane), indices[j], j, indices[j - 1]);
   }
   // note: every check above runs before this first write, so a refused call leaves the live bytes as they
-  // were; the old byte is saved right before it is overwritten, in the order of `bytes`.
-  for (size_t j = 0; j < indices.size(); ++j) {
-    const int64_t first = indices[j] * entry_bytes;
-    for (int b = 0; b < entry_bytes; ++b) {
-      uint8_t& dst = live[static_cast<size_t>(l.native_offset(first + b))];
-      const size_t k = j * eb + static_cast<size_t>(b);
-      if (!undo.empty()) undo[k] = dst;
-      dst = bytes[k];
-    }
-  }
-  return {};
+  // were.
+  if (indices.empty()) return {};
+  return memory_->scatter(l, indices, entry_bytes, bytes, undo, live,
+                          fmt::format("{} {}", name, plane_name(plane)));
 }
 
 Status WeightStore::read_canonical(std::string_view name, Plane plane, std::span<uint8_t> out) const {
   const QTensor* t = find(name);
   if (!t) return fail("{}: not a tensor of this model", name);
   const std::span<const uint8_t> live = plane == Plane::kValues ? t->values : t->scales;
-  if (auto s = to_canonical(t->layout.plane(plane), live, out); !s)
+  if (auto s = memory_->read_plane(t->layout.plane(plane), live, out); !s)
     return fail_in(fmt::format("{} {}", name, plane_name(plane)), s.error());
   return {};
 }
 
 Result<uint64_t> WeightStore::refresh_checksum(std::string_view name) {
-  auto it = tensors_.find(name);
-  if (it == tensors_.end()) return fail("{}: not a tensor of this model", name);
-  QTensor& t = it->second;
-  // note: an identity layout's live bytes are the canonical planes: hash in place, no copy. Other layouts
-  // gather both planes first (the checksum speaks canonical order, DESIGN.md).
-  if (is_identity(t.layout)) return t.checksum = canonical_checksum(t.values, t.scales);
-  std::vector<uint8_t> values(static_cast<size_t>(t.layout.values.canonical.bytes())),
-      scales(static_cast<size_t>(t.layout.scales.canonical.bytes()));
-  if (auto s = read_canonical(name, Plane::kValues, values); !s) return tl::unexpected(s.error());
-  if (auto s = read_canonical(name, Plane::kScales, scales); !s) return tl::unexpected(s.error());
-  return t.checksum = canonical_checksum(values, scales);
+  if (auto s = refresh_checksums({&name, 1}); !s) return tl::unexpected(s.error());
+  return tensors_.find(name)->second.checksum;
 }
+
+Status WeightStore::refresh_checksums(std::span<const std::string_view> names) {
+  std::vector<ChecksumJob> jobs;
+  for (std::string_view name : names) {
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) return fail("{}: not a tensor of this model", name);
+    QTensor& t = it->second;
+    jobs.push_back({&t.layout.values, t.values, &t.layout.scales, t.scales, &t.checksum});
+  }
+  return memory_->checksums(jobs);
+}
+
+Status WeightStore::sync() { return memory_->sync(); }
 
 Status WeightStore::servable() const {
   if (!inconsistent_.empty()) return fail("weights are in no committed version: {}", inconsistent_);

@@ -1,6 +1,11 @@
 // The weight store: HF tensor name -> live QTensor. Buffers are allocated once and never move (CUDA graphs
 // and refit hold their addresses). apply_tensor() is the only function that writes weight bytes: the
-// checkpoint loader, online quantization, full updates and sparse deltas all go through it.
+// checkpoint loader, online quantization, full updates and sparse deltas all go through it (apply_tensors
+// is its batched form, apply_sparse refit's sparse form).
+// The live bytes sit in the store's WeightMemory, chosen at construction: host memory by default, CUDA
+// device memory with cuda::cuda_weight_memory() (src/cuda/weight_memory_cuda.h). For a device store the
+// QTensor spans hold device addresses, and the span arguments of the write / read functions may be device
+// or host memory (weight_memory.h); checksums are computed on the device.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +19,7 @@
 #include "base/error.h"
 #include "format/formats.h"
 #include "layout/layout.h"
+#include "model/weight_memory.h"
 
 namespace mxq {
 
@@ -38,8 +44,20 @@ Result<PlaneBytes> plane_bytes(Format format, const std::vector<int64_t>& shape,
 // XXH3-64 over the canonical values bytes followed by the canonical scales bytes.
 uint64_t canonical_checksum(std::span<const uint8_t> values, std::span<const uint8_t> scales);
 
+// One full update of a tensor for apply_tensors.
+struct TensorWrite {
+  std::string_view name;
+  std::span<const uint8_t> values, scales;  // canonical planes
+};
+
 class WeightStore {
  public:
+  WeightStore();  // host memory
+  explicit WeightStore(std::unique_ptr<WeightMemory> memory);
+  WeightStore(WeightStore&& o) noexcept;
+  WeightStore& operator=(WeightStore&& o) noexcept;
+  ~WeightStore();
+
   // Reserves the tensor's buffers (zeroed). Adding a name twice is an error.
   Status add(std::string name, Format format, std::vector<int64_t> shape);
   // As add(), with live buffers in `layout` (native sizes, padding included); the layout's canonical planes
@@ -49,15 +67,26 @@ class WeightStore {
   // cast or reshape). Refreshes the checksum.
   Status apply_tensor(std::string_view name, std::span<const uint8_t> values,
                       std::span<const uint8_t> scales);
+  // apply_tensor for several tensors: every name and size is checked before the first write, then all are
+  // written and their checksums refreshed in one batch (one device pass for a CUDA store).
+  Status apply_tensors(std::span<const TensorWrite> writes);
   // Refit's sparse path: writes entry indices[j] (`entry_bytes` canonical bytes from indices[j]·entry_bytes)
   // of one plane from bytes[j·entry_bytes..], through the layout. When `undo` is not empty (same size as
   // `bytes`) the overwritten bytes are copied there first. Indices must be strictly increasing and inside the
   // plane; everything is checked before the first write. The checksum is NOT refreshed (a tensor takes
-  // several sparse writes): call refresh_checksum() after the last one.
+  // several sparse writes): call refresh_checksum() after the last one. On a device store the index checks
+  // run on the device and, when every span is device memory, the call is asynchronous: a refusal comes back
+  // from the next refresh_checksum(s) / sync().
   Status apply_sparse(std::string_view name, Plane plane, std::span<const int64_t> indices, int entry_bytes,
                       std::span<const uint8_t> bytes, std::span<uint8_t> undo = {});
   // Recomputes the tensor's checksum from its live bytes (gathered through the layout) and returns it.
   Result<uint64_t> refresh_checksum(std::string_view name);
+  // refresh_checksum for several tensors in one batch.
+  Status refresh_checksums(std::span<const std::string_view> names);
+  // Waits for the store's queued device work and reports any refusal it raised (nothing to do on the host).
+  Status sync();
+  WeightMemory& memory() const { return *memory_; }
+  bool on_device() const { return memory_->on_device(); }
   // Copies one canonical plane of the tensor out of its live bytes (through the layout).
   Status read_canonical(std::string_view name, Plane plane, std::span<uint8_t> out) const;
 
@@ -73,11 +102,10 @@ class WeightStore {
   Status servable() const;
 
  private:
-  struct Free {
-    void operator()(uint8_t* p) const;
-  };
+  void release();
+  std::unique_ptr<WeightMemory> memory_;
   std::map<std::string, QTensor, std::less<>> tensors_;
-  std::vector<std::unique_ptr<uint8_t, Free>> buffers_;
+  std::vector<std::span<uint8_t>> buffers_;  // every live plane, freed through memory_
   int64_t total_bytes_ = 0;
   std::string inconsistent_;
 };

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <new>
 #include <string>
 #include <vector>
@@ -41,6 +42,7 @@ class Applier {
     if (auto s = store_.servable(); !s)
       return fail("delta {} -> {} refused: {}", from(), to(), s.error().message);
     if (auto s = validate_delta(delta_, tensor_table(store_), live_version); !s) return s;
+    if (store_.on_device()) return run_on_device(live_version);
     const size_t log_bytes = offsets_.back();
     log_ = options_.allocate_undo ? options_.allocate_undo(log_bytes)
                                   : std::unique_ptr<uint8_t[]>(new (std::nothrow) uint8_t[log_bytes]);
@@ -52,16 +54,133 @@ class Applier {
     // them again, or the store is marked inconsistent.
     for (const TensorDelta& t : delta_.tensors) old_checksums_.push_back(store_.at(t.name).checksum);
     for (size_t k = 0; k < delta_.tensors.size(); ++k)
-      if (auto s = write_and_verify(k); !s) return roll_back(k, s.error().message);
+      if (auto s = write_and_verify(k); !s) return roll_back(k, k, s.error().message);
     live_version = delta_.new_version;
     return {};
   }
+
+  // A store in device memory (DESIGN.md "Refit contract", docs/refit-format.md "Device path"): validation
+  // above ran on the host; the undo log and the delta's bytes live in device memory (one upload); every
+  // record is written first (anchors in one batch, sparse planes by the scatter kernel), then all checksums
+  // are computed in one device batch and compared here, record by record, with the same hook stages.
+  // note: one checksum batch instead of one per tensor: the XXH3 scramble chain is sequential per tensor,
+  // so tensors must hash side by side for the GPU to be busy. The hooks' order therefore differs from the
+  // host path (every kTensorWritten comes after every write), and any failure restores every record.
+  Status run_on_device(uint64_t& live_version) {
+    if (delta_.tensors.empty()) {
+      live_version = delta_.new_version;
+      return {};
+    }
+    WeightMemory& mem = store_.memory();
+    const size_t log_bytes = offsets_.back();
+    auto undo_scratch = mem.allocate_scratch(log_bytes);
+    if (!undo_scratch)
+      return fail("delta {} -> {}: undo log of {} bytes could not be allocated in {} memory ({}); nothing "
+                  "written (W-26)",
+                  from(), to(), log_bytes, mem.name(), undo_scratch.error().message);
+    Scratch log_guard{mem, *undo_scratch};
+    device_log_ = undo_scratch->data();
+    // The delta's indices and new bytes, each segment 16-byte aligned, uploaded once.
+    const auto up16 = [](size_t n) { return (n + 15) / 16 * 16; };
+    size_t upload_bytes = 0;
+    for (const TensorDelta& t : delta_.tensors)
+      for (const PlaneDelta* d : {&t.values, &t.scales})
+        upload_bytes += up16(d->indices.size() * sizeof(int64_t)) + up16(d->bytes.size());
+    auto up = mem.allocate_scratch(upload_bytes);
+    if (!up)
+      return fail("delta {} -> {}: {} bytes of delta could not be placed in {} memory ({}); nothing written "
+                  "(W-26)",
+                  from(), to(), upload_bytes, mem.name(), up.error().message);
+    Scratch up_guard{mem, *up};
+    if (auto s = hook({ApplyStage::kValidated, 0, {}}); !s) return s;  // nothing written yet
+    struct DevicePlaneDelta {
+      std::span<const int64_t> indices;
+      std::span<const uint8_t> bytes;
+    };
+    std::vector<std::array<DevicePlaneDelta, 2>> dev(delta_.tensors.size());
+    size_t at = 0;
+    for (size_t k = 0; k < delta_.tensors.size(); ++k) {
+      const TensorDelta& t = delta_.tensors[k];
+      for (int p = 0; p < 2; ++p) {
+        const PlaneDelta& d = p == 0 ? t.values : t.scales;
+        const auto idx = std::as_bytes(std::span(d.indices));
+        const std::span<uint8_t> di = up->subspan(at, idx.size());
+        at += up16(idx.size());
+        const std::span<uint8_t> db = up->subspan(at, d.bytes.size());
+        at += up16(d.bytes.size());
+        if (auto s = mem.upload({reinterpret_cast<const uint8_t*>(idx.data()), idx.size()}, di); !s) return s;
+        if (auto s = mem.upload(d.bytes, db); !s) return s;
+        dev[k][static_cast<size_t>(p)] = {{reinterpret_cast<const int64_t*>(di.data()), d.indices.size()}, db};
+      }
+    }
+    for (const TensorDelta& t : delta_.tensors) old_checksums_.push_back(store_.at(t.name).checksum);
+    const size_t last = delta_.tensors.size() - 1;
+    // Anchors: old canonical planes into the log (device to device), then one batched write.
+    std::vector<TensorWrite> anchors;
+    for (size_t k = 0; k < delta_.tensors.size(); ++k) {
+      const TensorDelta& t = delta_.tensors[k];
+      if (!t.anchor) continue;
+      const auto old_values = log(offsets_[k], t.values.bytes.size());
+      const auto old_scales = log(offsets_[k] + old_values.size(), t.scales.bytes.size());
+      if (auto s = store_.read_canonical(t.name, mxq::Plane::kValues, old_values); !s) return roll_back(k, last, s.error().message);
+      if (auto s = store_.read_canonical(t.name, mxq::Plane::kScales, old_scales); !s) return roll_back(k, last, s.error().message);
+      // note: the step is recorded before the write: restoring bytes that were never overwritten is harmless.
+      steps_.push_back({k, true, Plane::kValues, offsets_[k]});
+      anchors.push_back({t.name, dev[k][0].bytes, dev[k][1].bytes});
+    }
+    if (!anchors.empty())
+      if (auto s = store_.apply_tensors(anchors); !s) return roll_back(0, last, s.error().message);
+    // Sparse records: queued scatters with undo capture, then one checksum batch.
+    std::vector<std::string_view> sparse;
+    for (size_t k = 0; k < delta_.tensors.size(); ++k) {
+      const TensorDelta& t = delta_.tensors[k];
+      if (t.anchor) continue;
+      size_t log_at = offsets_[k];
+      for (Plane p : {Plane::kValues, Plane::kScales}) {
+        const DevicePlaneDelta& d = dev[k][p == Plane::kValues ? 0 : 1];
+        if (d.indices.empty()) continue;
+        steps_.push_back({k, false, p, log_at});
+        if (auto s = store_.apply_sparse(t.name, store_plane(p), d.indices, entry_bytes(t.format, p), d.bytes,
+                                         log(log_at, d.bytes.size()));
+            !s)
+          return roll_back(k, last, s.error().message);
+        log_at += d.bytes.size();
+      }
+      sparse.push_back(t.name);
+    }
+    if (auto s = store_.refresh_checksums(sparse); !s) return roll_back(0, last, s.error().message);
+    const auto n = static_cast<int64_t>(delta_.tensors.size());
+    for (size_t k = 0; k < delta_.tensors.size(); ++k) {
+      const TensorDelta& t = delta_.tensors[k];
+      if (auto s = hook({ApplyStage::kTensorWritten, k, t.name}); !s) return roll_back(k, last, s.error().message);
+      const uint64_t sum = store_.at(t.name).checksum;
+      if (sum != t.checksum)
+        return roll_back(k, last,
+                         fmt::format("canonical checksum {:016x} after the update, the delta says {:016x} "
+                                     "(W-06/W-09)",
+                                     sum, t.checksum));
+      if (auto s = hook({ApplyStage::kChecksumVerified, k, t.name}); !s)
+        return roll_back(k, last, s.error().message);
+      if (options_.progress && !options_.progress({"refit", t.name, static_cast<int64_t>(k) + 1, n}))
+        return roll_back(k, last, "cancelled by the progress callback");
+    }
+    live_version = delta_.new_version;
+    return {};
+  }
+
+  struct Scratch {
+    WeightMemory& mem;
+    std::span<uint8_t> bytes;
+    ~Scratch() { mem.free_scratch(bytes); }
+  };
 
  private:
   uint64_t from() const { return delta_.base_version; }
   uint64_t to() const { return delta_.new_version; }
   Status hook(const StagePoint& p) const { return options_.fault ? options_.fault(p) : Status{}; }
-  std::span<uint8_t> log(size_t offset, size_t bytes) { return {log_.get() + offset, bytes}; }
+  std::span<uint8_t> log(size_t offset, size_t bytes) {
+    return {(device_log_ ? device_log_ : log_.get()) + offset, bytes};
+  }
 
   Status write_and_verify(size_t k) {
     const TensorDelta& t = delta_.tensors[k];
@@ -104,8 +223,9 @@ class Applier {
     return {};
   }
 
-  // Restores every saved byte, newest first, then checks each record's checksum is the old one.
-  Status roll_back(size_t k, const std::string& why) {
+  // Restores every saved byte, newest first, then checks that records 0..last_written hash to their old
+  // checksums again (one batch).
+  Status roll_back(size_t k, size_t last_written, const std::string& why) {
     const std::string reason = fmt::format("delta {} -> {}, tensor {} of {} {}: {}", from(), to(), k + 1,
                                            delta_.tensors.size(), delta_.tensors[k].name, why);
     for (auto step = steps_.rbegin(); step != steps_.rend(); ++step) {
@@ -116,10 +236,13 @@ class Applier {
       if (!fault) return give_up(reason, fmt::format("undo of {} failed: {}", t.name, fault.error().message));
       if (auto s = undo(*step); !s) return give_up(reason, s.error().message);
     }
-    for (size_t r = 0; r <= k; ++r) {
+    std::vector<std::string_view> names;
+    for (size_t r = 0; r <= last_written; ++r) names.push_back(delta_.tensors[r].name);
+    if (auto s = store_.refresh_checksums(names); !s)
+      return give_up(reason, fmt::format("the checksums after the undo failed: {}", s.error().message));
+    for (size_t r = 0; r <= last_written; ++r) {
       const std::string& name = delta_.tensors[r].name;
-      auto sum = store_.refresh_checksum(name);
-      if (!sum || *sum != old_checksums_[r])
+      if (store_.at(name).checksum != old_checksums_[r])
         return give_up(reason, fmt::format("{} does not return to its old checksum after the undo", name));
     }
     return fail("{}; every written byte restored, live version stays {}", reason, from());
@@ -148,6 +271,7 @@ class Applier {
   const ApplyOptions& options_;
   const std::vector<size_t> offsets_;
   std::unique_ptr<uint8_t[]> log_;
+  uint8_t* device_log_ = nullptr;  // the undo log in the store's memory (device path)
   std::vector<UndoStep> steps_;
   std::vector<uint64_t> old_checksums_;
 };

@@ -1,0 +1,259 @@
+// mxq bench refit: in-place refit of Qwen3-8B-shaped MXFP8 weights (36 layers x q,k,v,o,gate,up,down, GEMV
+// native layout) held in a CUDA WeightStore. Rows: full refit from device memory and from pinned host memory
+// (WeightStore::apply_tensors: layout write + checksum batch) against a device-to-device copy and the pinned
+// host-to-device copy of the same bytes measured in the same run; the write and the checksum alone; sparse
+// refits (refit::apply_delta: host validation, one upload of indices + bytes, scatter with undo capture,
+// checksum batch) at 0.1/1/5/20% changed bytes of both planes. Times are CUDA-event medians on the store's
+// stream (the host-synchronous steps in between show up as wall time). Deltas are built outside the timing.
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+
+#if defined(MXQ_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "cuda/check.h"
+#include "cuda/gemv_layout.h"
+#include "cuda/weight_memory_cuda.h"
+#include "refit/applier.h"
+#endif
+
+namespace mxq::cli {
+
+#if defined(MXQ_HAVE_CUDA)
+namespace {
+
+using cuda::DeviceBuffer;
+
+struct Shape {
+  const char* name;
+  int64_t n, k;
+};
+// note: Qwen3-8B: hidden 4096, 32 q heads / 8 kv heads of 128, intermediate 12288, 36 layers.
+constexpr Shape kShapes[] = {{"self_attn.q_proj", 4096, 4096}, {"self_attn.k_proj", 1024, 4096},
+                             {"self_attn.v_proj", 1024, 4096}, {"self_attn.o_proj", 4096, 4096},
+                             {"mlp.gate_proj", 12288, 4096},   {"mlp.up_proj", 12288, 4096},
+                             {"mlp.down_proj", 4096, 12288}};
+
+// The GEMV native layout of an MXFP8 [n, k] tensor built from the contract (gemv_layout.h; the GPU tests
+// probe it with probe_layout and check it is this permutation): values separable, scales identity.
+Layout gemv_layout(int64_t n, int64_t k) {
+  Layout l{"cuda_gemv", {PlaneKind::kSeparable, {n, k}, n * k, {}, {}},
+           {PlaneKind::kIdentity, {n, k / 32}, n * k / 32, {}, {}}};
+  for (int64_t r = 0; r < n; ++r) l.values.row_off.push_back(r * k);
+  for (int64_t c = 0; c < k; ++c) l.values.col_off.push_back(cuda::gemv_native_elem(Format::kMXFP8, k, c));
+  return l;
+}
+
+struct Tensor {
+  std::string name;
+  int64_t values = 0, scales = 0;
+  size_t offset = 0;  // of its values plane in the flat canonical image (scales follow)
+};
+
+template <class F>
+void parallel_for(size_t n, F&& f) {
+  const size_t threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (size_t i = t; i < n; i += threads) f(i);
+    });
+  for (auto& th : pool) th.join();
+}
+
+template <class Body>
+Result<float> median_ms(cudaStream_t stream, int reps, Body&& body) {
+  cudaEvent_t a, b;
+  MXQ_CUDA_CHECK(cudaEventCreate(&a));
+  MXQ_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int rep = -1; rep < reps; ++rep) {
+    MXQ_CUDA_CHECK(cudaEventRecord(a, stream));
+    if (Status s = body(rep); !s) return tl::unexpected(s.error());
+    MXQ_CUDA_CHECK(cudaEventRecord(b, stream));
+    MXQ_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    MXQ_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    if (rep >= 0) ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  return ms[ms.size() / 2];
+}
+
+// A random valid E4M3 byte (no NaN code) or E8M0 scale near 1.
+uint8_t value_byte(uint64_t r) {
+  auto b = static_cast<uint8_t>(r);
+  return (b & 0x7F) == 0x7F ? static_cast<uint8_t>(b ^ 1) : b;
+}
+uint8_t scale_byte(uint64_t r) { return static_cast<uint8_t>(118 + r % 16); }
+
+Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
+  auto mem = cuda::cuda_weight_memory();
+  if (!mem) return tl::unexpected(mem.error());
+  const cudaStream_t stream = cuda::weight_memory_stream(**mem);
+  WeightStore store(std::move(*mem));
+  std::vector<Tensor> tensors;
+  size_t total = 0;
+  std::map<std::pair<int64_t, int64_t>, Layout> layouts;
+  for (int l = 0; l < layers; ++l)
+    for (const Shape& s : kShapes) {
+      auto it = layouts.try_emplace({s.n, s.k}, gemv_layout(s.n, s.k)).first;
+      Tensor t{fmt::format("model.layers.{}.{}.weight", l, s.name), s.n * s.k, s.n * s.k / 32, total};
+      if (Status st = store.add(t.name, Format::kMXFP8, {s.n, s.k}, it->second); !st) return st;
+      total += static_cast<size_t>(t.values + t.scales);
+      tensors.push_back(std::move(t));
+    }
+  // Canonical image A in pinned host memory, random non-zero bytes; a device copy of it.
+  uint8_t* pinned = nullptr;
+  MXQ_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned), total, cudaHostAllocDefault));
+  std::unique_ptr<uint8_t, decltype(&cudaFreeHost)> pinned_guard(pinned, &cudaFreeHost);
+  parallel_for(tensors.size(), [&](size_t i) {
+    std::mt19937_64 rng(1000 + i);
+    const Tensor& t = tensors[i];
+    for (int64_t b = 0; b < t.values; ++b) pinned[t.offset + static_cast<size_t>(b)] = value_byte(rng());
+    for (int64_t b = 0; b < t.scales; ++b) pinned[t.offset + static_cast<size_t>(t.values + b)] = scale_byte(rng());
+  });
+  auto dev_a = DeviceBuffer::alloc(total), dev_copy = DeviceBuffer::alloc(total);
+  if (!dev_a || !dev_copy) return fail("bench refit: device buffers of {} bytes", total);
+  MXQ_CUDA_CHECK(cudaMemcpy(dev_a->as(), pinned, total, cudaMemcpyHostToDevice));
+  auto writes = [&](const uint8_t* base) {
+    std::vector<TensorWrite> w;
+    for (const Tensor& t : tensors)
+      w.push_back({t.name, {base + t.offset, static_cast<size_t>(t.values)},
+                   {base + t.offset + t.values, static_cast<size_t>(t.scales)}});
+    return w;
+  };
+  const auto dev_writes = writes(dev_a->as<uint8_t>()), host_writes = writes(pinned);
+  std::vector<std::string_view> names;
+  for (const Tensor& t : tensors) names.push_back(t.name);
+  const double gb = static_cast<double>(total) / 1e9;
+  fmt::print("mxq bench refit: {} layers x 7 Qwen3-8B MXFP8 tensors, GEMV layout, {:.3f} GB (values + scales)\n",
+             layers, gb);
+
+  auto copy = median_ms(stream, reps, [&](int) -> Status {
+    MXQ_CUDA_CHECK(cudaMemcpyAsync(dev_copy->as(), dev_a->as(), total, cudaMemcpyDeviceToDevice, stream));
+    return {};
+  });
+  auto h2d = median_ms(stream, reps, [&](int) -> Status {
+    MXQ_CUDA_CHECK(cudaMemcpyAsync(dev_copy->as(), pinned, total, cudaMemcpyHostToDevice, stream));
+    return {};
+  });
+  auto full = median_ms(stream, reps, [&](int) { return store.apply_tensors(dev_writes); });
+  auto write_only = median_ms(stream, reps, [&](int) -> Status {
+    for (const Tensor& t : tensors) {
+      const QTensor& q = store.at(t.name);
+      if (Status s = store.memory().write_plane(q.layout.values, dev_writes[&t - tensors.data()].values, q.values); !s) return s;
+      if (Status s = store.memory().write_plane(q.layout.scales, dev_writes[&t - tensors.data()].scales, q.scales); !s) return s;
+    }
+    return store.sync();
+  });
+  auto sums = median_ms(stream, reps, [&](int) { return store.refresh_checksums(names); });
+  auto full_pinned = median_ms(stream, std::max(1, reps / 2), [&](int) { return store.apply_tensors(host_writes); });
+  for (auto* r : {&copy, &h2d, &full, &write_only, &sums, &full_pinned})
+    if (!*r) return tl::unexpected(r->error());
+  const double copy_gbs = 2 * gb / (*copy * 1e-3), h2d_gbs = gb / (*h2d * 1e-3);
+  fmt::print("{:<44} {:>9} {:>9} {:>9}\n", "row", "ms", "GB/s", "% ceiling");
+  fmt::print("{:<44} {:>9.3f} {:>9.0f} {:>9}\n", "D2D copy of the same bytes (read + written)", *copy, copy_gbs, "-");
+  fmt::print("{:<44} {:>9.3f} {:>9.1f} {:>9}\n", "pinned H2D copy of the same bytes", *h2d, h2d_gbs, "-");
+  auto row = [&](const char* what, float ms, double moved_gb, double ceiling) {
+    const double gbs = moved_gb / (ms * 1e-3);
+    fmt::print("{:<44} {:>9.3f} {:>9.0f} {:>8.1f}%\n", what, ms, gbs, 100 * gbs / ceiling);
+  };
+  row("full refit from device (write + checksum)", *full, 2 * gb, copy_gbs);
+  row("  write through the layout only", *write_only, 2 * gb, copy_gbs);
+  row("  checksum alone (all tensors, one batch)", *sums, gb, copy_gbs / 2);
+  fmt::print("{:<44} {:>9.3f} {:>9.1f} {:>8.1f}%\n", "full refit from pinned host (write + checksum)",
+             *full_pinned, gb / (*full_pinned * 1e-3), 100 * (*h2d / *full_pinned));
+
+  // Sparse: for each fraction, delta A -> B and B -> A built on the host (outside the timing).
+  fmt::print("{:<44} {:>9} {:>9} {:>9} {:>9}\n", "sparse refit (apply_delta)", "ms", "entries", "% full dev",
+             "% full pin");
+  uint64_t version = 1;
+  for (double frac : fractions) {
+    refit::Delta fwd{0, 0, {}}, back{0, 0, {}};
+    fwd.tensors.resize(tensors.size());
+    back.tensors.resize(tensors.size());
+    parallel_for(tensors.size(), [&](size_t i) {
+      const Tensor& t = tensors[i];
+      std::mt19937_64 rng(77 + i + static_cast<uint64_t>(frac * 1e6));
+      std::geometric_distribution<int64_t> gap(frac);
+      const uint8_t* a = pinned + t.offset;
+      std::vector<uint8_t> b(a, a + t.values + t.scales);
+      for (refit::TensorDelta* d : {&fwd.tensors[i], &back.tensors[i]}) {
+        d->name = t.name;
+        d->format = Format::kMXFP8;
+        d->shape = store.at(t.name).shape;
+      }
+      for (int p = 0; p < 2; ++p) {
+        const int64_t start = p == 0 ? 0 : t.values, size = p == 0 ? t.values : t.scales;
+        refit::PlaneDelta& f = p == 0 ? fwd.tensors[i].values : fwd.tensors[i].scales;
+        refit::PlaneDelta& r = p == 0 ? back.tensors[i].values : back.tensors[i].scales;
+        for (int64_t pos = gap(rng); pos < size; pos += 1 + gap(rng)) {
+          uint8_t nb;
+          do nb = p == 0 ? value_byte(rng()) : scale_byte(rng());
+          while (nb == a[start + pos]);
+          f.indices.push_back(pos), f.bytes.push_back(nb);
+          r.indices.push_back(pos), r.bytes.push_back(a[start + pos]);
+          b[static_cast<size_t>(start + pos)] = nb;
+        }
+      }
+      fwd.tensors[i].checksum = canonical_checksum({b.data(), static_cast<size_t>(t.values)},
+                                                   {b.data() + t.values, static_cast<size_t>(t.scales)});
+      back.tensors[i].checksum = store.at(t.name).checksum;
+    });
+    int64_t entries = 0;
+    for (const auto& t : fwd.tensors) entries += static_cast<int64_t>(t.values.indices.size() + t.scales.indices.size());
+    auto ms = median_ms(stream, std::max(2, reps / 2), [&](int) -> Status {
+      fwd.base_version = version, fwd.new_version = version + 1;
+      if (Status s = refit::apply_delta(store, version, fwd); !s) return s;
+      back.base_version = version, back.new_version = version + 1;
+      return refit::apply_delta(store, version, back);
+    });
+    if (!ms) return tl::unexpected(ms.error());
+    const float one = *ms / 2;
+    fmt::print("{:<44} {:>9.3f} {:>9} {:>8.1f}% {:>8.1f}%\n", fmt::format("  {:g}% of the bytes changed", 100 * frac),
+               one, entries, 100 * one / *full, 100 * one / *full_pinned);
+  }
+  return {};
+}
+
+}  // namespace
+#endif
+
+void add_bench_refit(CLI::App& bench, int& exit_code) {
+  auto* cmd = bench.add_subcommand("refit", "in-place refit of Qwen3-8B MXFP8 weights on the GPU");
+  auto layers = std::make_shared<int>(36);
+  auto reps = std::make_shared<int>(5);
+  auto fractions = std::make_shared<std::vector<double>>(std::vector<double>{0.001, 0.01, 0.05, 0.2});
+  cmd->add_option("--layers", *layers, "decoder layers (Qwen3-8B has 36)");
+  cmd->add_option("--reps", *reps, "timed repetitions per row (median)");
+  cmd->add_option("--sparse", *fractions, "changed fractions of the bytes, comma-separated")->delimiter(',');
+  cmd->callback([layers, reps, fractions, &exit_code] {
+#if defined(MXQ_HAVE_CUDA)
+    if (Status st = run_bench(*layers, *fractions, std::max(1, *reps)); !st) {
+      spdlog::error("bench refit: {}", st.error().message);
+      exit_code = 1;
+    }
+#else
+    (void)layers, (void)reps, (void)fractions;
+    spdlog::error("bench refit: this build has no CUDA backend");
+    exit_code = 1;
+#endif
+  });
+}
+
+}  // namespace mxq::cli

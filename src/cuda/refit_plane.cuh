@@ -1,0 +1,68 @@
+// Device-side reads of a DevicePlane (refit_launch.h) in canonical coordinates: one byte, or one 8-byte
+// little-endian word, through the layout's tables. Used by the scatter and the XXH3 checksum kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/refit_launch.h"
+
+namespace mxq::cuda {
+
+// (row, column) of canonical byte q; 32-bit division when it fits (the common case, and much cheaper).
+__device__ __forceinline__ void row_col(const DevicePlane& p, uint64_t q, int64_t& r, int64_t& c) {
+  const auto w = static_cast<uint64_t>(p.row_bytes);
+  if (q <= 0xFFFFFFFFull && w <= 0xFFFFFFFFull) {
+    const uint32_t rr = static_cast<uint32_t>(q) / static_cast<uint32_t>(w);
+    r = rr;
+    c = static_cast<int64_t>(static_cast<uint32_t>(q) - rr * static_cast<uint32_t>(w));
+  } else {
+    r = static_cast<int64_t>(q / w);
+    c = static_cast<int64_t>(q - static_cast<uint64_t>(r) * w);
+  }
+}
+
+__device__ __forceinline__ int64_t native_offset(const DevicePlane& p, uint64_t q) {
+  if (p.identity()) return static_cast<int64_t>(q);
+  int64_t r, c;
+  row_col(p, q, r, c);
+  return p.row_off[r] + p.col_off[c];
+}
+
+// 8 canonical bytes from (r, c) of a separable plane, c % min(run, 8) == 0 and c + 8 <= row_bytes.
+__device__ __forceinline__ uint64_t row_word(const DevicePlane& p, int64_t r, int64_t c) {
+  const uint8_t* base = p.native + p.row_off[r];
+  if (p.run >= 8) return *reinterpret_cast<const uint64_t*>(base + p.col_off[c]);
+  uint64_t w = 0;
+  if (p.run == 4) {
+    w = *reinterpret_cast<const uint32_t*>(base + p.col_off[c]);
+    return w | uint64_t{*reinterpret_cast<const uint32_t*>(base + p.col_off[c + 4])} << 32;
+  }
+  if (p.run == 2) {
+    for (int k = 0; k < 4; ++k)
+      w |= uint64_t{*reinterpret_cast<const uint16_t*>(base + p.col_off[c + 2 * k])} << (16 * k);
+    return w;
+  }
+  for (int k = 0; k < 8; ++k) w |= uint64_t{base[p.col_off[c + k]]} << (8 * k);
+  return w;
+}
+
+__device__ __forceinline__ uint64_t bytewise_word(const DevicePlane& p, uint64_t q) {
+  uint64_t w = 0;
+  for (int k = 0; k < 8; ++k) w |= uint64_t{p.native[native_offset(p, q + k)]} << (8 * k);
+  return w;
+}
+
+// Canonical bytes q..q+7 of the plane (q + 8 <= bytes()).
+__device__ __forceinline__ uint64_t plane_word(const DevicePlane& p, uint64_t q) {
+  if (p.identity()) {
+    if (q % 8 == 0) return *reinterpret_cast<const uint64_t*>(p.native + q);
+    return bytewise_word(p, q);
+  }
+  int64_t r, c;
+  row_col(p, q, r, c);
+  const int align = p.run < 8 ? p.run : 8;
+  if (c % align == 0 && c + 8 <= p.row_bytes) return row_word(p, r, c);
+  return bytewise_word(p, q);
+}
+
+}  // namespace mxq::cuda
