@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -406,7 +407,9 @@ TEST(EngineCudaLoad, RefusesUnsupportedByName) {
   LoadOptions opt;
   opt.target = cuda_load_target();
   // the golden checkpoints: head_dim 16
-  auto g = load_model(MXQ_SOURCE_DIR "/tests/golden/ckpt/qwen3-dense-bf16", opt);
+  // note: $MXQ_SOURCE_DIR overrides the build's source dir (binaries built on one machine, run on another).
+  const char* src = std::getenv("MXQ_SOURCE_DIR");
+  auto g = load_model(std::string(src ? src : MXQ_SOURCE_DIR) + "/tests/golden/ckpt/qwen3-dense-bf16", opt);
   ASSERT_FALSE(g);
   EXPECT_NE(g.error().message.find("head_dim 16"), std::string::npos) << g.error().message;
   const std::string dir = temp_dir("refuse");
