@@ -42,8 +42,12 @@ struct Ckpt {
   Kind kind;
 };
 
-// A random Qwen3 / Qwen3-MoE checkpoint in bf16: head_dim 64, 4 query heads over 2 KV heads, 2 layers.
-void write_checkpoint(const std::string& dir, Kind kind, uint64_t seed) {
+// A random Qwen3 / Qwen3-MoE checkpoint in bf16: head_dim 64, 4 query heads over 2 KV heads, 2 layers (the
+// MoE one: layer 0 sparse, 8 experts, top `top_k`; layer 1 a dense MLP). Dense ties lm_head to the embedding.
+// note: a tied embedding of std 1 makes the residual stream mostly the token's own embedding, so every model
+// predicts its input token with logprob 0 (a run on the H200 showed it: refit and greedy checks that could not
+// fail). The tied table is std 0.05, under the layers' O(1) outputs: logits ~ N(0, 1).
+void write_checkpoint(const std::string& dir, Kind kind, uint64_t seed, int64_t top_k = 2) {
   std::filesystem::create_directories(dir);
   const int64_t H = 256, D = 64, Hq = 4, Hkv = 2, I = 512, V = 512, E = 8, Im = 128, L = 2;
   const bool moe = kind != Kind::kDense;
@@ -67,7 +71,7 @@ void write_checkpoint(const std::string& dir, Kind kind, uint64_t seed) {
                         {"dtype", "bfloat16"}};
   if (moe) {
     cfg["num_experts"] = E;
-    cfg["num_experts_per_tok"] = 2;
+    cfg["num_experts_per_tok"] = top_k;
     cfg["moe_intermediate_size"] = Im;
     cfg["decoder_sparse_step"] = 1;
     cfg["norm_topk_prob"] = true;
@@ -93,7 +97,7 @@ void write_checkpoint(const std::string& dir, Kind kind, uint64_t seed) {
   auto linear = [&](std::string name, std::vector<int64_t> shape) {
     add(std::move(name), shape, 1.0f / std::sqrt(static_cast<float>(shape.back())));
   };
-  add("model.embed_tokens.weight", {V, H}, 1.0f);
+  add("model.embed_tokens.weight", {V, H}, kind == Kind::kDense ? 0.05f : 1.0f);
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     add(p + "input_layernorm.weight", {H}, 0.1f, 1.0f);
@@ -221,12 +225,30 @@ class EngineCuda : public ::testing::TestWithParam<Case> {
 };
 
 // Teacher-forced by the CUDA engine's own greedy tokens: every step's logits against the CPU forward of the
-// same tokens; the greedy id equal wherever the CPU top-2 margin exceeds the tolerance.
+// same tokens; the greedy id equal wherever the CPU top-2 margin exceeds twice the step's logit error.
+// note: MoE runs route every token to all 8 experts here. With top-2 of 8, a router near-tie (2nd vs 3rd
+// expert) resolves differently under the CUDA engine's bf16 activations than under the CPU's f32 on a fraction
+// of a percent of tokens, and that token's logits (and, through its K/V, the rest of its sequence) then differ
+// by O(1): seen on the H200 in 2 of 4 MoE cases (decode steps only, errors 0.1-1.0 x the logit scale). With
+// every expert selected the routing weights are continuous in the input, so the comparison stays strict; the
+// sparse grouping (top-2: uneven counts, empty experts) is held to the same engine run alone, batched, eager,
+// replayed and refit by the tests below, which compare the engine with itself.
 TEST_P(EngineCuda, LogitsMatchCpuModel) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   std::mt19937_64 rng(seed_);
-  const int64_t V = m_->cpu.config.vocab_size;
-  auto e = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(false));
+  Models* m = m_.get();
+  std::unique_ptr<Models> all_experts;
+  if (GetParam().kind != Kind::kDense) {
+    const std::string dir = temp_dir(std::string(GetParam().name) + "_all_experts");
+    write_checkpoint(dir, GetParam().kind, seed_, /*top_k=*/8);
+    auto loaded = load_both(dir, GetParam().quant);
+    std::filesystem::remove_all(dir);
+    ASSERT_TRUE(loaded) << loaded.error().message;
+    all_experts = std::move(*loaded);
+    m = all_experts.get();
+  }
+  const int64_t V = m->cpu.config.vocab_size;
+  auto e = make_cuda_engine(*m->qwen, nullptr, m->gpu.store, small_options(false));
   ASSERT_TRUE(e) << e.error().message;
   double worst = 0;
   int compared = 0, steps = 0;
@@ -237,10 +259,10 @@ TEST_P(EngineCuda, LogitsMatchCpuModel) {
     p.sampling.temperature = 0;
     p.ignore_eos = true;
     ASSERT_TRUE(e->engine.add(0, prompt, p));
-    auto kv = KvCache::create(*m_->backend, m_->cpu.config, len + p.max_new_tokens);
+    auto kv = KvCache::create(*m->backend, m->cpu.config, len + p.max_new_tokens);
     ASSERT_TRUE(kv) << kv.error().message;
     std::vector<float> want(static_cast<size_t>(V));
-    ASSERT_TRUE(m_->qwen->forward(prompt, kv->sequence(), want.data()));
+    ASSERT_TRUE(m->qwen->forward(prompt, kv->sequence(), want.data()));
     while (!e->engine.idle()) {
       auto out = e->engine.step();
       ASSERT_TRUE(out) << out.error().message;
@@ -257,14 +279,15 @@ TEST_P(EngineCuda, LogitsMatchCpuModel) {
       const int32_t tok = (*out)[0].tokens.at(0).id;
       std::vector<float> sorted = want;
       std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-      if (sorted[0] - sorted[1] > 2 * kLogitTolerance * scale) {
+      // note: a CPU top-2 margin above twice this step's largest logit error decides the argmax on both sides.
+      if (sorted[0] - sorted[1] > 2 * err) {
         EXPECT_EQ(tok, argmax(want.data(), V)) << "prompt of " << len << ", step " << steps;
         ++compared;
       }
       ++steps;
       if ((*out)[0].finished) break;
       const int32_t next[1] = {tok};
-      ASSERT_TRUE(m_->qwen->forward(next, kv->sequence(), want.data()));
+      ASSERT_TRUE(m->qwen->forward(next, kv->sequence(), want.data()));
     }
   }
   EXPECT_GE(compared, steps / 2) << "too many near-ties to be a test";
