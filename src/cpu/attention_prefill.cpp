@@ -6,8 +6,9 @@
 
 namespace mxq {
 
-Status attention_prefill(const float* q, const int32_t* cu_seqlens, const int32_t* seq_lens, int64_t sequences,
-                         int64_t q_heads, const PagedKvView& kv, float* out, ThreadPool& pool) {
+Status attention_prefill(const float* q, const int32_t* cu_seqlens, const int32_t* seq_lens,
+                         int64_t sequences, int64_t q_heads, const PagedKvView& kv, float* out,
+                         ThreadPool& pool) {
   const int64_t row = kv.kv_heads * kv.head_dim, q_row = q_heads * kv.head_dim;
   std::vector<float> k, v;
   for (int64_t s = 0; s < sequences; ++s) {
@@ -24,8 +25,8 @@ Status attention_prefill(const float* q, const int32_t* cu_seqlens, const int32_
     for (int64_t p = 0; p < len; ++p) {
       const int64_t block = kv.block_tables[s * kv.max_blocks + p / kv.block_size];
       if (block < 0 || block >= kv.num_blocks)
-        return fail("attention_prefill: sequence {} position {} maps to block {} outside [0, {})", s, p, block,
-                    kv.num_blocks);
+        return fail("attention_prefill: sequence {} position {} maps to block {} outside [0, {})", s, p,
+                    block, kv.num_blocks);
       const int64_t slot = block * kv.block_size + p % kv.block_size;
       for (int64_t i = 0; i < row; ++i) {
         k[static_cast<size_t>(p * row + i)] = kv.k[slot * row + i];
@@ -33,8 +34,8 @@ Status attention_prefill(const float* q, const int32_t* cu_seqlens, const int32_
       }
     }
     const int64_t first = cu_seqlens[s];
-    if (auto st = attention(q + first * q_row, q_len, q_heads, k.data(), v.data(), len, kv.kv_heads, kv.head_dim,
-                            out + first * q_row, pool);
+    if (auto st = attention(q + first * q_row, q_len, q_heads, k.data(), v.data(), len, kv.kv_heads,
+                            kv.head_dim, out + first * q_row, pool);
         !st)
       return st;
   }

@@ -16,7 +16,8 @@ namespace mxq {
 // position; the math is cpu/attention's (gathered into a contiguous cache, then the same call).
 // Refuses a decreasing cu_seqlens, q_len > seq_len, a seq_len beyond max_blocks * block_size, a block id
 // outside [0, num_blocks), or what cpu/attention refuses.
-Status attention_prefill(const float* q, const int32_t* cu_seqlens, const int32_t* seq_lens, int64_t sequences,
-                         int64_t q_heads, const PagedKvView& kv, float* out, ThreadPool& pool = default_pool());
+Status attention_prefill(const float* q, const int32_t* cu_seqlens, const int32_t* seq_lens,
+                         int64_t sequences, int64_t q_heads, const PagedKvView& kv, float* out,
+                         ThreadPool& pool = default_pool());
 
 }  // namespace mxq

@@ -26,8 +26,8 @@ Status moe_route(const float* logits, int64_t tokens, int64_t experts, int64_t t
   return {};
 }
 
-void moe_combine(const float* y, int64_t width, const int32_t* ids, const float* weights, const int32_t* row_of,
-                 int64_t tokens, int64_t top_k, float* out) {
+void moe_combine(const float* y, int64_t width, const int32_t* ids, const float* weights,
+                 const int32_t* row_of, int64_t tokens, int64_t top_k, float* out) {
   std::vector<int64_t> order(static_cast<size_t>(top_k));
   for (int64_t t = 0; t < tokens; ++t) {
     std::iota(order.begin(), order.end(), t * top_k);

@@ -21,7 +21,7 @@ Status moe_route(const float* logits, int64_t tokens, int64_t experts, int64_t t
 // out[t, :] = Σ over token t's choices in increasing expert id of weights[t, j] · y[row_of[t, j], :], each
 // term rounded as f32 multiply then f32 add starting from 0: the rounding of Backend::scatter_add_rows in
 // model/qwen3.cpp's expert loop. y: [tokens * top_k, width]; out: [tokens, width].
-void moe_combine(const float* y, int64_t width, const int32_t* ids, const float* weights, const int32_t* row_of,
-                 int64_t tokens, int64_t top_k, float* out);
+void moe_combine(const float* y, int64_t width, const int32_t* ids, const float* weights,
+                 const int32_t* row_of, int64_t tokens, int64_t top_k, float* out);
 
 }  // namespace mxq

@@ -8,10 +8,10 @@
 
 namespace mxq {
 
-Status qk_norm_rope_cache(const float* qkv, int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                          const float* q_norm, const float* k_norm, float eps, const int64_t* positions,
-                          float theta, const int32_t* slot_mapping, int64_t num_slots, float* q_out,
-                          float* k_cache, float* v_cache) {
+Status qk_norm_rope_cache(const float* qkv, int64_t tokens, int64_t q_heads, int64_t kv_heads,
+                          int64_t head_dim, const float* q_norm, const float* k_norm, float eps,
+                          const int64_t* positions, float theta, const int32_t* slot_mapping,
+                          int64_t num_slots, float* q_out, float* k_cache, float* v_cache) {
   for (int64_t t = 0; t < tokens; ++t)
     if (slot_mapping[t] >= num_slots)
       return fail("qk_norm_rope_cache: token {} maps to slot {} outside the cache of {} slots", t,

@@ -14,9 +14,9 @@ namespace mxq {
 // positions, slot_mapping: [tokens] (slot < 0: no KV write); q_out: [tokens, q_heads, head_dim];
 // k_cache, v_cache: [num_slots, kv_heads, head_dim] (cpu/paged_kv.h with num_slots = blocks * block_size).
 // Refuses a slot >= num_slots (by token) and what cpu/rope refuses.
-Status qk_norm_rope_cache(const float* qkv, int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                          const float* q_norm, const float* k_norm, float eps, const int64_t* positions,
-                          float theta, const int32_t* slot_mapping, int64_t num_slots, float* q_out,
-                          float* k_cache, float* v_cache);
+Status qk_norm_rope_cache(const float* qkv, int64_t tokens, int64_t q_heads, int64_t kv_heads,
+                          int64_t head_dim, const float* q_norm, const float* k_norm, float eps,
+                          const int64_t* positions, float theta, const int32_t* slot_mapping,
+                          int64_t num_slots, float* q_out, float* k_cache, float* v_cache);
 
 }  // namespace mxq

@@ -126,11 +126,13 @@ Result<SampledToken> sample_impl(const float* logits, int64_t vocab, const Sampl
 
 }  // namespace
 
-Result<SampledToken> sample(const float* logits, int64_t vocab, const SamplingParams& p, std::mt19937_64& rng) {
+Result<SampledToken> sample(const float* logits, int64_t vocab, const SamplingParams& p,
+                            std::mt19937_64& rng) {
   return sample_impl(logits, vocab, p, [&rng] { return rng(); });
 }
 
-Result<SampledToken> sample(const float* logits, int64_t vocab, const SamplingParams& p, uint64_t random_bits) {
+Result<SampledToken> sample(const float* logits, int64_t vocab, const SamplingParams& p,
+                            uint64_t random_bits) {
   return sample_impl(logits, vocab, p, [random_bits] { return random_bits; });
 }
 

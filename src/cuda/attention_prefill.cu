@@ -80,7 +80,8 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(const Prefi
       const int r = idx / (D / 8), ch = idx % (D / 8), key = n0 + r;
       uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
       if (key < kv_end) {
-        const int64_t slot = static_cast<int64_t>(table[key / a.block_size]) * a.block_size + key % a.block_size;
+        const int64_t slot =
+            static_cast<int64_t>(table[key / a.block_size]) * a.block_size + key % a.block_size;
         const int64_t off = (slot * a.kv_heads + kvh) * D + ch * 8;
         kv = *reinterpret_cast<const uint4*>(a.k_cache + off);
         vv = *reinterpret_cast<const uint4*>(a.v_cache + off);
@@ -166,11 +167,13 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(const Prefi
 }  // namespace
 
 cudaError_t launch_attention_prefill(const PrefillArgs& a, cudaStream_t stream) {
-  if ((a.head_dim != 64 && a.head_dim != 128) || a.q_heads < 1 || a.kv_heads < 1 || a.q_heads % a.kv_heads != 0 ||
-      a.max_tokens < 1 || a.max_seqs < 1 || a.max_blocks < 1 || a.block_size < 1 || a.q_heads > 65535 || !a.q ||
-      !a.k_cache || !a.v_cache || !a.block_tables || !a.cu_seqlens || !a.seq_lens || !a.out)
+  if ((a.head_dim != 64 && a.head_dim != 128) || a.q_heads < 1 || a.kv_heads < 1 ||
+      a.q_heads % a.kv_heads != 0 || a.max_tokens < 1 || a.max_seqs < 1 || a.max_blocks < 1 ||
+      a.block_size < 1 || a.q_heads > 65535 || !a.q || !a.k_cache || !a.v_cache || !a.block_tables ||
+      !a.cu_seqlens || !a.seq_lens || !a.out)
     return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>((a.max_tokens + BM - 1) / BM + a.max_seqs), static_cast<unsigned>(a.q_heads));
+  const dim3 grid(static_cast<unsigned>((a.max_tokens + BM - 1) / BM + a.max_seqs),
+                  static_cast<unsigned>(a.q_heads));
   if (a.head_dim == 64)
     attention_prefill_kernel<64><<<grid, kThreads, 0, stream>>>(a);
   else

@@ -1,6 +1,7 @@
 // GPU causal flash attention for a batch of variable-length query chunks over the paged KV cache (prefill and
 // chunked prefill with a cached prefix; twin: cpu/attention_prefill.h). Graph-capturable: cu_seqlens,
-// seq_lens and block tables are read on device; the grid depends on capacities only. Tensors: attention_prefill.cu.
+// seq_lens and block tables are read on device; the grid depends on capacities only. Tensors:
+// attention_prefill.cu.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,6 +21,9 @@ struct PrefillArgs {
   int max_tokens, max_seqs, max_blocks, block_size, q_heads, kv_heads, head_dim;  // head_dim 64 or 128
 };
 
+// Device-side contract the engine keeps (not checked on the device, which never syncs): cu_seqlens
+// non-decreasing with cu[max_seqs] <= max_tokens, q_len <= seq_lens[s] <= max_blocks * block_size,
+// every table entry a sequence uses is a block of the cache.
 // cudaErrorInvalidValue: head_dim not 64/128, q_heads not a multiple of kv_heads, a non-positive capacity,
 // a null pointer.
 cudaError_t launch_attention_prefill(const PrefillArgs& a, cudaStream_t stream);

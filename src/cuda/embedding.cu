@@ -35,10 +35,10 @@ __device__ __forceinline__ void store8(uint16_t* dst, uint4 raw) { *reinterpret_
 
 // One CTA per token row; each thread moves 8 elements (16 bytes of the table) per step.
 template <class Out>
-__global__ void __launch_bounds__(kThreads) embedding_kernel(const uint16_t* __restrict__ table, int64_t vocab,
-                                                             int64_t hidden, const int32_t* __restrict__ ids,
-                                                             const int32_t* __restrict__ num_tokens,
-                                                             Out* __restrict__ out, int32_t* bad_token) {
+__global__ void __launch_bounds__(kThreads)
+    embedding_kernel(const uint16_t* __restrict__ table, int64_t vocab, int64_t hidden,
+                     const int32_t* __restrict__ ids, const int32_t* __restrict__ num_tokens,
+                     Out* __restrict__ out, int32_t* bad_token) {
   const int64_t t = blockIdx.x;
   if (num_tokens && t >= *num_tokens) return;
   const int32_t id = ids[t];
@@ -54,20 +54,20 @@ template <class Out>
 cudaError_t launch(const uint16_t* table, int64_t vocab, int64_t hidden, const int32_t* ids,
                    const int32_t* num_tokens, int64_t max_tokens, Out* out, int32_t* bad_token,
                    cudaStream_t stream) {
-  if (hidden < 8 || hidden % 8 != 0 || vocab < 1 || max_tokens < 0 || max_tokens > INT_MAX || !table || !ids ||
-      !out || !bad_token)
+  if (hidden < 8 || hidden % 8 != 0 || vocab < 1 || max_tokens < 0 || max_tokens > INT_MAX || !table ||
+      !ids || !out || !bad_token)
     return cudaErrorInvalidValue;
   if (max_tokens == 0) return cudaSuccess;
-  embedding_kernel<Out><<<static_cast<unsigned>(max_tokens), kThreads, 0, stream>>>(table, vocab, hidden, ids,
-                                                                                   num_tokens, out, bad_token);
+  embedding_kernel<Out><<<static_cast<unsigned>(max_tokens), kThreads, 0, stream>>>(
+      table, vocab, hidden, ids, num_tokens, out, bad_token);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t launch_embedding_f32(const uint16_t* table, int64_t vocab, int64_t hidden, const int32_t* ids,
-                                 const int32_t* num_tokens, int64_t max_tokens, float* out, int32_t* bad_token,
-                                 cudaStream_t stream) {
+                                 const int32_t* num_tokens, int64_t max_tokens, float* out,
+                                 int32_t* bad_token, cudaStream_t stream) {
   return launch(table, vocab, hidden, ids, num_tokens, max_tokens, out, bad_token, stream);
 }
 

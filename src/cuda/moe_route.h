@@ -10,15 +10,15 @@
 namespace mxq::cuda {
 
 struct MoeRouteArgs {
-  const float* logits_f32;     // router logits [max_tokens, experts], f32 ...
-  const uint16_t* logits_bf16; // ... or bf16 (exactly one of the two)
-  const int32_t* num_tokens;   // int32 [1] (null = max_tokens)
-  int32_t* ids;                // int32 [max_tokens, top_k]: experts by descending weight, ties → lower id
-  float* weights;              // f32 [max_tokens, top_k]
-  int32_t* counts;             // int32 [experts]
-  int32_t* offsets;            // int32 [experts + 1]
-  int32_t* sorted_rows;        // int32 [max_tokens * top_k]: entries t * top_k + j grouped by expert, in order
-  int32_t* row_of;             // int32 [max_tokens, top_k]: position of entry (t, j) in sorted_rows
+  const float* logits_f32;      // router logits [max_tokens, experts], f32 ...
+  const uint16_t* logits_bf16;  // ... or bf16 (exactly one of the two)
+  const int32_t* num_tokens;    // int32 [1] (null = max_tokens)
+  int32_t* ids;                 // int32 [max_tokens, top_k]: experts by descending weight, ties → lower id
+  float* weights;               // f32 [max_tokens, top_k]
+  int32_t* counts;              // int32 [experts]
+  int32_t* offsets;             // int32 [experts + 1]
+  int32_t* sorted_rows;  // int32 [max_tokens * top_k]: entries t * top_k + j grouped by expert, in order
+  int32_t* row_of;       // int32 [max_tokens, top_k]: position of entry (t, j) in sorted_rows
   int max_tokens, experts, top_k;  // experts <= 1024, top_k <= min(32, experts)
   bool norm_topk_prob;
 };
@@ -29,7 +29,8 @@ cudaError_t launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 
 // out[t, :] = Σ_j weights[t, j] · y[row_of[t, j], :] over token t's choices in increasing expert id, f32
 // multiply then f32 add from 0 (cpu/moe_combine), rounded once to bf16. y bf16 [max_tokens * top_k, width]
-// (the grouped down_proj output, row p = sorted_rows position p); out bf16 [max_tokens, width]; width % 8 == 0.
+// (the grouped down_proj output, row p = sorted_rows position p); out bf16 [max_tokens, width]; width % 8 ==
+// 0.
 cudaError_t launch_moe_combine(const uint16_t* y, int64_t width, const int32_t* ids, const float* weights,
                                const int32_t* row_of, const int32_t* num_tokens, int max_tokens, int top_k,
                                uint16_t* out, cudaStream_t stream);

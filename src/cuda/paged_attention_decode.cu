@@ -6,11 +6,11 @@
 //   block_tables int32 [max_seqs, max_blocks]; seq_lens int32 [max_seqs] (0: padding, output zeroed)
 //   workspace    f32: partial outputs [max_seqs, Hq, P, D], then (max, sum) pairs [max_seqs, Hq, P, 2], with
 //                P = ceil(max_blocks * block_size / kPart)
-// Kernel 1, grid (P, Hkv * head_splits, max_seqs): one CTA per (partition of kPart positions, KV head, sequence)
-// serves up to 8 query heads of the group, so K and V are read once per group. Scores in f32 (dot · 1/sqrt(D)),
-// softmax in f32 with the partition max subtracted (expf). A sequence of one partition is written to `out`
-// directly; longer ones leave (unnormalised partial, max, sum) per partition.
-// Kernel 2, grid (Hq, max_seqs): log-sum-exp merge of the partitions, out = Σ e^(m_p - M) o_p / Σ e^(m_p - M) l_p.
+// Kernel 1, grid (P, Hkv * head_splits, max_seqs): one CTA per (partition of kPart positions, KV head,
+// sequence) serves up to 8 query heads of the group, so K and V are read once per group. Scores in f32 (dot ·
+// 1/sqrt(D)), softmax in f32 with the partition max subtracted (expf). A sequence of one partition is written
+// to `out` directly; longer ones leave (unnormalised partial, max, sum) per partition. Kernel 2, grid (Hq,
+// max_seqs): log-sum-exp merge of the partitions, out = Σ e^(m_p - M) o_p / Σ e^(m_p - M) l_p.
 #include <cuda_bf16.h>
 
 #include "cuda/paged_attention_decode.h"
@@ -19,13 +19,17 @@ namespace mxq::cuda {
 namespace {
 
 constexpr int kThreads = 128, kWarps = kThreads / 32;
-constexpr int kPart = 512;      // positions per partition (split-K unit)
-constexpr int kMaxHeads = 8;    // query heads one CTA serves; larger groups split over grid.y
+constexpr int kPart =
+    256;  // positions per partition (split-K unit; 256 gives a 4k-token sequence 16 x Hkv CTAs)
+constexpr int kMaxHeads = 8;
+constexpr int kUnroll = 4;  // positions a thread loads before using them    // query heads one CTA serves;
+                            // larger groups split over grid.y
 
 __device__ __forceinline__ void unpack8(uint4 r, float* f) {
   const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+  for (int i = 0; i < 4; ++i)
+    f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
 }
 
 int partitions(int max_blocks, int block_size) {
@@ -34,8 +38,8 @@ int partitions(int max_blocks, int block_size) {
 
 // TPT threads share a position (8 elements of D each); NT positions are in flight per CTA pass.
 template <int D, int G>
-__global__ void __launch_bounds__(kThreads) decode_partition_kernel(const PagedDecodeArgs a, int head_splits,
-                                                                    int num_parts) {
+__global__ void __launch_bounds__(kThreads)
+    decode_partition_kernel(const PagedDecodeArgs a, int head_splits, int num_parts) {
   constexpr int TPT = D / 8, NT = kThreads / TPT;
   __shared__ float probs[G][kPart];
   __shared__ float row_max[G], row_sum[G];
@@ -57,8 +61,9 @@ __global__ void __launch_bounds__(kThreads) decode_partition_kernel(const PagedD
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     if (g < nh) {
-      unpack8(*reinterpret_cast<const uint4*>(a.q + (static_cast<int64_t>(s) * a.q_heads + h0 + g) * D + 8 * c),
-              qf[g]);
+      unpack8(
+          *reinterpret_cast<const uint4*>(a.q + (static_cast<int64_t>(s) * a.q_heads + h0 + g) * D + 8 * c),
+          qf[g]);
     } else {
 #pragma unroll
       for (int j = 0; j < 8; ++j) qf[g][j] = 0.0f;
@@ -71,18 +76,29 @@ __global__ void __launch_bounds__(kThreads) decode_partition_kernel(const PagedD
   };
 
   // Scores: each position's TPT threads reduce their partial dots with shuffles (all lanes take part).
-  for (int i0 = 0; i0 < n; i0 += NT) {
-    const int i = i0 + tg;
-    float kf[8] = {};
-    if (i < n) unpack8(*reinterpret_cast<const uint4*>(a.k_cache + entry(start + i)), kf);
+  // note: kUnroll positions' loads are issued before any math, so a thread keeps several 16-byte reads in
+  // flight (one at a time left batch-1 decode latency-bound).
+  for (int i0 = 0; i0 < n; i0 += NT * kUnroll) {
+    uint4 raw[kUnroll];
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float dot = 0.0f;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * NT + tg;
+      raw[u] = i < n ? *reinterpret_cast<const uint4*>(a.k_cache + entry(start + i)) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-      for (int j = 0; j < 8; ++j) dot += qf[g][j] * kf[j];
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * NT + tg;
+      float kf[8];
+      unpack8(raw[u], kf);
 #pragma unroll
-      for (int o = TPT / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
-      if (c == 0 && i < n && g < nh) probs[g][i] = dot * scale;
+      for (int g = 0; g < G; ++g) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) dot += qf[g][j] * kf[j];
+#pragma unroll
+        for (int o = TPT / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
+        if (c == 0 && i < n && g < nh) probs[g][i] = dot * scale;
+      }
     }
   }
   __syncthreads();
@@ -108,14 +124,25 @@ __global__ void __launch_bounds__(kThreads) decode_partition_kernel(const PagedD
 
   // P · V: thread (tg, c) accumulates dims [8c, 8c + 8) over positions tg, tg + NT, ...
   float acc[G][8] = {};
-  for (int i = tg; i < n; i += NT) {
-    float vf[8];
-    unpack8(*reinterpret_cast<const uint4*>(a.v_cache + entry(start + i)), vf);
+  for (int i0 = tg; i0 < n; i0 += NT * kUnroll) {
+    uint4 raw[kUnroll];
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const float p = g < nh ? probs[g][i] : 0.0f;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * NT;
+      raw[u] = i < n ? *reinterpret_cast<const uint4*>(a.v_cache + entry(start + i)) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[g][j] += p * vf[j];
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * NT;
+      if (i >= n) break;
+      float vf[8];
+      unpack8(raw[u], vf);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float p = g < nh ? probs[g][i] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[g][j] += p * vf[j];
+      }
     }
   }
 
@@ -158,7 +185,8 @@ __global__ void __launch_bounds__(kThreads) decode_merge_kernel(const PagedDecod
   const int np = (len + kPart - 1) / kPart;
   if (np == 1) return;  // written by the partition kernel
   const float* tmp = a.workspace + sh * num_parts * D;
-  const float* ml = a.workspace + static_cast<int64_t>(a.max_seqs) * a.q_heads * num_parts * D + sh * num_parts * 2;
+  const float* ml =
+      a.workspace + static_cast<int64_t>(a.max_seqs) * a.q_heads * num_parts * D + sh * num_parts * 2;
   float m = -INFINITY;
   for (int p = 0; p < np; ++p) m = fmaxf(m, ml[2 * p]);
   float l = 0.0f;
@@ -187,8 +215,9 @@ cudaError_t launch_d(const PagedDecodeArgs& a, cudaStream_t stream) {
   else
     decode_partition_kernel<D, 8><<<grid, kThreads, 0, stream>>>(a, splits, np);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  decode_merge_kernel<D><<<dim3(static_cast<unsigned>(a.q_heads), static_cast<unsigned>(a.max_seqs)), kThreads, 0,
-                           stream>>>(a, np);
+  decode_merge_kernel<D>
+      <<<dim3(static_cast<unsigned>(a.q_heads), static_cast<unsigned>(a.max_seqs)), kThreads, 0, stream>>>(
+          a, np);
   return cudaGetLastError();
 }
 
@@ -201,9 +230,10 @@ size_t paged_attention_decode_workspace_bytes(int max_seqs, int q_heads, int hea
 }
 
 cudaError_t launch_paged_attention_decode(const PagedDecodeArgs& a, cudaStream_t stream) {
-  if ((a.head_dim != 64 && a.head_dim != 128) || a.q_heads < 1 || a.kv_heads < 1 || a.q_heads % a.kv_heads != 0 ||
-      a.max_seqs < 1 || a.max_seqs > 65535 || a.max_blocks < 1 || a.block_size < 1 || !a.q || !a.k_cache ||
-      !a.v_cache || !a.block_tables || !a.seq_lens || !a.workspace || !a.out)
+  if ((a.head_dim != 64 && a.head_dim != 128) || a.q_heads < 1 || a.kv_heads < 1 ||
+      a.q_heads % a.kv_heads != 0 || a.max_seqs < 1 || a.max_seqs > 65535 || a.max_blocks < 1 ||
+      a.block_size < 1 || !a.q || !a.k_cache || !a.v_cache || !a.block_tables || !a.seq_lens ||
+      !a.workspace || !a.out)
     return cudaErrorInvalidValue;
   return a.head_dim == 64 ? launch_d<64>(a, stream) : launch_d<128>(a, stream);
 }

@@ -4,9 +4,9 @@
 //   w        bf16 [dim] (input_layernorm / post_attention_layernorm / model.norm)
 //   out      bf16 [max_tokens, dim] (the next linear's input)
 //   num_tokens int32 [1] on device (null = max_tokens); rows at or past it are untouched.
-// Numerics: sum of squares in f32 (tree order, not the CPU's 8 lanes), inv = 1 / sqrt(sum / dim + eps) with IEEE
-// sqrt and division, out = w * (x * inv) rounded once to bf16. The residual add is the same single f32 add
-// as the CPU twin, so residual is bitwise equal to it.
+// Numerics: sum of squares in f32 (tree order, not the CPU's 8 lanes), inv = 1 / sqrt(sum / dim + eps) with
+// IEEE sqrt and division, out = w * (x * inv) rounded once to bf16. The residual add is the same single f32
+// add as the CPU twin, so residual is bitwise equal to it.
 #include <cuda_bf16.h>
 
 #include <climits>
@@ -77,10 +77,9 @@ __device__ void normalise_row(const In* src, const uint16_t* __restrict__ w, flo
 }
 
 template <class In>
-__global__ void __launch_bounds__(kThreads) rms_norm_kernel(const In* __restrict__ x, const uint16_t* __restrict__ w,
-                                                            float eps, int64_t dim,
-                                                            const int32_t* __restrict__ num_tokens,
-                                                            uint16_t* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads)
+    rms_norm_kernel(const In* __restrict__ x, const uint16_t* __restrict__ w, float eps, int64_t dim,
+                    const int32_t* __restrict__ num_tokens, uint16_t* __restrict__ out) {
   const int64_t t = blockIdx.x;
   if (num_tokens && t >= *num_tokens) return;
   const In* row = x + t * dim;
@@ -94,10 +93,10 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const In* __restrict
   normalise_row(row, w, eps, dim, out + t * dim, block_sum(sq));
 }
 
-__global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(const uint16_t* __restrict__ x, float* residual,
-                                                                const uint16_t* __restrict__ w, float eps,
-                                                                int64_t dim, const int32_t* __restrict__ num_tokens,
-                                                                uint16_t* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads)
+    add_rms_norm_kernel(const uint16_t* __restrict__ x, float* residual, const uint16_t* __restrict__ w,
+                        float eps, int64_t dim, const int32_t* __restrict__ num_tokens,
+                        uint16_t* __restrict__ out) {
   const int64_t t = blockIdx.x;
   if (num_tokens && t >= *num_tokens) return;
   float* res = residual + t * dim;
@@ -129,8 +128,8 @@ cudaError_t launch_rms_norm_f32(const float* x, const uint16_t* w, float eps, in
                                 cudaStream_t stream) {
   if (bad_shape(dim, max_tokens) || !x || !w || !out) return cudaErrorInvalidValue;
   if (max_tokens == 0) return cudaSuccess;
-  rms_norm_kernel<float><<<static_cast<unsigned>(max_tokens), kThreads, 0, stream>>>(x, w, eps, dim, num_tokens,
-                                                                                    out);
+  rms_norm_kernel<float>
+      <<<static_cast<unsigned>(max_tokens), kThreads, 0, stream>>>(x, w, eps, dim, num_tokens, out);
   return cudaGetLastError();
 }
 
@@ -139,8 +138,8 @@ cudaError_t launch_rms_norm_bf16(const uint16_t* x, const uint16_t* w, float eps
                                  cudaStream_t stream) {
   if (bad_shape(dim, max_tokens) || !x || !w || !out) return cudaErrorInvalidValue;
   if (max_tokens == 0) return cudaSuccess;
-  rms_norm_kernel<uint16_t><<<static_cast<unsigned>(max_tokens), kThreads, 0, stream>>>(x, w, eps, dim,
-                                                                                       num_tokens, out);
+  rms_norm_kernel<uint16_t>
+      <<<static_cast<unsigned>(max_tokens), kThreads, 0, stream>>>(x, w, eps, dim, num_tokens, out);
   return cudaGetLastError();
 }
 
@@ -150,7 +149,7 @@ cudaError_t launch_add_rms_norm(const uint16_t* x, float* residual, const uint16
   if (bad_shape(dim, max_tokens) || !x || !residual || !w || !out) return cudaErrorInvalidValue;
   if (max_tokens == 0) return cudaSuccess;
   add_rms_norm_kernel<<<static_cast<unsigned>(max_tokens), kThreads, 0, stream>>>(x, residual, w, eps, dim,
-                                                                                 num_tokens, out);
+                                                                                  num_tokens, out);
   return cudaGetLastError();
 }
 

@@ -17,8 +17,8 @@ cudaError_t launch_rms_norm_bf16(const uint16_t* x, const uint16_t* w, float eps
                                  const int32_t* num_tokens, int64_t max_tokens, uint16_t* out,
                                  cudaStream_t stream);
 
-// residual[t] += x[t] (f32 += bf16, exact add order of cpu/add_rms_norm), out[t] = rms_norm(residual[t]) bf16.
-// dim % 8 == 0.
+// residual[t] += x[t] (f32 += bf16, exact add order of cpu/add_rms_norm), out[t] = rms_norm(residual[t])
+// bf16. dim % 8 == 0.
 cudaError_t launch_add_rms_norm(const uint16_t* x, float* residual, const uint16_t* w, float eps, int64_t dim,
                                 const int32_t* num_tokens, int64_t max_tokens, uint16_t* out,
                                 cudaStream_t stream);

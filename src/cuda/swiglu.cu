@@ -25,10 +25,9 @@ __device__ __forceinline__ uint32_t silu_mul2(uint32_t g, uint32_t u) {
 }
 
 // grid (max_tokens, ceil(width / (8 * kThreads)))
-__global__ void __launch_bounds__(kThreads) swiglu_kernel(const uint16_t* __restrict__ gate,
-                                                          const uint16_t* __restrict__ up, int64_t stride,
-                                                          int64_t width, const int32_t* __restrict__ num_tokens,
-                                                          uint16_t* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads)
+    swiglu_kernel(const uint16_t* __restrict__ gate, const uint16_t* __restrict__ up, int64_t stride,
+                  int64_t width, const int32_t* __restrict__ num_tokens, uint16_t* __restrict__ out) {
   const int64_t t = blockIdx.x;
   if (num_tokens && t >= *num_tokens) return;
   const int64_t c = (static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x) * 8;
@@ -44,7 +43,8 @@ cudaError_t launch(const uint16_t* gate, const uint16_t* up, int64_t stride, int
   if (width < 8 || width % 8 != 0 || max_tokens < 0 || max_tokens > INT_MAX || !gate || !up || !out)
     return cudaErrorInvalidValue;
   if (max_tokens == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>(max_tokens), static_cast<unsigned>((width / 8 + kThreads - 1) / kThreads));
+  const dim3 grid(static_cast<unsigned>(max_tokens),
+                  static_cast<unsigned>((width / 8 + kThreads - 1) / kThreads));
   swiglu_kernel<<<grid, kThreads, 0, stream>>>(gate, up, stride, width, num_tokens, out);
   return cudaGetLastError();
 }

@@ -43,7 +43,8 @@ TEST(MoeRouteTwin, GroupingAndCombineFollowTheExpertLoop) {
   EXPECT_EQ(offsets[E], T * K);
   std::vector<float> out(T * H, NAN);
   moe_combine(y.data(), H, ids.data(), w.data(), row_of.data(), T, K, out.data());
-  for (size_t i = 0; i < out.size(); ++i) ASSERT_FLOAT_EQ(out[i], want[i]) << i;
+  // note: same terms in the same (expert) order; only FMA contraction may differ between the two loops
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-5f) << i;
 }
 
 }  // namespace

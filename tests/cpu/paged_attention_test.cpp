@@ -16,8 +16,8 @@ namespace mxq {
 namespace {
 
 struct Paged {
-  std::vector<float> k, v;        // [num_blocks * block_size, kv_heads, head_dim]
-  std::vector<int32_t> tables;    // [sequences, max_blocks]
+  std::vector<float> k, v;                 // [num_blocks * block_size, kv_heads, head_dim]
+  std::vector<int32_t> tables;             // [sequences, max_blocks]
   std::vector<std::vector<float>> kc, vc;  // per sequence, contiguous [len, kv_heads, head_dim]
   PagedKvView view;
 };
@@ -25,7 +25,8 @@ struct Paged {
 Paged make_paged(std::mt19937_64& rng, const std::vector<int32_t>& lens, int64_t bs, int64_t hkv, int64_t d) {
   Paged p;
   int64_t blocks = 2, max_blocks = 1;
-  for (int32_t l : lens) blocks += (l + bs - 1) / bs, max_blocks = std::max<int64_t>(max_blocks, (l + bs - 1) / bs);
+  for (int32_t l : lens)
+    blocks += (l + bs - 1) / bs, max_blocks = std::max<int64_t>(max_blocks, (l + bs - 1) / bs);
   std::vector<int32_t> perm(static_cast<size_t>(blocks));
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
@@ -58,8 +59,8 @@ TEST(AttentionPrefillTwin, BitwiseEqualsContiguousAttention) {
   Paged p = make_paged(rng, lens, bs, hkv, d);
   const auto q = test::random_floats(rng, static_cast<size_t>(cu.back() * hq * d));
   std::vector<float> out(q.size(), NAN);
-  ASSERT_TRUE(attention_prefill(q.data(), cu.data(), lens.data(), static_cast<int64_t>(seqs.size()), hq, p.view,
-                                out.data()));
+  ASSERT_TRUE(attention_prefill(q.data(), cu.data(), lens.data(), static_cast<int64_t>(seqs.size()), hq,
+                                p.view, out.data()));
   for (size_t s = 0; s < seqs.size(); ++s) {
     if (seqs[s].first == 0) continue;
     std::vector<float> want(static_cast<size_t>(seqs[s].first * hq * d));
@@ -80,9 +81,10 @@ TEST(PagedAttentionDecodeTwin, BitwiseEqualsContiguousAttentionAndZeroesPadding)
                                      out.data()));
   for (size_t s = 0; s < lens.size(); ++s) {
     std::vector<float> want(static_cast<size_t>(hq * d), 0.0f);
-    if (lens[s] > 0)
+    if (lens[s] > 0) {
       ASSERT_TRUE(attention(q.data() + s * hq * d, 1, hq, p.kc[s].data(), p.vc[s].data(), lens[s], hkv, d,
                             want.data()));
+    }
     for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(out[s * hq * d + i], want[i]) << "seq " << s;
   }
 }

@@ -48,9 +48,10 @@ TEST(QkNormRopeCacheTwin, BitwiseEqualsSeparateSteps) {
       ASSERT_EQ(vc[slots[t] * hkv * d + i], qkv[t * width + (hq + hkv) * d + i]) << "token " << t;
     }
   }
-  for (int64_t s = 0; s < slots_n; ++s)
-    if (std::find(slots.begin(), slots.end(), s) == slots.end())
-      for (int64_t i = 0; i < hkv * d; ++i) ASSERT_EQ(kc[s * hkv * d + i], -7.0f) << "unmapped slot " << s;
+  for (int64_t s = 0; s < slots_n; ++s) {
+    if (std::find(slots.begin(), slots.end(), s) != slots.end()) continue;
+    for (int64_t i = 0; i < hkv * d; ++i) ASSERT_EQ(kc[s * hkv * d + i], -7.0f) << "unmapped slot " << s;
+  }
   slots[4] = static_cast<int32_t>(slots_n);
   auto st = qk_norm_rope_cache(qkv.data(), T, hq, hkv, d, qn.data(), kn.data(), eps, pos.data(), theta,
                                slots.data(), slots_n, q.data(), kc.data(), vc.data());

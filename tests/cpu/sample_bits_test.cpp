@@ -32,7 +32,9 @@ TEST(SampleWithBits, EqualsTheGeneratorPathOnTheSameDraw) {
     ASSERT_TRUE(a && b);
     EXPECT_EQ(a->id, b->id) << i;
     EXPECT_EQ(a->logprob, b->logprob) << i;
-    if (p.temperature < 1e-5f) EXPECT_EQ(gen, copy) << "greedy must not draw";
+    if (p.temperature < 1e-5f) {
+      EXPECT_EQ(gen, copy) << "greedy must not draw";
+    }
   }
 }
 

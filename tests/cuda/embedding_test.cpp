@@ -30,7 +30,8 @@ TEST_P(Embedding, BitwiseEqualsCpuTwin) {
   std::vector<int32_t> ids(static_cast<size_t>(c.capacity));
   for (auto& i : ids) i = id_dist(rng);
   std::vector<float> ref(static_cast<size_t>(c.tokens * c.hidden));
-  const WeightView view{Format::kBF16, c.vocab, c.hidden, reinterpret_cast<const uint8_t*>(table.data()), nullptr};
+  const WeightView view{Format::kBF16, c.vocab, c.hidden, reinterpret_cast<const uint8_t*>(table.data()),
+                        nullptr};
   ASSERT_TRUE(embedding(ids.data(), c.tokens, view, ref.data()));
 
   auto dt = test::must(test::upload(table));
@@ -61,8 +62,9 @@ TEST_P(Embedding, BitwiseEqualsCpuTwin) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Embedding,
-                         ::testing::Values(EmbCase{1, 8, 1, 1}, EmbCase{4096, 384, 7, 9}, EmbCase{5000, 1000, 33, 33},
-                                           EmbCase{151936, 4096, 5, 16}, EmbCase{300, 2056, 130, 200}));
+                         ::testing::Values(EmbCase{1, 8, 1, 1}, EmbCase{4096, 384, 7, 9},
+                                           EmbCase{5000, 1000, 33, 33}, EmbCase{151936, 4096, 5, 16},
+                                           EmbCase{300, 2056, 130, 200}));
 
 TEST(EmbeddingBadIds, FlaggedOnDeviceWithZeroRowsNotRead) {
   const uint64_t seed = test::fresh_seed();
@@ -71,16 +73,19 @@ TEST(EmbeddingBadIds, FlaggedOnDeviceWithZeroRowsNotRead) {
   const int64_t vocab = 100, hidden = 64;
   const auto table = test::normal_bf16(rng, static_cast<size_t>(vocab * hidden));
   const std::vector<int32_t> ids = {3, 99, 100, -1, 5, INT_MAX};
-  const WeightView view{Format::kBF16, vocab, hidden, reinterpret_cast<const uint8_t*>(table.data()), nullptr};
+  const WeightView view{Format::kBF16, vocab, hidden, reinterpret_cast<const uint8_t*>(table.data()),
+                        nullptr};
   std::vector<float> ref(ids.size() * hidden);
-  EXPECT_FALSE(embedding(ids.data(), static_cast<int64_t>(ids.size()), view, ref.data()));  // the twin refuses
+  EXPECT_FALSE(
+      embedding(ids.data(), static_cast<int64_t>(ids.size()), view, ref.data()));  // the twin refuses
   auto dt = test::must(test::upload(table));
   auto di = test::must(test::upload(ids));
   auto dbad = test::must(test::upload(std::vector<int32_t>{INT_MAX}));
   auto of = test::must(test::poisoned<float>(ids.size() * hidden));
-  ASSERT_EQ(launch_embedding_f32(dt.as<uint16_t>(), vocab, hidden, di.as<int32_t>(), nullptr,
-                                 static_cast<int64_t>(ids.size()), of.as<float>(), dbad.as<int32_t>(), nullptr),
-            cudaSuccess);
+  ASSERT_EQ(
+      launch_embedding_f32(dt.as<uint16_t>(), vocab, hidden, di.as<int32_t>(), nullptr,
+                           static_cast<int64_t>(ids.size()), of.as<float>(), dbad.as<int32_t>(), nullptr),
+      cudaSuccess);
   const auto f = test::must(test::download<float>(of, ids.size() * hidden));
   EXPECT_EQ(test::must(test::download<int32_t>(dbad, 1))[0], 2);  // the first bad token
   for (size_t t = 0; t < ids.size(); ++t)

@@ -1,5 +1,5 @@
-// Helpers shared by the GPU tests of the engine ops (embedding .. moe_route): bf16 test data, device upload of
-// any vector, and a per-element tolerance check against the f32 CPU twin.
+// Helpers shared by the GPU tests of the engine ops (embedding .. moe_route): bf16 test data, device upload
+// of any vector, and a per-element tolerance check against the f32 CPU twin.
 #pragma once
 
 #include <gtest/gtest.h>

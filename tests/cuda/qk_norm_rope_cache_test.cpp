@@ -43,7 +43,8 @@ TEST_P(QkNormRopeCache, MatchesCpuTwin) {
   const auto inv_freq = *rope_inv_freq(theta, D);
 
   const size_t kv_elems = static_cast<size_t>(c.num_slots) * c.kv_heads * D;
-  std::vector<float> q_ref(static_cast<size_t>(c.tokens) * c.q_heads * D), k_ref(kv_elems, NAN), v_ref(kv_elems, NAN);
+  std::vector<float> q_ref(static_cast<size_t>(c.tokens) * c.q_heads * D), k_ref(kv_elems, NAN),
+      v_ref(kv_elems, NAN);
   const auto qkvf = test::to_f32(qkv), qnf = test::to_f32(qn), knf = test::to_f32(kn);
   const std::vector<int64_t> pos64(pos.begin(), pos.end());
   ASSERT_TRUE(qk_norm_rope_cache(qkvf.data(), c.tokens, c.q_heads, c.kv_heads, D, qnf.data(), knf.data(), eps,
@@ -74,9 +75,10 @@ TEST_P(QkNormRopeCache, MatchesCpuTwin) {
   const auto gk = test::must(test::download<uint16_t>(dk, kv_elems));
   const auto gv = test::must(test::download<uint16_t>(dv, kv_elems));
   EXPECT_EQ(test::must(test::download<int32_t>(dbad, 1))[0], INT_MAX);
-  // note: |values| after the norm are O(|w|); the atol covers sincosf vs f64 cos/sin on near-cancelling pairs.
-  test::expect_close_bf16({gq.begin(), gq.begin() + static_cast<int64_t>(q_ref.size())}, q_ref, test::kBf16Rtol,
-                          1e-4, "q");
+  // note: |values| after the norm are O(|w|); the atol covers sincosf vs f64 cos/sin on near-cancelling
+  // pairs.
+  test::expect_close_bf16({gq.begin(), gq.begin() + static_cast<int64_t>(q_ref.size())}, q_ref,
+                          test::kBf16Rtol, 1e-4, "q");
   for (size_t i = q_ref.size(); i < q_cap; ++i) ASSERT_EQ(gq[i], 0xFFFF) << "q row past num_tokens written";
   std::vector<uint16_t> gk_w;
   std::vector<float> k_w;
@@ -115,9 +117,23 @@ TEST(QkNormRopeCacheSlots, SlotPastTheCacheIsFlaggedNotWritten) {
   auto dq = test::must(test::poisoned<uint16_t>(static_cast<size_t>(T) * hq * D));
   auto dk = test::must(test::poisoned<uint16_t>(static_cast<size_t>(slots_n) * hkv * D));
   auto dv = test::must(test::poisoned<uint16_t>(static_cast<size_t>(slots_n) * hkv * D));
-  QkNormRopeArgs a{dqkv.as<uint16_t>(), dw.as<uint16_t>(), dw.as<uint16_t>(), dfreq.as<float>(),
-                   dpos.as<int32_t>(), dslot.as<int32_t>(), nullptr, dq.as<uint16_t>(), dk.as<uint16_t>(),
-                   dv.as<uint16_t>(), dbad.as<int32_t>(), T, slots_n, hq, hkv, D, 1e-6f};
+  QkNormRopeArgs a{dqkv.as<uint16_t>(),
+                   dw.as<uint16_t>(),
+                   dw.as<uint16_t>(),
+                   dfreq.as<float>(),
+                   dpos.as<int32_t>(),
+                   dslot.as<int32_t>(),
+                   nullptr,
+                   dq.as<uint16_t>(),
+                   dk.as<uint16_t>(),
+                   dv.as<uint16_t>(),
+                   dbad.as<int32_t>(),
+                   T,
+                   slots_n,
+                   hq,
+                   hkv,
+                   D,
+                   1e-6f};
   ASSERT_EQ(launch_qk_norm_rope_cache(a, nullptr), cudaSuccess);
   EXPECT_EQ(test::must(test::download<int32_t>(dbad, 1))[0], 1);
   const auto gk = test::must(test::download<uint16_t>(dk, static_cast<size_t>(slots_n) * hkv * D));

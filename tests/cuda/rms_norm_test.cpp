@@ -60,7 +60,8 @@ TEST_P(RmsNorm, MatchesCpuTwin) {
   const auto g3 = test::must(test::download<uint16_t>(o3, cap));
   const auto gres = test::must(test::download<float>(dres, cap));
   const std::vector<uint16_t> h1(g1.begin(), g1.begin() + static_cast<int64_t>(n)),
-      h2(g2.begin(), g2.begin() + static_cast<int64_t>(n)), h3(g3.begin(), g3.begin() + static_cast<int64_t>(n));
+      h2(g2.begin(), g2.begin() + static_cast<int64_t>(n)),
+      h3(g3.begin(), g3.begin() + static_cast<int64_t>(n));
   test::expect_close_bf16(h1, ref1, test::kBf16Rtol, 1e-6, "rms_norm_f32");
   test::expect_close_bf16(h2, ref2, test::kBf16Rtol, 1e-6, "rms_norm_bf16");
   test::expect_close_bf16(h3, ref3, test::kBf16Rtol, 1e-6, "add_rms_norm out");
@@ -78,7 +79,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RmsNorm,
                                            NormCase{8192, 3, 4}));
 
 TEST(RmsNormArgs, RefusesDimNotMultipleOf8) {
-  EXPECT_EQ(launch_rms_norm_f32(nullptr, nullptr, 1e-6f, 12, nullptr, 1, nullptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(launch_rms_norm_f32(nullptr, nullptr, 1e-6f, 12, nullptr, 1, nullptr, nullptr),
+            cudaErrorInvalidValue);
 }
 
 }  // namespace

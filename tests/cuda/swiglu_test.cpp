@@ -46,16 +46,17 @@ TEST_P(Swiglu, MatchesCpuTwin) {
             cudaSuccess);
   const auto g1 = test::must(test::download<uint16_t>(o1, cap));
   const auto g2 = test::must(test::download<uint16_t>(o2, cap));
-  test::expect_close_bf16({g1.begin(), g1.begin() + static_cast<int64_t>(n)}, ref_fused, test::kBf16Rtol, 1e-30,
-                          "fused");
+  test::expect_close_bf16({g1.begin(), g1.begin() + static_cast<int64_t>(n)}, ref_fused, test::kBf16Rtol,
+                          1e-30, "fused");
   test::expect_close_bf16({g2.begin(), g2.begin() + static_cast<int64_t>(n)}, ref_sep, test::kBf16Rtol, 1e-30,
                           "separate");
   for (size_t i = n; i < cap; ++i) ASSERT_EQ(g1[i] & g2[i], 0xFFFF) << "row past num_tokens written at " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Swiglu,
-                         ::testing::Values(SwigluCase{8, 1, 1}, SwigluCase{1152, 7, 9}, SwigluCase{768, 33, 33},
-                                           SwigluCase{12288, 4, 4}, SwigluCase{3000, 65, 80}));
+                         ::testing::Values(SwigluCase{8, 1, 1}, SwigluCase{1152, 7, 9},
+                                           SwigluCase{768, 33, 33}, SwigluCase{12288, 4, 4},
+                                           SwigluCase{3000, 65, 80}));
 
 }  // namespace
 }  // namespace mxq::cuda
