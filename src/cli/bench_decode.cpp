@@ -80,10 +80,9 @@ Footprint footprint(const LoadedModel& m) {
   return f;
 }
 
-
 #if MXQ_HAVE_CUDA
-// Device-to-device copy bandwidth, bytes read + written per second (median of 5 copies of 1 GiB, CUDA events):
-// the ceiling a decode step that streams its weights once can reach.
+// Device-to-device copy bandwidth, bytes read + written per second (median of 5 copies of 1 GiB, CUDA
+// events): the ceiling a decode step that streams its weights once can reach.
 Result<double> copy_gbps() {
   const size_t n = size_t{1} << 30;
   void *a = nullptr, *b = nullptr;
@@ -136,11 +135,12 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
   const Footprint f = footprint(*m);
   const std::string name = std::filesystem::path(dir).filename().string();
   const std::string fmt_name(traits(m->linear_format).name);
-  const std::string params = fmt::format("{:.2f} B", f.params / 1e9), size = fmt::format("{:.2f} GiB", f.bytes / 1073741824.0);
-  fmt::print("| {:<16} | {:>8} | {:>8} | {:>9} | {:>5} | {:>6} | {:>10} | {:>9} | {:>11} |\n", "model", "format",
-             "params", "size", "batch", "test", "tok/s", "GB/s", "% roofline");
-  fmt::print("|{:-<18}|{:->10}|{:->10}|{:->11}|{:->7}|{:->8}|{:->12}|{:->11}|{:->13}|\n", "", "", "", "", "", "", "",
-             "", "");
+  const std::string params = fmt::format("{:.2f} B", f.params / 1e9),
+                    size = fmt::format("{:.2f} GiB", f.bytes / 1073741824.0);
+  fmt::print("| {:<16} | {:>8} | {:>8} | {:>9} | {:>5} | {:>6} | {:>10} | {:>9} | {:>11} |\n", "model",
+             "format", "params", "size", "batch", "test", "tok/s", "GB/s", "% roofline");
+  fmt::print("|{:-<18}|{:->10}|{:->10}|{:->11}|{:->7}|{:->8}|{:->12}|{:->11}|{:->13}|\n", "", "", "", "", "",
+             "", "", "", "");
   std::mt19937 rng(0);
   for (int32_t batch : o.batch) {
     if (batch < 1) return bad(fmt::format("--batch {}: expected >= 1", batch));
@@ -185,16 +185,16 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
     // note: a decode step streams the active weights once whatever the batch (KV reads are left out: short
     // contexts), so the roofline is copy bandwidth / bytes per step.
     const double gbps = f.active_bytes * steps_per_s / 1e9;
-    fmt::print("| {:<16} | {:>8} | {:>8} | {:>9} | {:>5} | {:>6} | {:>10.1f} | {:>9} | {:>11} |\n", name, fmt_name,
-               params, size, batch, fmt::format("pp{}", o.pp), pp_tps, "-", "-");
-    fmt::print("| {:<16} | {:>8} | {:>8} | {:>9} | {:>5} | {:>6} | {:>10.1f} | {:>9.0f} | {:>10.1f}% |\n", name,
-               fmt_name, params, size, batch, fmt::format("tg{}", o.tg), steps_per_s * batch, gbps,
+    fmt::print("| {:<16} | {:>8} | {:>8} | {:>9} | {:>5} | {:>6} | {:>10.1f} | {:>9} | {:>11} |\n", name,
+               fmt_name, params, size, batch, fmt::format("pp{}", o.pp), pp_tps, "-", "-");
+    fmt::print("| {:<16} | {:>8} | {:>8} | {:>9} | {:>5} | {:>6} | {:>10.1f} | {:>9.0f} | {:>10.1f}% |\n",
+               name, fmt_name, params, size, batch, fmt::format("tg{}", o.tg), steps_per_s * batch, gbps,
                100 * gbps / *bw);
     fmt::print(stderr, "batch {}: {} decode graphs captured, {} replays; KV pool {} blocks\n", batch,
                e->runner->graphs_captured(), e->runner->graph_replays(), e->runner->model().num_blocks());
   }
-  fmt::print("copy ceiling {:.0f} GB/s (device-to-device, read + write); best of {} after a warm-up; {}\n", *bw,
-             o.reps, o.enforce_eager ? "eager" : "decode steps from CUDA graphs");
+  fmt::print("copy ceiling {:.0f} GB/s (device-to-device, read + write); best of {} after a warm-up; {}\n",
+             *bw, o.reps, o.enforce_eager ? "eager" : "decode steps from CUDA graphs");
   return 0;
 }
 #endif
@@ -204,7 +204,8 @@ int run_decode(const DecodeOptions& o) {
     fmt::print(stderr, "mxq bench decode: {}\n", msg);
     return kExitBadInput;
   };
-  if (o.device != "cpu" && o.device != "cuda") return bad(fmt::format("--device {}: expected cpu or cuda", o.device));
+  if (o.device != "cpu" && o.device != "cuda")
+    return bad(fmt::format("--device {}: expected cpu or cuda", o.device));
 #if !MXQ_HAVE_CUDA
   if (o.device == "cuda") return bad("--device cuda: this build has no CUDA backend");
 #endif
@@ -285,7 +286,9 @@ void add_bench_decode(CLI::App& bench, int& exit_code) {
   auto o = std::make_shared<DecodeOptions>();
   auto* cmd = bench.add_subcommand("decode", "Whole-model prompt processing (pp) and generation (tg) tok/s");
   cmd->add_option("--device", o->device, "cpu or cuda")->capture_default_str();
-  cmd->add_option("--batch", o->batch, "CUDA: sequences per step (list)")->capture_default_str()->delimiter(',');
+  cmd->add_option("--batch", o->batch, "CUDA: sequences per step (list)")
+      ->capture_default_str()
+      ->delimiter(',');
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "CUDA: KV pool sizing")
       ->capture_default_str();
   cmd->add_flag("--enforce-eager", o->enforce_eager, "CUDA: no CUDA graphs");

@@ -139,7 +139,8 @@ int run_generate(const GenerateOptions& o) {
 #if !MXQ_HAVE_CUDA
   if (on_cuda) return bad({"--device cuda: this build has no CUDA backend (use --device cpu)"});
 #else
-  if (on_cuda && !cuda_available()) return bad({"--device cuda: no CUDA device is visible (use --device cpu)"});
+  if (on_cuda && !cuda_available())
+    return bad({"--device cuda: no CUDA device is visible (use --device cpu)"});
   if (on_cuda) load.target = cuda::cuda_load_target();
 #endif
   // note: the embedded default model runs as MXFP8 unless told otherwise; a given --model runs as stored.
@@ -253,7 +254,8 @@ int run_generate(const GenerateOptions& o) {
     return true;
   };
 #if MXQ_HAVE_CUDA
-  auto g = cuda_engine ? generate_cuda(cuda_engine->engine, prompt, p, on_text) : gen.generate(prompt, p, on_text);
+  auto g =
+      cuda_engine ? generate_cuda(cuda_engine->engine, prompt, p, on_text) : gen.generate(prompt, p, on_text);
 #else
   auto g = gen.generate(prompt, p, on_text);
 #endif

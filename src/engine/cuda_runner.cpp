@@ -108,7 +108,8 @@ Result<std::vector<SampledToken>> CudaRunner::run(const StepPlan& plan, const Sc
     const ScheduledChunk& c = plan.chunks[i];
     const SequenceState* s = scheduler.find(c.id);
     if (!s) return fail("request {}: not in the scheduler", c.id);
-    if (static_cast<int64_t>(s->blocks.size()) > B || c.start + c.count > static_cast<int64_t>(s->blocks.size()) * bs)
+    if (static_cast<int64_t>(s->blocks.size()) > B ||
+        c.start + c.count > static_cast<int64_t>(s->blocks.size()) * bs)
       return fail("request {}: {} blocks for {} positions (at most {} blocks of {})", c.id, s->blocks.size(),
                   c.start + c.count, B, bs);
     for (int64_t p = c.start; p < c.start + c.count; ++p, ++t) {

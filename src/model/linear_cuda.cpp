@@ -57,8 +57,8 @@ Status linear(const LinearContext& ctx, const CudaLinear& w, const uint16_t* x, 
                                          : gemv_mxfp4(x + r * w.k, mm, gw, dst, ctx.stream);
     if (!st) return fail_in(fmt::format("linear {}", *w.name), st.error());
     if (ldy != w.n)
-      MXQ_CUDA_CHECK(cudaMemcpy2DAsync(y + r * ldy, ldy * 2, dst, w.n * 2, w.n * 2, mm, cudaMemcpyDeviceToDevice,
-                                       ctx.stream));
+      MXQ_CUDA_CHECK(cudaMemcpy2DAsync(y + r * ldy, ldy * 2, dst, w.n * 2, w.n * 2, mm,
+                                       cudaMemcpyDeviceToDevice, ctx.stream));
   }
   return {};
 }
@@ -68,10 +68,10 @@ Status linear_f32_out(const LinearContext& ctx, const CudaLinear& w, const uint1
   if (w.format != Format::kBF16)
     return fail("linear {}: f32 output needs BF16 weights, got {}", *w.name, traits(w.format).name);
   const float one = 1.0f, zero = 0.0f;
-  MXQ_CUDA_CHECK(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n), static_cast<int>(m),
-                              static_cast<int>(w.k), &one, w.values, CUDA_R_16BF, static_cast<int>(w.k), x,
-                              CUDA_R_16BF, static_cast<int>(w.k), &zero, y, CUDA_R_32F, static_cast<int>(w.n),
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  MXQ_CUDA_CHECK(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n),
+                              static_cast<int>(m), static_cast<int>(w.k), &one, w.values, CUDA_R_16BF,
+                              static_cast<int>(w.k), x, CUDA_R_16BF, static_cast<int>(w.k), &zero, y,
+                              CUDA_R_32F, static_cast<int>(w.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return {};
 }
 

@@ -29,9 +29,9 @@ namespace {
 bool ends_with(std::string_view s, std::string_view suffix) { return s.ends_with(suffix); }
 
 // note: a launcher's cudaErrorInvalidValue names no argument; the op name and the step shape do.
-#define MXQ_LAUNCH(op, ...)                                                                            \
-  do {                                                                                                 \
-    const cudaError_t mxq_rc_ = (__VA_ARGS__);                                                         \
+#define MXQ_LAUNCH(op, ...)                                                                           \
+  do {                                                                                                \
+    const cudaError_t mxq_rc_ = (__VA_ARGS__);                                                        \
     if (mxq_rc_ != cudaSuccess) return fail("{}: {} ({} rows)", op, cudaGetErrorName(mxq_rc_), rows); \
   } while (0)
 
@@ -76,11 +76,13 @@ LoadTarget cuda_load_target() {
         return std::optional<Layout>(std::move(*l));
       }
       case Format::kFP8_B128:
-        return fail("{}: fp8-b128 projections need cuda/linear.h (not in this build); run --device cpu", name);
+        return fail("{}: fp8-b128 projections need cuda/linear.h (not in this build); run --device cpu",
+                    name);
       default:
-        return fail("{}: {} tensors are not supported by the CUDA engine (its ops read bf16); load a bf16 or "
-                    "quantized checkpoint",
-                    name, traits(f).name);
+        return fail(
+            "{}: {} tensors are not supported by the CUDA engine (its ops read bf16); load a bf16 or "
+            "quantized checkpoint",
+            name, traits(f).name);
     }
   };
   return t;
@@ -139,20 +141,23 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
   if (c.rope.type != "default")
     return fail("{}: rope_type '{}' is not supported (expected 'default')", c.architecture, c.rope.type);
   if (c.head_dim != 64 && c.head_dim != 128)
-    return fail("{}: head_dim {} is not supported by the CUDA engine (64 or 128)", c.architecture, c.head_dim);
+    return fail("{}: head_dim {} is not supported by the CUDA engine (64 or 128)", c.architecture,
+                c.head_dim);
   if (c.attention_bias) return fail("{}: attention_bias is not supported by the CUDA engine", c.architecture);
   if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0)
     return fail("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", c.architecture,
                 c.num_attention_heads, c.num_key_value_heads);
   if (c.hidden_size % 32 != 0 || c.intermediate_size % 32 != 0 || c.moe_intermediate_size % 32 != 0)
-    return fail("{}: hidden_size {} / intermediate_size {} / moe_intermediate_size {}: expected multiples of 32",
-                c.architecture, c.hidden_size, c.intermediate_size, c.moe_intermediate_size);
+    return fail(
+        "{}: hidden_size {} / intermediate_size {} / moe_intermediate_size {}: expected multiples of 32",
+        c.architecture, c.hidden_size, c.intermediate_size, c.moe_intermediate_size);
   if (c.is_moe() && (c.num_experts > 1024 || c.num_experts_per_tok < 1 || c.num_experts_per_tok > 32 ||
                      c.num_experts_per_tok > c.num_experts))
-    return fail("{}: num_experts {} / num_experts_per_tok {}: the CUDA router takes up to 1024 experts, top 32",
-                c.architecture, c.num_experts, c.num_experts_per_tok);
-  if (!store.on_device()) return fail("{}: the weight store is in {} memory, expected cuda", c.architecture,
-                                      store.memory().name());
+    return fail(
+        "{}: num_experts {} / num_experts_per_tok {}: the CUDA router takes up to 1024 experts, top 32",
+        c.architecture, c.num_experts, c.num_experts_per_tok);
+  if (!store.on_device())
+    return fail("{}: the weight store is in {} memory, expected cuda", c.architecture, store.memory().name());
   Qwen3CudaOptions o = opt;
   if (o.max_model_len == 0) o.max_model_len = c.max_position_embeddings;
   if (o.max_model_len < 1 || o.max_model_len > c.max_position_embeddings)
@@ -282,8 +287,9 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
   need(b.sel, S * H * 2);
   need(b.logits, S * V * 4);
   need(b.inv_freq, D / 2 * 4);
-  need(b.decode_ws, paged_attention_decode_workspace_bytes(static_cast<int>(S), static_cast<int>(Hq),
-                                                           static_cast<int>(D), m->max_blocks_, o.block_size));
+  need(b.decode_ws,
+       paged_attention_decode_workspace_bytes(static_cast<int>(S), static_cast<int>(Hq), static_cast<int>(D),
+                                              m->max_blocks_, o.block_size));
   if (c.is_moe()) {
     const int64_t E = c.num_experts, K = c.num_experts_per_tok, Im = c.moe_intermediate_size;
     widest = std::max<size_t>(widest, static_cast<size_t>(2 * Im));
@@ -305,8 +311,8 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
   if (!st) return fail_in("CUDA engine buffers", st.error());
   auto inv = rope_inv_freq(static_cast<float>(c.rope.theta), D);
   if (!inv) return tl::unexpected(inv.error());
-  MXQ_CUDA_CHECK(cudaMemcpyAsync(b.inv_freq.as(), inv->data(), inv->size() * 4, cudaMemcpyHostToDevice,
-                                 m->stream_));
+  MXQ_CUDA_CHECK(
+      cudaMemcpyAsync(b.inv_freq.as(), inv->data(), inv->size() * 4, cudaMemcpyHostToDevice, m->stream_));
 
   // --- step metadata and outputs: one block each, pinned host twin ---
   BlockPlan mp;
@@ -362,19 +368,21 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
   if (blocks <= 0) {
     size_t free_b = 0, total_b = 0;
     MXQ_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    const double budget = o.gpu_memory_utilization * static_cast<double>(total_b) -
-                          static_cast<double>(total_b - free_b);
+    const double budget =
+        o.gpu_memory_utilization * static_cast<double>(total_b) - static_cast<double>(total_b - free_b);
     blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
     // note: never more than max_num_seqs full-length sequences can use (vLLM does not cap; a small model
     // would otherwise take most of the GPU for blocks it can never fill).
     blocks = std::min(blocks, S * blocks_per_seq);
     if (blocks < blocks_per_seq)
-      return fail("gpu_memory_utilization {}: {} KV blocks of {} bytes fit ({} MiB used of {} MiB), one "
-                  "sequence of max_model_len {} needs {}",
-                  o.gpu_memory_utilization, blocks, block_bytes, (total_b - free_b) >> 20, total_b >> 20,
-                  o.max_model_len, blocks_per_seq);
+      return fail(
+          "gpu_memory_utilization {}: {} KV blocks of {} bytes fit ({} MiB used of {} MiB), one "
+          "sequence of max_model_len {} needs {}",
+          o.gpu_memory_utilization, blocks, block_bytes, (total_b - free_b) >> 20, total_b >> 20,
+          o.max_model_len, blocks_per_seq);
   }
-  if (blocks > INT32_MAX / o.block_size) return fail("num_blocks: {} slots exceed int32", blocks * o.block_size);
+  if (blocks > INT32_MAX / o.block_size)
+    return fail("num_blocks: {} slots exceed int32", blocks * o.block_size);
   m->num_blocks_ = blocks;
   if (auto s = alloc(b.kv, static_cast<size_t>(blocks * block_bytes)); !s)
     return fail("KV pool of {} blocks ({} MiB): {}", blocks, (blocks * block_bytes) >> 20, s.error().message);
@@ -388,7 +396,8 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
 }
 
 Status Qwen3Cuda::upload_meta() {
-  MXQ_CUDA_CHECK(cudaMemcpyAsync(b_->meta.as(), b_->host_meta, b_->meta_bytes, cudaMemcpyHostToDevice, stream_));
+  MXQ_CUDA_CHECK(
+      cudaMemcpyAsync(b_->meta.as(), b_->host_meta, b_->meta_bytes, cudaMemcpyHostToDevice, stream_));
   return {};
 }
 
@@ -401,9 +410,10 @@ Status Qwen3Cuda::download_outputs() {
 Status Qwen3Cuda::download_logits(int32_t row, std::span<float> out) {
   const int64_t V = config_.vocab_size;
   if (row < 0 || row >= options_.max_num_seqs || static_cast<int64_t>(out.size()) != V)
-    return fail("download_logits: row {} of {}, {} floats for vocab {}", row, options_.max_num_seqs, out.size(), V);
-  MXQ_CUDA_CHECK(cudaMemcpyAsync(out.data(), b_->logits.as<float>() + row * V, V * 4, cudaMemcpyDeviceToHost,
-                                 stream_));
+    return fail("download_logits: row {} of {}, {} floats for vocab {}", row, options_.max_num_seqs,
+                out.size(), V);
+  MXQ_CUDA_CHECK(
+      cudaMemcpyAsync(out.data(), b_->logits.as<float>() + row * V, V * 4, cudaMemcpyDeviceToHost, stream_));
   MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return {};
 }
@@ -428,8 +438,8 @@ Status Qwen3Cuda::forward(const ForwardShape& s) {
   float* residual = b.residual.as<float>();
 
   // model.embed_tokens (into the f32 residual stream)
-  MXQ_LAUNCH("embedding", launch_embedding_f32(w.embed_tokens, c.vocab_size, H, meta.ids, meta.num_tokens, rows,
-                                               residual, dev_out_.bad_token, stream_));
+  MXQ_LAUNCH("embedding", launch_embedding_f32(w.embed_tokens, c.vocab_size, H, meta.ids, meta.num_tokens,
+                                               rows, residual, dev_out_.bad_token, stream_));
   // layers[0].input_layernorm (each later input_layernorm is fused with the residual add below)
   MXQ_LAUNCH("rms_norm", launch_rms_norm_f32(residual, w.layers[0].input_layernorm, eps, H, meta.num_tokens,
                                              rows, normed, stream_));
@@ -462,15 +472,19 @@ Status Qwen3Cuda::forward(const ForwardShape& s) {
     MXQ_LAUNCH("qk_norm_rope_cache", launch_qk_norm_rope_cache(qa, stream_));
     // eager_attention_forward (causal, GQA, scaling head_dim^-0.5) over the paged cache
     if (s.decode) {
-      PagedDecodeArgs a{b.q.as<uint16_t>(), b.k_cache[i],        b.v_cache[i],        meta.block_tables,
-                        meta.seq_lens,      b.decode_ws.as<float>(), b.attn.as<uint16_t>(), s.seqs,
-                        max_blocks_,        options_.block_size, static_cast<int>(Hq), static_cast<int>(Hkv),
+      PagedDecodeArgs a{b.q.as<uint16_t>(),    b.k_cache[i],
+                        b.v_cache[i],          meta.block_tables,
+                        meta.seq_lens,         b.decode_ws.as<float>(),
+                        b.attn.as<uint16_t>(), s.seqs,
+                        max_blocks_,           options_.block_size,
+                        static_cast<int>(Hq),  static_cast<int>(Hkv),
                         static_cast<int>(D)};
       MXQ_LAUNCH("paged_attention_decode", launch_paged_attention_decode(a, stream_));
     } else {
-      PrefillArgs a{b.q.as<uint16_t>(), b.k_cache[i],        b.v_cache[i],         meta.block_tables,
-                    meta.cu_seqlens,    meta.seq_lens,       b.attn.as<uint16_t>(), static_cast<int>(rows),
-                    s.seqs,             max_blocks_,         options_.block_size,  static_cast<int>(Hq),
+      PrefillArgs a{b.q.as<uint16_t>(),    b.k_cache[i],           b.v_cache[i],
+                    meta.block_tables,     meta.cu_seqlens,        meta.seq_lens,
+                    b.attn.as<uint16_t>(), static_cast<int>(rows), s.seqs,
+                    max_blocks_,           options_.block_size,    static_cast<int>(Hq),
                     static_cast<int>(Hkv), static_cast<int>(D)};
       MXQ_LAUNCH("attention_prefill", launch_attention_prefill(a, stream_));
     }
@@ -543,7 +557,8 @@ Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows) {
   const LinearContext ctx{cublas_, stream_, b.lin_scratch.as<uint16_t>()};
   const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok, Im = c.moe_intermediate_size;
   // mlp.gate (router logits, f32)
-  if (auto st = linear_f32_out(ctx, l.router, b.normed.as<uint16_t>(), rows, b.router_logits.as<float>()); !st)
+  if (auto st = linear_f32_out(ctx, l.router, b.normed.as<uint16_t>(), rows, b.router_logits.as<float>());
+      !st)
     return st;
   // softmax, topk, norm_topk_prob, and the grouping by expert
   MoeRouteArgs ra{};
@@ -560,8 +575,10 @@ Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows) {
   ra.top_k = static_cast<int>(K);
   ra.norm_topk_prob = c.norm_topk_prob;
   MXQ_LAUNCH("moe_route", launch_moe_route(ra, stream_));
-  MXQ_CUDA_CHECK(cudaMemcpyAsync(b.host_offsets, b.moe_offsets.as(), (E + 1) * 4, cudaMemcpyDeviceToHost, stream_));
-  MXQ_CUDA_CHECK(cudaMemcpyAsync(b.host_sorted, b.moe_sorted.as(), rows * K * 4, cudaMemcpyDeviceToHost, stream_));
+  MXQ_CUDA_CHECK(
+      cudaMemcpyAsync(b.host_offsets, b.moe_offsets.as(), (E + 1) * 4, cudaMemcpyDeviceToHost, stream_));
+  MXQ_CUDA_CHECK(
+      cudaMemcpyAsync(b.host_sorted, b.moe_sorted.as(), rows * K * 4, cudaMemcpyDeviceToHost, stream_));
   MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const int32_t entries = b.host_offsets[E];
   // expert inputs in sorted_rows order: entry p reads token sorted_rows[p] / K (runs of consecutive tokens
@@ -592,10 +609,10 @@ Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows) {
     if (auto st = linear(ctx, l.down[e], act + off * Im, cnt, ye + off * H, H); !st) return st;
   }
   // routing weights, summed per token in increasing expert id
-  MXQ_LAUNCH("moe_combine", launch_moe_combine(ye, H, b.moe_ids.as<int32_t>(), b.moe_weights.as<float>(),
-                                               b.moe_row_of.as<int32_t>(), dev_meta_.num_tokens,
-                                               static_cast<int>(rows), static_cast<int>(K),
-                                               b.hidden.as<uint16_t>(), stream_));
+  MXQ_LAUNCH("moe_combine",
+             launch_moe_combine(ye, H, b.moe_ids.as<int32_t>(), b.moe_weights.as<float>(),
+                                b.moe_row_of.as<int32_t>(), dev_meta_.num_tokens, static_cast<int>(rows),
+                                static_cast<int>(K), b.hidden.as<uint16_t>(), stream_));
   return {};
 }
 

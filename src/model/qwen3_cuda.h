@@ -1,6 +1,6 @@
-// Qwen3ForCausalLM and Qwen3MoeForCausalLM on the GPU: the same model as model/qwen3.h, batched over the tokens
-// of one engine step and paged (vLLM layout, docs/cuda-ops.md), reading its weights in place from a CUDA
-// WeightStore (src/cuda/weight_memory_cuda.h) in each kernel's native layout.
+// Qwen3ForCausalLM and Qwen3MoeForCausalLM on the GPU: the same model as model/qwen3.h, batched over the
+// tokens of one engine step and paged (vLLM layout, docs/cuda-ops.md), reading its weights in place from a
+// CUDA WeightStore (src/cuda/weight_memory_cuda.h) in each kernel's native layout.
 //
 // Memory: everything is allocated once in create(), at capacity, and never moves, so a CUDA graph captured
 // over forward() stays valid across steps and refits (refit writes the weight buffers in place):
@@ -45,13 +45,13 @@ struct Qwen3CudaOptions {
 // The step metadata: host views into the pinned staging block (what the runner fills) and the matching
 // device pointers (what the kernels read). Capacities: T tokens, S sequences, B blocks per sequence.
 struct StepMeta {
-  uint64_t *seed, *step;                      // [S] sampling draw (seed, index)
-  float *temperature, *top_p, *min_p;         // [S]
-  int32_t* top_k;                             // [S]
-  int32_t *ids, *positions, *slot_mapping;    // [T]
-  int32_t* block_tables;                      // [S, B]
-  int32_t *seq_lens, *cu_seqlens;             // [S], [S + 1]
-  int32_t *num_tokens, *num_seqs;             // [1] each: tokens of the step, sampling rows
+  uint64_t *seed, *step;                    // [S] sampling draw (seed, index)
+  float *temperature, *top_p, *min_p;       // [S]
+  int32_t* top_k;                           // [S]
+  int32_t *ids, *positions, *slot_mapping;  // [T]
+  int32_t* block_tables;                    // [S, B]
+  int32_t *seq_lens, *cu_seqlens;           // [S], [S + 1]
+  int32_t *num_tokens, *num_seqs;           // [1] each: tokens of the step, sampling rows
 };
 
 // What sample() wrote, copied back in one piece.
@@ -64,10 +64,10 @@ struct StepOutputs {
 // One forward's shape. Decode steps (one token per sequence, every sequence samples) run `rows` = a
 // batch-size bucket with padding rows (graph-capturable); other steps run `rows` = their token count.
 struct ForwardShape {
-  int64_t rows = 0;              // M of every linear layer (tokens, padding included)
-  int32_t seqs = 0;              // sequences of the step (bucket size for decode)
-  bool decode = false;           // paged decode attention instead of prefill attention
-  int32_t sample_rows = 0;       // logits rows: decode = seqs; else one per sampling chunk
+  int64_t rows = 0;                            // M of every linear layer (tokens, padding included)
+  int32_t seqs = 0;                            // sequences of the step (bucket size for decode)
+  bool decode = false;                         // paged decode attention instead of prefill attention
+  int32_t sample_rows = 0;                     // logits rows: decode = seqs; else one per sampling chunk
   std::span<const int32_t> sample_token_rows;  // mixed steps: the token row each logits row comes from
 };
 
@@ -91,8 +91,8 @@ class Qwen3Cuda {
   Status sample(int32_t rows);
 
   StepMeta& host_meta() { return host_meta_; }
-  Status upload_meta();                 // one host → device copy of the metadata block
-  Status download_outputs();            // one device → host copy of the outputs block (then a sync)
+  Status upload_meta();       // one host → device copy of the metadata block
+  Status download_outputs();  // one device → host copy of the outputs block (then a sync)
   const StepOutputs& host_outputs() const { return host_out_; }
   Status download_logits(int32_t row, std::span<float> out);  // one logits row (synchronous)
 

@@ -45,8 +45,8 @@ struct Ckpt {
 // A random Qwen3 / Qwen3-MoE checkpoint in bf16: head_dim 64, 4 query heads over 2 KV heads, 2 layers (the
 // MoE one: layer 0 sparse, 8 experts, top `top_k`; layer 1 a dense MLP). Dense ties lm_head to the embedding.
 // note: a tied embedding of std 1 makes the residual stream mostly the token's own embedding, so every model
-// predicts its input token with logprob 0 (a run on the H200 showed it: refit and greedy checks that could not
-// fail). The tied table is std 0.05, under the layers' O(1) outputs: logits ~ N(0, 1).
+// predicts its input token with logprob 0 (a run on the H200 showed it: refit and greedy checks that could
+// not fail). The tied table is std 0.05, under the layers' O(1) outputs: logits ~ N(0, 1).
 void write_checkpoint(const std::string& dir, Kind kind, uint64_t seed, int64_t top_k = 2) {
   std::filesystem::create_directories(dir);
   const int64_t H = 256, D = 64, Hq = 4, Hkv = 2, I = 512, V = 512, E = 8, Im = 128, L = 2;
@@ -129,13 +129,15 @@ void write_checkpoint(const std::string& dir, Kind kind, uint64_t seed, int64_t 
   add("model.norm.weight", {H}, 0.1f, 1.0f);
   if (kind != Kind::kDense) linear("lm_head.weight", {V, H});
   std::vector<TensorToWrite> tensors;
-  for (size_t i = 0; i < specs.size(); ++i) tensors.push_back({specs[i].first, Dtype::kBF16, specs[i].second, data[i]});
+  for (size_t i = 0; i < specs.size(); ++i)
+    tensors.push_back({specs[i].first, Dtype::kBF16, specs[i].second, data[i]});
   auto st = write_safetensors(dir + "/model.safetensors", tensors, {});
   ASSERT_TRUE(st) << st.error().message;
 }
 
 std::string temp_dir(const std::string& name) {
-  const auto d = std::filesystem::temp_directory_path() / fmt::format("mxq_engine_cuda_{}_{}", name, fresh_seed());
+  const auto d =
+      std::filesystem::temp_directory_path() / fmt::format("mxq_engine_cuda_{}_{}", name, fresh_seed());
   return d.string();
 }
 
@@ -227,12 +229,12 @@ class EngineCuda : public ::testing::TestWithParam<Case> {
 // Teacher-forced by the CUDA engine's own greedy tokens: every step's logits against the CPU forward of the
 // same tokens; the greedy id equal wherever the CPU top-2 margin exceeds twice the step's logit error.
 // note: MoE runs route every token to all 8 experts here. With top-2 of 8, a router near-tie (2nd vs 3rd
-// expert) resolves differently under the CUDA engine's bf16 activations than under the CPU's f32 on a fraction
-// of a percent of tokens, and that token's logits (and, through its K/V, the rest of its sequence) then differ
-// by O(1): seen on the H200 in 2 of 4 MoE cases (decode steps only, errors 0.1-1.0 x the logit scale). With
-// every expert selected the routing weights are continuous in the input, so the comparison stays strict; the
-// sparse grouping (top-2: uneven counts, empty experts) is held to the same engine run alone, batched, eager,
-// replayed and refit by the tests below, which compare the engine with itself.
+// expert) resolves differently under the CUDA engine's bf16 activations than under the CPU's f32 on a
+// fraction of a percent of tokens, and that token's logits (and, through its K/V, the rest of its sequence)
+// then differ by O(1): seen on the H200 in 2 of 4 MoE cases (decode steps only, errors 0.1-1.0 x the logit
+// scale). With every expert selected the routing weights are continuous in the input, so the comparison stays
+// strict; the sparse grouping (top-2: uneven counts, empty experts) is held to the same engine run alone,
+// batched, eager, replayed and refit by the tests below, which compare the engine with itself.
 TEST_P(EngineCuda, LogitsMatchCpuModel) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   std::mt19937_64 rng(seed_);
@@ -279,7 +281,8 @@ TEST_P(EngineCuda, LogitsMatchCpuModel) {
       const int32_t tok = (*out)[0].tokens.at(0).id;
       std::vector<float> sorted = want;
       std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-      // note: a CPU top-2 margin above twice this step's largest logit error decides the argmax on both sides.
+      // note: a CPU top-2 margin above twice this step's largest logit error decides the argmax on both
+      // sides.
       if (sorted[0] - sorted[1] > 2 * err) {
         EXPECT_EQ(tok, argmax(want.data(), V)) << "prompt of " << len << ", step " << steps;
         ++compared;
