@@ -39,7 +39,9 @@ struct LoadOptions {
   std::optional<Format> quantization;
   int threads = 0;      // quantizer threads (0 = hardware threads)
   ProgressFn progress;  // one report per weight; returning false cancels the load
-  LoadTarget target;    // host memory, row-major by default
+  // Host memory, row-major by default. note: "= {}" keeps aggregate inits that stop at `progress` free of
+  // -Wmissing-field-initializers.
+  LoadTarget target = {};
 };
 
 struct LoadedModel {
