@@ -144,7 +144,7 @@ Result<std::vector<SampledToken>> CudaRunner::run(const StepPlan& plan, const Sc
   }
   *h.num_tokens = t;
   *h.num_seqs = j;
-  if (auto st = m.upload_meta(); !st) return tl::unexpected(st.error());
+  if (auto st = m.upload_meta(seqs); !st) return tl::unexpected(st.error());
 
   if (decode) {
     const bool graphs = !options_.enforce_eager && !m.has_moe();

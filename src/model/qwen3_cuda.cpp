@@ -110,8 +110,8 @@ struct Qwen3Cuda::Buffers {
       acte, ye;
   DeviceBuffer kv, inv_freq, decode_ws, cublas_ws, meta, out;
   void *host_meta = nullptr, *host_out = nullptr;
-  size_t meta_bytes = 0, out_bytes = 0;
-  int32_t *host_offsets = nullptr, *host_sorted = nullptr;  // pinned: MoE grouping read back on the host
+  size_t meta_bytes = 0, meta_head_bytes = 0, out_bytes = 0;  // head: everything before the block tables
+  int32_t *host_offsets = nullptr, *host_sorted = nullptr;    // pinned: MoE grouping read back on the host
   std::vector<uint16_t*> k_cache, v_cache;
 };
 
@@ -318,10 +318,13 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
   BlockPlan mp;
   const size_t o_seed = mp.take(S * 8), o_step = mp.take(S * 8), o_temp = mp.take(S * 4),
                o_top_p = mp.take(S * 4), o_min_p = mp.take(S * 4), o_top_k = mp.take(S * 4),
-               o_ids = mp.take(T * 4), o_pos = mp.take(T * 4), o_slot = mp.take(T * 4),
-               o_bt = mp.take(S * m->max_blocks_ * 4), o_sl = mp.take(S * 4), o_cu = mp.take((S + 1) * 4),
-               o_nt = mp.take(4), o_ns = mp.take(4);
+               o_ids = mp.take(T * 4), o_pos = mp.take(T * 4), o_slot = mp.take(T * 4), o_sl = mp.take(S * 4),
+               o_cu = mp.take((S + 1) * 4), o_nt = mp.take(4), o_ns = mp.take(4);
+  // note: block tables last, so a step uploads the rows of its own sequences only (a [256, 2560] table of a
+  // 40k context is 2.6 MB; a step's rows are what it reads).
+  const size_t o_bt = mp.take(S * m->max_blocks_ * 4);
   b.meta_bytes = mp.bytes;
+  b.meta_head_bytes = o_bt;
   need(b.meta, b.meta_bytes);
   MXQ_CUDA_CHECK(cudaMallocHost(&b.host_meta, b.meta_bytes));
   std::fill_n(static_cast<uint8_t*>(b.host_meta), b.meta_bytes, 0);
@@ -395,9 +398,10 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
   return m;
 }
 
-Status Qwen3Cuda::upload_meta() {
-  MXQ_CUDA_CHECK(
-      cudaMemcpyAsync(b_->meta.as(), b_->host_meta, b_->meta_bytes, cudaMemcpyHostToDevice, stream_));
+Status Qwen3Cuda::upload_meta(int32_t seqs) {
+  const size_t bytes = std::min(
+      b_->meta_bytes, b_->meta_head_bytes + static_cast<size_t>(std::max(seqs, 0)) * max_blocks_ * 4);
+  MXQ_CUDA_CHECK(cudaMemcpyAsync(b_->meta.as(), b_->host_meta, bytes, cudaMemcpyHostToDevice, stream_));
   return {};
 }
 

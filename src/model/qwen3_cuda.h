@@ -91,7 +91,8 @@ class Qwen3Cuda {
   Status sample(int32_t rows);
 
   StepMeta& host_meta() { return host_meta_; }
-  Status upload_meta();       // one host → device copy of the metadata block
+  // One host → device copy of the metadata block, block-table rows of the first `seqs` sequences included.
+  Status upload_meta(int32_t seqs);
   Status download_outputs();  // one device → host copy of the outputs block (then a sync)
   const StepOutputs& host_outputs() const { return host_out_; }
   Status download_logits(int32_t row, std::span<float> out);  // one logits row (synchronous)
