@@ -19,6 +19,12 @@
 #include "model/cpu_backend.h"
 #include "model/load_model.h"
 #include "model/qwen3.h"
+#if MXQ_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "engine/cuda_runner.h"
+#include "model/qwen3_cuda.h"
+#endif
 
 namespace mxq::cli {
 namespace {
@@ -27,6 +33,9 @@ struct DecodeOptions {
   std::string device = "cpu", model, quantization;
   int64_t pp = 128, tg = 32;
   int reps = 3, threads = 0;
+  std::vector<int32_t> batch = {1, 32};  // CUDA: sequences per step
+  double gpu_memory_utilization = 0.9;
+  bool enforce_eager = false;
 };
 
 double now_s() {
@@ -71,12 +80,135 @@ Footprint footprint(const LoadedModel& m) {
   return f;
 }
 
+#if MXQ_HAVE_CUDA
+// Device-to-device copy bandwidth, bytes read + written per second (median of 5 copies of 1 GiB, CUDA
+// events): the ceiling a decode step that streams its weights once can reach.
+Result<double> copy_gbps() {
+  const size_t n = size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) {
+    cudaFree(a);
+    return fail("copy ceiling: cannot allocate 2 GiB");
+  }
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> ms;
+  cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+  for (int r = 0; r < 5; ++r) {
+    cudaEventRecord(e0);
+    cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  std::sort(ms.begin(), ms.end());
+  return 2.0 * static_cast<double>(n) / (ms[2] * 1e-3) / 1e9;
+}
+
+// pp: `batch` prompts of pp tokens in one step (max_new_tokens 1); tg: `batch` sequences decoding tg tokens,
+// timed from the second step on (each step replays the bucket's graph unless --enforce-eager). Wall time of
+// engine steps, each of which ends with the tokens on the host.
+int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions load) {
+  auto bad = [](const std::string& msg) {
+    fmt::print(stderr, "mxq bench decode: {}\n", msg);
+    return kExitBadInput;
+  };
+  load.target = cuda::cuda_load_target();
+  auto m = load_model(dir, load);
+  if (!m) return bad(m.error().message);
+  auto backend = make_cpu_backend(1);
+  auto qwen = Qwen3Model::create(m->config, m->store, *backend);
+  if (!qwen) return bad(qwen.error().message);
+  const ModelConfig& c = m->config;
+  const int64_t len = o.pp + o.tg + 1;
+  if (len > c.max_position_embeddings)
+    return bad(fmt::format("--pp + --tg beyond the context of {} positions", c.max_position_embeddings));
+  auto bw = copy_gbps();
+  if (!bw) return bad(bw.error().message);
+  const Footprint f = footprint(*m);
+  const std::string name = std::filesystem::path(dir).filename().string();
+  const std::string fmt_name(traits(m->linear_format).name);
+  const std::string params = fmt::format("{:.2f} B", f.params / 1e9),
+                    size = fmt::format("{:.2f} GiB", f.bytes / 1073741824.0);
+  fmt::print("| {:<16} | {:>8} | {:>8} | {:>9} | {:>5} | {:>6} | {:>10} | {:>9} | {:>11} |\n", "model",
+             "format", "params", "size", "batch", "test", "tok/s", "GB/s", "% roofline");
+  fmt::print("|{:-<18}|{:->10}|{:->10}|{:->11}|{:->7}|{:->8}|{:->12}|{:->11}|{:->13}|\n", "", "", "", "", "",
+             "", "", "", "");
+  std::mt19937 rng(0);
+  for (int32_t batch : o.batch) {
+    if (batch < 1) return bad(fmt::format("--batch {}: expected >= 1", batch));
+    cuda::CudaRunnerOptions ro;
+    ro.model.max_num_seqs = batch;
+    ro.model.max_num_batched_tokens = std::max<int64_t>(o.pp * batch, 16);
+    ro.model.max_model_len = len;
+    ro.model.gpu_memory_utilization = o.gpu_memory_utilization;
+    ro.enforce_eager = o.enforce_eager;
+    auto e = cuda::make_cuda_engine(*qwen, nullptr, m->store, ro);
+    if (!e) return bad(e.error().message);
+    Engine& engine = e->engine;
+    auto prompt = [&](int64_t n) {
+      std::vector<int32_t> p(static_cast<size_t>(n));
+      for (auto& id : p) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab_size));
+      return p;
+    };
+    GenerateParams gp;
+    gp.ignore_eos = true;
+    gp.sampling.temperature = 0;
+    uint64_t id = 0;
+    double pp_s = 1e300, tg_s = 1e300;
+    for (int r = 0; r < o.reps + 1; ++r) {  // note: the first rep warms up (cuBLAS heuristics, graph capture)
+      gp.max_new_tokens = 1;
+      for (int32_t i = 0; i < batch; ++i)
+        if (auto st = engine.add(id++, prompt(o.pp), gp); !st) return bad(st.error().message);
+      double t0 = now_s();
+      while (!engine.idle())
+        if (auto st = engine.step(); !st) return bad(st.error().message);
+      if (r > 0) pp_s = std::min(pp_s, now_s() - t0);
+      gp.max_new_tokens = o.tg + 1;
+      for (int32_t i = 0; i < batch; ++i)
+        if (auto st = engine.add(id++, prompt(1), gp); !st) return bad(st.error().message);
+      if (auto st = engine.step(); !st) return bad(st.error().message);  // the prompts
+      t0 = now_s();
+      while (!engine.idle())
+        if (auto st = engine.step(); !st) return bad(st.error().message);
+      if (r > 0) tg_s = std::min(tg_s, now_s() - t0);
+    }
+    const double pp_tps = static_cast<double>(o.pp * batch) / pp_s;
+    const double steps_per_s = static_cast<double>(o.tg) / tg_s;
+    // note: a decode step streams the active weights once whatever the batch (KV reads are left out: short
+    // contexts), so the roofline is copy bandwidth / bytes per step.
+    const double gbps = f.active_bytes * steps_per_s / 1e9;
+    fmt::print("| {:<16} | {:>8} | {:>8} | {:>9} | {:>5} | {:>6} | {:>10.1f} | {:>9} | {:>11} |\n", name,
+               fmt_name, params, size, batch, fmt::format("pp{}", o.pp), pp_tps, "-", "-");
+    fmt::print("| {:<16} | {:>8} | {:>8} | {:>9} | {:>5} | {:>6} | {:>10.1f} | {:>9.0f} | {:>10.1f}% |\n",
+               name, fmt_name, params, size, batch, fmt::format("tg{}", o.tg), steps_per_s * batch, gbps,
+               100 * gbps / *bw);
+    fmt::print(stderr, "batch {}: {} decode graphs captured, {} replays; KV pool {} blocks\n", batch,
+               e->runner->graphs_captured(), e->runner->graph_replays(), e->runner->model().num_blocks());
+  }
+  fmt::print("copy ceiling {:.0f} GB/s (device-to-device, read + write); best of {} after a warm-up; {}\n",
+             *bw, o.reps, o.enforce_eager ? "eager" : "decode steps from CUDA graphs");
+  return 0;
+}
+#endif
+
 int run_decode(const DecodeOptions& o) {
   auto bad = [](const std::string& msg) {
     fmt::print(stderr, "mxq bench decode: {}\n", msg);
     return kExitBadInput;
   };
-  if (o.device != "cpu") return bad(fmt::format("--device {}: only cpu is built", o.device));
+  if (o.device != "cpu" && o.device != "cuda")
+    return bad(fmt::format("--device {}: expected cpu or cuda", o.device));
+#if !MXQ_HAVE_CUDA
+  if (o.device == "cuda") return bad("--device cuda: this build has no CUDA backend");
+#endif
   if (o.pp < 1 || o.tg < 1 || o.reps < 1) return bad("--pp, --tg and --reps must be >= 1");
   const bool default_model = o.model.empty();
   const std::string dir = default_model ? default_model_dir() : o.model;
@@ -90,6 +222,9 @@ int run_decode(const DecodeOptions& o) {
     if (!f) return bad(fmt::format("--quantization {}: expected none, mxfp8, mxfp4 or fp8-b128", q));
     load.quantization = *f;
   }
+#if MXQ_HAVE_CUDA
+  if (o.device == "cuda") return run_decode_cuda(o, dir, std::move(load));
+#endif
   auto m = load_model(dir, load);
   if (!m) return bad(m.error().message);
   auto backend = make_cpu_backend(o.threads);
@@ -150,7 +285,13 @@ int run_decode(const DecodeOptions& o) {
 void add_bench_decode(CLI::App& bench, int& exit_code) {
   auto o = std::make_shared<DecodeOptions>();
   auto* cmd = bench.add_subcommand("decode", "Whole-model prompt processing (pp) and generation (tg) tok/s");
-  cmd->add_option("--device", o->device, "cpu (cuda: not built yet)")->capture_default_str();
+  cmd->add_option("--device", o->device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "CUDA: sequences per step (list)")
+      ->capture_default_str()
+      ->delimiter(',');
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "CUDA: KV pool sizing")
+      ->capture_default_str();
+  cmd->add_flag("--enforce-eager", o->enforce_eager, "CUDA: no CUDA graphs");
   cmd->add_option("--model", o->model, "Checkpoint directory (default: models/default as MXFP8)");
   cmd->add_option("--quantization", o->quantization, "none, mxfp8, mxfp4, fp8-b128");
   cmd->add_option("--pp", o->pp, "Prompt tokens")->capture_default_str();

@@ -20,6 +20,12 @@
 #include "model/cpu_backend.h"
 #include "model/load_model.h"
 #include "refit/applier.h"
+#if MXQ_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "engine/cuda_runner.h"
+#include "model/qwen3_cuda.h"
+#endif
 
 namespace mxq::cli {
 namespace {
@@ -34,7 +40,59 @@ struct GenerateOptions {
   std::vector<std::string> apply_delta;  // refit deltas applied in place after the load, in order
   bool ignore_eos = false, chat = false, json = false;
   int threads = 0;
+  // CUDA engine (vLLM names)
+  int32_t max_num_seqs = 256;
+  int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  double gpu_memory_utilization = 0.9;
+  bool enforce_eager = false;
 };
+
+// --device auto: CUDA when this build has it and a GPU is present.
+bool cuda_available() {
+#if MXQ_HAVE_CUDA
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+  return false;
+#endif
+}
+
+#if MXQ_HAVE_CUDA
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// One request through the batched CUDA engine: the loop of Generator::generate (engine/generator.cpp) with
+// the CUDA runner in place of the per-sequence one.
+Result<Generation> generate_cuda(Engine& engine, std::span<const int32_t> prompt, const GenerateParams& p,
+                                 const TextCallback& on_text) {
+  if (auto st = engine.add(0, prompt, p); !st) return tl::unexpected(st.error());
+  Generation g;
+  auto t0 = std::chrono::steady_clock::now();
+  for (bool first = true; !engine.idle(); first = false) {
+    auto outputs = engine.step();
+    if (!outputs) return tl::unexpected(outputs.error());
+    if (first) {
+      g.prefill_seconds = seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
+    }
+    for (RequestOutput& out : *outputs) {
+      for (SampledToken& t : out.tokens) {
+        g.token_ids.push_back(t.id);
+        g.tokens.push_back(std::move(t));
+      }
+      g.text += out.text;
+      if (out.finished) g.finish = out.finish;
+      if (on_text && !out.text.empty() && !on_text(out.text) && !out.finished) {
+        (void)engine.abort(0);
+        g.finish = FinishReason::kLength;
+      }
+    }
+  }
+  g.decode_seconds = seconds_since(t0);
+  return g;
+}
+#endif
 
 Result<std::vector<int32_t>> parse_ids(const std::string& list) {
   std::vector<int32_t> ids;
@@ -72,12 +130,19 @@ int run_generate(const GenerateOptions& o) {
     fmt::print(stderr, "mxq generate: {}\n", e.message);
     return kExitBadInput;
   };
-  if (o.device == "cuda") return bad({"--device cuda: the CUDA engine is not built yet (use --device cpu)"});
-  if (o.device != "cpu" && o.device != "auto")
-    return bad({fmt::format("--device {}: expected cpu, cuda or auto", o.device)});
   const std::string dir = o.model.empty() ? default_model_dir() : o.model;
   LoadOptions load;
   load.threads = o.threads;
+  if (o.device != "cpu" && o.device != "auto" && o.device != "cuda")
+    return bad({fmt::format("--device {}: expected cpu, cuda or auto", o.device)});
+  const bool on_cuda = o.device == "cuda" || (o.device == "auto" && cuda_available());
+#if !MXQ_HAVE_CUDA
+  if (on_cuda) return bad({"--device cuda: this build has no CUDA backend (use --device cpu)"});
+#else
+  if (on_cuda && !cuda_available())
+    return bad({"--device cuda: no CUDA device is visible (use --device cpu)"});
+  if (on_cuda) load.target = cuda::cuda_load_target();
+#endif
   // note: the embedded default model runs as MXFP8 unless told otherwise; a given --model runs as stored.
   const std::string q = o.quantization.empty()
                             ? (o.model.empty() ? std::string(traits(kDefaultModelQuantization).name) : "none")
@@ -135,6 +200,8 @@ int run_generate(const GenerateOptions& o) {
     };
   auto model = load_model(dir, load);
   if (!model) return bad(model.error());
+  // note: on CUDA this CPU model only describes the checkpoint to the engine's request checks; the weights
+  // live on the device and the CUDA runner runs them.
   auto backend = make_cpu_backend(o.threads);
   auto qwen = Qwen3Model::create(model->config, model->store, *backend);
   if (!qwen) return bad(qwen.error());
@@ -157,6 +224,19 @@ int run_generate(const GenerateOptions& o) {
   p.seed = o.seed;
   p.stop = o.stop;
   p.ignore_eos = o.ignore_eos;
+#if MXQ_HAVE_CUDA
+  std::optional<cuda::CudaEngine> cuda_engine;
+  if (on_cuda) {
+    cuda::CudaRunnerOptions ro;
+    ro.model.max_num_seqs = o.max_num_seqs;
+    ro.model.max_model_len = o.max_model_len;
+    ro.model.gpu_memory_utilization = o.gpu_memory_utilization;
+    ro.enforce_eager = o.enforce_eager;
+    auto e = cuda::make_cuda_engine(*qwen, tok ? &*tok : nullptr, model->store, ro);
+    if (!e) return bad(e.error());
+    cuda_engine.emplace(std::move(*e));
+  }
+#endif
   Generator gen(*qwen, tok ? &*tok : nullptr);
   // Text streams as soon as it is final (the generator holds back possible stop strings and partial UTF-8);
   // --json prints one object at the end instead.
@@ -166,13 +246,19 @@ int run_generate(const GenerateOptions& o) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
   }
-  auto g = gen.generate(prompt, p, [&](std::string_view piece) {
+  const TextCallback on_text = [&](std::string_view piece) {
     if (stream) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     }
     return true;
-  });
+  };
+#if MXQ_HAVE_CUDA
+  auto g =
+      cuda_engine ? generate_cuda(cuda_engine->engine, prompt, p, on_text) : gen.generate(prompt, p, on_text);
+#else
+  auto g = gen.generate(prompt, p, on_text);
+#endif
   if (!g) return bad(g.error());
   if (o.json) {
     nlohmann::json j{{"token_ids", g->token_ids},
@@ -201,13 +287,21 @@ int run_generate(const GenerateOptions& o) {
 
 void add_generate(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<GenerateOptions>();
-  auto* cmd = app.add_subcommand("generate", "Generate text from a prompt (CPU engine)");
+  auto* cmd = app.add_subcommand("generate", "Generate text from a prompt (CPU or CUDA engine)");
   cmd->add_option("PROMPT", o->prompt_positional, "Prompt text");
   cmd->add_option("--prompt", o->prompt, "Prompt text");
   cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids");
   cmd->add_option("--model", o->model, "Checkpoint directory (default: models/default as MXFP8)");
   cmd->add_option("--quantization", o->quantization, "Quantize at load: none, mxfp8, mxfp4, fp8-b128");
-  cmd->add_option("--device", o->device, "cpu, cuda or auto (auto = cpu)");
+  cmd->add_option("--device", o->device, "cpu, cuda or auto (auto = cuda when a GPU is present)")
+      ->capture_default_str();
+  cmd->add_option("--max-num-seqs", o->max_num_seqs, "CUDA: sequences in one step")->capture_default_str();
+  cmd->add_option("--max-model-len", o->max_model_len, "CUDA: context of one sequence (0 = the model's)")
+      ->capture_default_str();
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                  "CUDA: fraction of GPU memory for weights, buffers and KV blocks")
+      ->capture_default_str();
+  cmd->add_flag("--enforce-eager", o->enforce_eager, "CUDA: no CUDA graphs");
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate at most")->capture_default_str();
   cmd->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--top-k", o->top_k, "0 = off");

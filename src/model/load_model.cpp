@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "format/codec.h"
@@ -75,6 +76,34 @@ Result<LoadedModel> load_model(const std::string& dir, const LoadOptions& option
   // note: weights are added in spec order (the tensor plan), each through apply_tensor, the store's only
   // writer; plain tensors keep their checkpoint dtype (BF16/F16/F32) and are decoded per row by the ops.
   LoadedModel m{dir, ckpt->config, scheme->kind, scheme->format, ckpt->specs, {}};
+  if (options.target.memory) {
+    auto memory = options.target.memory();
+    if (!memory) return fail_in(dir, memory.error());
+    m.store = WeightStore(std::move(*memory));
+  }
+  // Every tensor's final format and native layout, decided (and refused) before the first byte is read.
+  std::map<std::string, std::optional<Layout>> layouts;
+  if (options.target.layout)
+    for (const WeightSpec& spec : m.specs) {
+      auto lin = spec.linear ? scheme->linears.find(module_of(spec.name)) : scheme->linears.end();
+      Format f;
+      if (lin != scheme->linears.end()) {
+        f = lin->second.format;
+      } else {
+        auto plain = plain_format(ckpt->files.find(spec.name)->dtype, spec.name);
+        if (!plain) return fail_in(dir, plain.error());
+        f = spec.linear && options.quantization ? *options.quantization : *plain;
+      }
+      auto l = options.target.layout(spec.name, f, spec.shape);
+      if (!l) return fail_in(dir, l.error());
+      layouts[spec.name] = std::move(*l);
+    }
+  // note: add() in the target's layout when it chose one (identity otherwise).
+  auto add = [&](const WeightSpec& spec, Format f) -> Status {
+    auto it = layouts.find(spec.name);
+    if (it != layouts.end() && it->second) return m.store.add(spec.name, f, spec.shape, *it->second);
+    return m.store.add(spec.name, f, spec.shape);
+  };
   int64_t done = 0;
   const int64_t total = static_cast<int64_t>(m.specs.size());
   for (const WeightSpec& spec : m.specs) {
@@ -90,7 +119,7 @@ Result<LoadedModel> load_model(const std::string& dir, const LoadOptions& option
       if (!scales) return fail_in(dir, scales.error());
       if (ql.format == Format::kFP8_B128 && ckpt->files.find(ql.scales)->dtype == Dtype::kBF16)
         *scales = widen_bf16_to_f32(*scales);
-      if (auto st = m.store.add(spec.name, ql.format, spec.shape); !st) return fail_in(dir, st.error());
+      if (auto st = add(spec, ql.format); !st) return fail_in(dir, st.error());
       if (auto st = m.store.apply_tensor(spec.name, *values, *scales); !st) return fail_in(dir, st.error());
     } else {
       auto bytes = read_checked(ckpt->files, *scheme, spec.name);
@@ -104,15 +133,14 @@ Result<LoadedModel> load_model(const std::string& dir, const LoadOptions& option
                                       options.threads > 0 ? options.threads : default_threads());
         if (!planes) return fail_in(dir, planes.error());
         m.linear_format = *options.quantization;
-        if (auto st = m.store.add(spec.name, m.linear_format, spec.shape); !st)
-          return fail_in(dir, st.error());
+        if (auto st = add(spec, m.linear_format); !st) return fail_in(dir, st.error());
         if (auto st = m.store.apply_tensor(spec.name, planes->values, planes->scales); !st)
           return fail_in(dir, st.error());
         ++done;
         continue;
       }
       if (spec.linear) m.linear_format = *fmt;
-      if (auto st = m.store.add(spec.name, *fmt, spec.shape); !st) return fail_in(dir, st.error());
+      if (auto st = add(spec, *fmt); !st) return fail_in(dir, st.error());
       if (auto st = m.store.apply_tensor(spec.name, *bytes, {}); !st) return fail_in(dir, st.error());
     }
     ++done;

@@ -2,8 +2,11 @@
 // online quantization of a plain checkpoint (bytes identical to what `mxq quantize` writes).
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/error.h"
@@ -11,10 +14,24 @@
 #include "format/formats.h"
 #include "io/config.h"
 #include "io/scheme.h"
+#include "layout/layout.h"
 #include "model/qwen3_weights.h"
+#include "model/weight_memory.h"
 #include "model/weight_store.h"
 
 namespace mxq {
+
+// Where the weights go and in which native layout (the load target). Empty: host memory, row-major (the CPU
+// backend). The CUDA engine gives its device memory and each kernel's layout (engine/cuda_runner.h).
+struct LoadTarget {
+  // Makes the store's memory (called once per load).
+  std::function<Result<std::unique_ptr<WeightMemory>>()> memory;
+  // The native layout of one tensor in its final format, or nullopt for the identity layout. It may refuse a
+  // tensor (by name) that the target's kernels cannot run: the load then fails before reading any bytes.
+  std::function<Result<std::optional<Layout>>(const std::string& name, Format format,
+                                              const std::vector<int64_t>& shape)>
+      layout;
+};
 
 struct LoadOptions {
   // Quantize the projections of a bf16/f16/f32 checkpoint at load (MXFP8, MXFP4 or FP8-B128); refused for a
@@ -22,6 +39,9 @@ struct LoadOptions {
   std::optional<Format> quantization;
   int threads = 0;      // quantizer threads (0 = hardware threads)
   ProgressFn progress;  // one report per weight; returning false cancels the load
+  // Host memory, row-major by default. note: "= {}" keeps aggregate inits that stop at `progress` free of
+  // -Wmissing-field-initializers.
+  LoadTarget target = {};
 };
 
 struct LoadedModel {

@@ -51,6 +51,14 @@ def test_default_model_runs_as_mxfp8_and_streams_the_same_text():
     assert s.stdout.rstrip("\n") == "Once upon a time" + out["text"]  # the prompt is echoed, then streamed text
 
 
+def test_device_auto_falls_back_to_cpu_without_a_gpu():
+    # note: on a machine with a GPU `auto` runs the CUDA engine, which gave the same text in the H200 run.
+    cpu = generate("Once upon a time", "--max-new-tokens", 8, "--device", "cpu", "--json")
+    auto = generate("Once upon a time", "--max-new-tokens", 8, "--device", "auto", "--json")
+    assert cpu.returncode == 0 and auto.returncode == 0, (cpu.stderr, auto.stderr)
+    assert json.loads(auto.stdout)["token_ids"] == json.loads(cpu.stdout)["token_ids"]
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--device", "cuda", "hi"], "--device cuda"),
     (["--prompt-ids", "1,4096"], "outside the vocabulary"),          # covers H-07

@@ -1,0 +1,200 @@
+#include "engine/cuda_runner.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "cpu/philox.h"
+#include "cpu/sampling.h"
+#include "cuda/check.h"
+#include "cuda/sample.h"
+
+namespace mxq::cuda {
+
+Result<std::unique_ptr<CudaRunner>> CudaRunner::create(const ModelConfig& config, const WeightStore& store,
+                                                       const CudaRunnerOptions& options) {
+  auto model = Qwen3Cuda::create(config, store, options.model);
+  if (!model) return tl::unexpected(model.error());
+  std::unique_ptr<CudaRunner> r(new CudaRunner());
+  r->model_ = std::move(*model);
+  r->options_ = options;
+  r->options_.model = r->model_->options();
+  return r;
+}
+
+CudaRunner::~CudaRunner() {
+  for (auto& [bucket, exec] : graphs_)
+    if (exec) cudaGraphExecDestroy(exec);
+}
+
+EngineConfig CudaRunner::engine_config() const {
+  const Qwen3CudaOptions& o = model_->options();
+  EngineConfig e;
+  e.scheduler = {.max_num_seqs = o.max_num_seqs,
+                 .max_num_batched_tokens = o.max_num_batched_tokens,
+                 .max_model_len = o.max_model_len};
+  e.block_size = o.block_size;
+  e.num_blocks = model_->num_blocks();
+  return e;
+}
+
+int CudaRunner::graphs_captured() const { return static_cast<int>(graphs_.size()); }
+
+int32_t CudaRunner::bucket(int32_t seqs) const {
+  const int32_t cap = model_->options().max_num_seqs;
+  int32_t b = 1;
+  while (b < seqs) b *= 2;
+  return std::min(b, cap);
+}
+
+Result<std::vector<float>> CudaRunner::last_logits(int32_t row) {
+  std::vector<float> out(static_cast<size_t>(model_->config().vocab_size));
+  if (auto st = model_->download_logits(row, out); !st) return tl::unexpected(st.error());
+  return out;
+}
+
+// A decode step at bucket size `rows`: forward + sample, from the bucket's graph (captured on first use) or
+// eagerly. Both enqueue the same kernels with the same arguments.
+Status CudaRunner::launch_decode(int32_t rows, bool use_graph) {
+  const ForwardShape shape{rows, rows, true, rows, {}};
+  if (!use_graph) {
+    if (auto st = model_->forward(shape); !st) return st;
+    return model_->sample(rows);
+  }
+  cudaStream_t stream = model_->stream();
+  auto it = graphs_.find(rows);
+  if (it == graphs_.end()) {
+    MXQ_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    Status st = model_->forward(shape);
+    if (st) st = model_->sample(rows);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    if (!st) {
+      if (graph) cudaGraphDestroy(graph);
+      return fail_in(fmt::format("capturing the decode graph of bucket {}", rows), st.error());
+    }
+    MXQ_CUDA_CHECK(end);
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    MXQ_CUDA_CHECK(inst);
+    it = graphs_.emplace(rows, exec).first;
+  }
+  MXQ_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
+  ++replays_;
+  return {};
+}
+
+Result<std::vector<SampledToken>> CudaRunner::run(const StepPlan& plan, const Scheduler& scheduler,
+                                                  std::span<const SampleSpec> specs) {
+  Qwen3Cuda& m = *model_;
+  const Qwen3CudaOptions& o = m.options();
+  StepMeta& h = m.host_meta();
+  const int32_t S = static_cast<int32_t>(plan.chunks.size());
+  const int64_t T = plan.tokens;
+  const int64_t token_cap = std::max<int64_t>(o.max_num_batched_tokens, o.max_num_seqs);
+  if (S < 1 || S > o.max_num_seqs || T < 1 || T > token_cap)
+    return fail("step of {} sequences / {} tokens, capacity {} / {}", S, T, o.max_num_seqs, token_cap);
+  const bool decode = std::all_of(plan.chunks.begin(), plan.chunks.end(),
+                                  [](const ScheduledChunk& c) { return c.count == 1 && c.samples; });
+  const int32_t seqs = decode ? bucket(S) : S;
+  const int64_t rows = decode ? seqs : T;
+  const int32_t bs = o.block_size, B = m.max_blocks_per_seq();
+
+  // The step's metadata, in the pinned block.
+  std::vector<int32_t> sample_rows;
+  int32_t t = 0, j = 0;
+  h.cu_seqlens[0] = 0;
+  for (int32_t i = 0; i < S; ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    const SequenceState* s = scheduler.find(c.id);
+    if (!s) return fail("request {}: not in the scheduler", c.id);
+    if (static_cast<int64_t>(s->blocks.size()) > B ||
+        c.start + c.count > static_cast<int64_t>(s->blocks.size()) * bs)
+      return fail("request {}: {} blocks for {} positions (at most {} blocks of {})", c.id, s->blocks.size(),
+                  c.start + c.count, B, bs);
+    for (int64_t p = c.start; p < c.start + c.count; ++p, ++t) {
+      h.ids[t] = s->tokens[p];
+      h.positions[t] = static_cast<int32_t>(p);
+      h.slot_mapping[t] = s->blocks[p / bs] * bs + static_cast<int32_t>(p % bs);
+    }
+    std::copy(s->blocks.begin(), s->blocks.end(), h.block_tables + static_cast<int64_t>(i) * B);
+    h.seq_lens[i] = static_cast<int32_t>(c.start + c.count);
+    h.cu_seqlens[i + 1] = t;
+    if (!c.samples) continue;
+    if (j >= static_cast<int32_t>(specs.size())) return fail("request {}: no sampling spec", c.id);
+    const SampleSpec& sp = specs[j];
+    h.temperature[j] = sp.params->temperature;
+    h.top_k[j] = static_cast<int32_t>(std::clamp<int64_t>(sp.params->top_k, -1, INT32_MAX));
+    h.top_p[j] = sp.params->top_p;
+    h.min_p[j] = sp.params->min_p;
+    h.seed[j] = sp.seed;
+    h.step[j] = static_cast<uint64_t>(sp.index);
+    sample_rows.push_back(t - 1);
+    ++j;
+  }
+  // Padding rows of a decode bucket: no KV write, no attention, nothing sampled.
+  for (int64_t r = t; r < rows; ++r) {
+    h.ids[r] = 0;
+    h.positions[r] = 0;
+    h.slot_mapping[r] = -1;
+  }
+  for (int32_t i = S; i < seqs; ++i) {
+    h.seq_lens[i] = 0;
+    h.cu_seqlens[i + 1] = t;
+  }
+  *h.num_tokens = t;
+  *h.num_seqs = j;
+  if (auto st = m.upload_meta(seqs); !st) return tl::unexpected(st.error());
+
+  if (decode) {
+    const bool graphs = !options_.enforce_eager && !m.has_moe();
+    if (auto st = launch_decode(seqs, graphs); !st) return tl::unexpected(st.error());
+  } else {
+    const ForwardShape shape{rows, seqs, false, j, sample_rows};
+    if (auto st = m.forward(shape); !st) return tl::unexpected(st.error());
+    if (j > 0)
+      if (auto st = m.sample(j); !st) return tl::unexpected(st.error());
+  }
+  if (auto st = m.download_outputs(); !st) return tl::unexpected(st.error());
+
+  const StepOutputs& out = m.host_outputs();
+  if (*out.bad_token != INT32_MAX)
+    return fail("step token {}: a token id outside [0, {}) or a KV slot outside the pool", *out.bad_token,
+                m.config().vocab_size);
+  std::vector<SampledToken> tokens;
+  int32_t k = 0;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (!c.samples) continue;
+    if (out.status[k] != kSampleOk)
+      return fail("request {}: sampling step {}: {}", c.id, specs[k].index,
+                  out.status[k] == kSampleBadLogit ? "the logits hold NaN or +inf" : "every token is masked");
+    SampledToken tok{out.token[k], out.logprob[k], {}};
+    const SamplingParams& p = *specs[k].params;
+    if (p.num_logprobs > 0) {
+      // note: the top alternatives come from the host twin on this row's logits (cuda/sample reports the
+      // chosen token's logprob only); its token is not used.
+      auto row = last_logits(k);
+      if (!row) return tl::unexpected(row.error());
+      auto host = mxq::sample(row->data(), m.config().vocab_size, p,
+                              philox_random_bits(specs[k].seed, static_cast<uint64_t>(specs[k].index)));
+      if (!host) return fail_in(fmt::format("request {}: logprobs", c.id), host.error());
+      tok.top_logprobs = std::move(host->top_logprobs);
+    }
+    tokens.push_back(std::move(tok));
+    ++k;
+  }
+  return tokens;
+}
+
+Result<CudaEngine> make_cuda_engine(Qwen3Model& model, const Tokenizer* tokenizer, const WeightStore& store,
+                                    const CudaRunnerOptions& options) {
+  auto runner = CudaRunner::create(model.config(), store, options);
+  if (!runner) return tl::unexpected(runner.error());
+  CudaRunner* raw = runner->get();
+  const EngineConfig cfg = raw->engine_config();
+  auto engine = Engine::create(model, tokenizer, cfg, std::move(*runner));
+  if (!engine) return tl::unexpected(engine.error());
+  return CudaEngine{std::move(*engine), raw};
+}
+
+}  // namespace mxq::cuda

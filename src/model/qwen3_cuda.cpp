@@ -1,0 +1,623 @@
+// Reads top to bottom like model/qwen3.cpp (and transformers' modeling_qwen3.py / modeling_qwen3_moe.py);
+// each step names the HF module it computes. Batched over the step's tokens, paged KV (docs/cuda-ops.md):
+// bf16 between ops, the residual stream, logits and router logits f32.
+#include "model/qwen3_cuda.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "cpu/rope.h"
+#include "cuda/attention_prefill.h"
+#include "cuda/check.h"
+#include "cuda/embedding.h"
+#include "cuda/gemv_layout.h"
+#include "cuda/moe_route.h"
+#include "cuda/paged_attention_decode.h"
+#include "cuda/qk_norm_rope_cache.h"
+#include "cuda/rms_norm.h"
+#include "cuda/sample.h"
+#include "cuda/swiglu.h"
+#include "cuda/weight_memory_cuda.h"
+#include "layout/probe.h"
+#include "model/linear_cuda.h"
+
+namespace mxq::cuda {
+namespace {
+
+bool ends_with(std::string_view s, std::string_view suffix) { return s.ends_with(suffix); }
+
+// note: a launcher's cudaErrorInvalidValue names no argument; the op name and the step shape do.
+#define MXQ_LAUNCH(op, ...)                                                                           \
+  do {                                                                                                \
+    const cudaError_t mxq_rc_ = (__VA_ARGS__);                                                        \
+    if (mxq_rc_ != cudaSuccess) return fail("{}: {} ({} rows)", op, cudaGetErrorName(mxq_rc_), rows); \
+  } while (0)
+
+// Byte offsets of the arrays of one pinned/device block, each 16-byte aligned.
+struct BlockPlan {
+  size_t bytes = 0;
+  size_t take(size_t n) {
+    const size_t at = bytes;
+    bytes += (n + 15) / 16 * 16;
+    return at;
+  }
+};
+
+}  // namespace
+
+LoadTarget cuda_load_target() {
+  LoadTarget t;
+  t.memory = [] { return cuda_weight_memory(); };
+  t.layout = [](const std::string& name, Format f,
+                const std::vector<int64_t>& shape) -> Result<std::optional<Layout>> {
+    if (ends_with(name, ".bias"))
+      return fail("{}: attention_bias is not supported by the CUDA engine (no bias add)", name);
+    if ((ends_with(name, "q_norm.weight") || ends_with(name, "k_norm.weight")) && shape[0] != 64 &&
+        shape[0] != 128)
+      return fail("{}: head_dim {} is not supported by the CUDA engine (64 or 128)", name, shape[0]);
+    switch (f) {
+      case Format::kBF16:
+        return std::optional<Layout>{};
+      case Format::kMXFP8:
+      case Format::kMXFP4: {
+        // The GEMV layout: a byte permutation inside each row of the values plane ([E·]N rows), scales as
+        // stored. probe_layout records it so refit writes through it.
+        const int64_t rows = shape.size() == 3 ? shape[0] * shape[1] : shape[0];
+        const int64_t cols = shape.back();
+        auto l = probe_layout(name, "cuda_gemv", f, shape, [&](const HostPlanes& in) -> Result<HostPlanes> {
+          HostPlanes out{std::vector<uint8_t>(in.values.size()), in.scales};
+          if (auto st = prepare_gemv_values(f, in.values.data(), out.values.data(), rows, cols); !st)
+            return tl::unexpected(st.error());
+          return out;
+        });
+        if (!l) return tl::unexpected(l.error());
+        return std::optional<Layout>(std::move(*l));
+      }
+      case Format::kFP8_B128:
+        return fail("{}: fp8-b128 projections need cuda/linear.h (not in this build); run --device cpu",
+                    name);
+      default:
+        return fail(
+            "{}: {} tensors are not supported by the CUDA engine (its ops read bf16); load a bf16 or "
+            "quantized checkpoint",
+            name, traits(f).name);
+    }
+  };
+  return t;
+}
+
+struct Qwen3Cuda::Weights {
+  struct Layer {
+    const uint16_t *input_layernorm, *post_attention_layernorm, *q_norm, *k_norm;
+    CudaLinear q_proj, k_proj, v_proj, o_proj;
+    bool sparse = false;
+    CudaLinear gate_proj, up_proj, down_proj;  // Qwen3MLP
+    CudaLinear router;                         // mlp.gate
+    // mlp.experts: stacked (gate_up[e] is [2I, H]) or one module per expert
+    std::vector<CudaLinear> gate_up, down, gate, up;
+  };
+  const uint16_t *embed_tokens = nullptr, *norm = nullptr;
+  CudaLinear lm_head;
+  std::vector<Layer> layers;
+};
+
+struct Qwen3Cuda::Buffers {
+  int64_t tokens = 0;  // row capacity of the activations
+  DeviceBuffer residual, normed, qkv, q, attn, hidden, gate, up, act, lin_scratch, sel, logits;
+  DeviceBuffer router_logits, moe_ids, moe_weights, moe_counts, moe_offsets, moe_sorted, moe_row_of, xe, gu,
+      acte, ye;
+  DeviceBuffer kv, inv_freq, decode_ws, cublas_ws, meta, out;
+  void *host_meta = nullptr, *host_out = nullptr;
+  size_t meta_bytes = 0, meta_head_bytes = 0, out_bytes = 0;  // head: everything before the block tables
+  int32_t *host_offsets = nullptr, *host_sorted = nullptr;    // pinned: MoE grouping read back on the host
+  std::vector<uint16_t*> k_cache, v_cache;
+};
+
+Qwen3Cuda::~Qwen3Cuda() {
+  if (b_) {
+    if (b_->host_meta) cudaFreeHost(b_->host_meta);
+    if (b_->host_out) cudaFreeHost(b_->host_out);
+    if (b_->host_offsets) cudaFreeHost(b_->host_offsets);
+    if (b_->host_sorted) cudaFreeHost(b_->host_sorted);
+  }
+  if (cublas_) cublasDestroy(cublas_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+bool Qwen3Cuda::has_moe() const {
+  return std::any_of(w_->layers.begin(), w_->layers.end(), [](const Weights::Layer& l) { return l.sparse; });
+}
+
+int64_t Qwen3Cuda::kv_bytes() const { return static_cast<int64_t>(b_->kv.bytes()); }
+
+Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const WeightStore& store,
+                                                     const Qwen3CudaOptions& opt) {
+  // --- what the engine runs, refused by name ---
+  if (c.architecture != "Qwen3ForCausalLM" && c.architecture != "Qwen3MoeForCausalLM")
+    return fail("architecture '{}' is not supported (expected Qwen3ForCausalLM or Qwen3MoeForCausalLM)",
+                c.architecture);
+  if (c.rope.type != "default")
+    return fail("{}: rope_type '{}' is not supported (expected 'default')", c.architecture, c.rope.type);
+  if (c.head_dim != 64 && c.head_dim != 128)
+    return fail("{}: head_dim {} is not supported by the CUDA engine (64 or 128)", c.architecture,
+                c.head_dim);
+  if (c.attention_bias) return fail("{}: attention_bias is not supported by the CUDA engine", c.architecture);
+  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0)
+    return fail("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", c.architecture,
+                c.num_attention_heads, c.num_key_value_heads);
+  if (c.hidden_size % 32 != 0 || c.intermediate_size % 32 != 0 || c.moe_intermediate_size % 32 != 0)
+    return fail(
+        "{}: hidden_size {} / intermediate_size {} / moe_intermediate_size {}: expected multiples of 32",
+        c.architecture, c.hidden_size, c.intermediate_size, c.moe_intermediate_size);
+  if (c.is_moe() && (c.num_experts > 1024 || c.num_experts_per_tok < 1 || c.num_experts_per_tok > 32 ||
+                     c.num_experts_per_tok > c.num_experts))
+    return fail(
+        "{}: num_experts {} / num_experts_per_tok {}: the CUDA router takes up to 1024 experts, top 32",
+        c.architecture, c.num_experts, c.num_experts_per_tok);
+  if (!store.on_device())
+    return fail("{}: the weight store is in {} memory, expected cuda", c.architecture, store.memory().name());
+  Qwen3CudaOptions o = opt;
+  if (o.max_model_len == 0) o.max_model_len = c.max_position_embeddings;
+  if (o.max_model_len < 1 || o.max_model_len > c.max_position_embeddings)
+    return fail("max_model_len: {}, expected 1..{} (max_position_embeddings)", o.max_model_len,
+                c.max_position_embeddings);
+  if (o.max_num_seqs < 1 || o.max_num_batched_tokens < 1 || o.block_size < 1)
+    return fail("max_num_seqs {}, max_num_batched_tokens {}, block_size {}: expected >= 1", o.max_num_seqs,
+                o.max_num_batched_tokens, o.block_size);
+  if (!(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1))
+    return fail("gpu_memory_utilization: {}, expected in (0, 1]", o.gpu_memory_utilization);
+
+  std::unique_ptr<Qwen3Cuda> m(new Qwen3Cuda());
+  m->config_ = c;
+  m->options_ = o;
+  m->max_blocks_ = static_cast<int32_t>((o.max_model_len + o.block_size - 1) / o.block_size);
+  m->w_ = std::make_unique<Weights>();
+  m->b_ = std::make_unique<Buffers>();
+  Weights& w = *m->w_;
+  Buffers& b = *m->b_;
+
+  // --- weights, by HF module name ---
+  std::string missing;
+  Error bad;
+  auto get = [&](const std::string& name) -> const QTensor* {
+    const QTensor* t = store.find(name);
+    if (!t && missing.empty()) missing = name;
+    return t;
+  };
+  auto bf16 = [&](const std::string& name) -> const uint16_t* {
+    const QTensor* t = get(name);
+    if (!t) return nullptr;
+    if (t->format != Format::kBF16 && bad.message.empty())
+      bad = Error{fmt::format("{}: {} (expected bf16)", name, traits(t->format).name)};
+    return reinterpret_cast<const uint16_t*>(t->values.data());
+  };
+  auto lin = [&](const std::string& name, int64_t expert = -1) -> CudaLinear {
+    const QTensor* t = get(name);
+    if (!t) return {};
+    auto l = cuda_linear(*t, expert);
+    if (!l && bad.message.empty()) bad = l.error();
+    return l ? *l : CudaLinear{};
+  };
+  w.embed_tokens = bf16("model.embed_tokens.weight");
+  w.norm = bf16("model.norm.weight");
+  // note: tied checkpoints reuse the embedding matrix as lm_head (HF tie_word_embeddings).
+  w.lm_head = lin(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    Weights::Layer l{};
+    l.input_layernorm = bf16(p + "input_layernorm.weight");
+    l.post_attention_layernorm = bf16(p + "post_attention_layernorm.weight");
+    l.q_proj = lin(p + "self_attn.q_proj.weight");
+    l.k_proj = lin(p + "self_attn.k_proj.weight");
+    l.v_proj = lin(p + "self_attn.v_proj.weight");
+    l.o_proj = lin(p + "self_attn.o_proj.weight");
+    l.q_norm = bf16(p + "self_attn.q_norm.weight");
+    l.k_norm = bf16(p + "self_attn.k_norm.weight");
+    l.sparse = c.layer_is_sparse(i);
+    if (!l.sparse) {
+      l.gate_proj = lin(p + "mlp.gate_proj.weight");
+      l.up_proj = lin(p + "mlp.up_proj.weight");
+      l.down_proj = lin(p + "mlp.down_proj.weight");
+    } else {
+      l.router = lin(p + "mlp.gate.weight");
+      if (store.find(p + "mlp.experts.gate_up_proj")) {
+        for (int64_t e = 0; e < c.num_experts; ++e) {
+          l.gate_up.push_back(lin(p + "mlp.experts.gate_up_proj", e));
+          l.down.push_back(lin(p + "mlp.experts.down_proj", e));
+        }
+      } else {
+        for (int64_t e = 0; e < c.num_experts; ++e) {
+          const std::string ep = fmt::format("{}mlp.experts.{}.", p, e);
+          l.gate.push_back(lin(ep + "gate_proj.weight"));
+          l.up.push_back(lin(ep + "up_proj.weight"));
+          l.down.push_back(lin(ep + "down_proj.weight"));
+        }
+      }
+    }
+    w.layers.push_back(std::move(l));
+  }
+  if (!missing.empty()) return fail("{}: weight '{}' is not in the weight store", c.architecture, missing);
+  if (!bad.message.empty()) return fail_in(c.architecture, bad);
+  if (w.lm_head.format != Format::kBF16)
+    return fail("{}: lm_head in {}, expected bf16 (logits are computed in f32 by cuBLAS)", c.architecture,
+                traits(w.lm_head.format).name);
+  for (const auto& l : w.layers)
+    if (l.sparse && l.router.format != Format::kBF16)
+      return fail("{}: mlp.gate in {}, expected bf16", c.architecture, traits(l.router.format).name);
+
+  // --- stream, cuBLAS ---
+  MXQ_CUDA_CHECK(cudaStreamCreateWithFlags(&m->stream_, cudaStreamNonBlocking));
+  MXQ_CUDA_CHECK(cublasCreate(&m->cublas_));
+  MXQ_CUDA_CHECK(cublasSetStream(m->cublas_, m->stream_));
+  // note: a fixed workspace, so cuBLAS allocates nothing while a graph is captured.
+  constexpr size_t kCublasWorkspace = size_t{32} << 20;
+  auto alloc = [&](DeviceBuffer& buf, size_t bytes) -> Status {
+    auto d = DeviceBuffer::alloc(std::max<size_t>(bytes, 16));
+    if (!d) return tl::unexpected(d.error());
+    buf = std::move(*d);
+    // note: zeroed, so padding rows a bucket computes on before any step wrote them are finite.
+    MXQ_CUDA_CHECK(cudaMemsetAsync(buf.as(), 0, buf.bytes(), m->stream_));
+    return {};
+  };
+  if (auto st = alloc(b.cublas_ws, kCublasWorkspace); !st) return tl::unexpected(st.error());
+  MXQ_CUDA_CHECK(cublasSetWorkspace(m->cublas_, b.cublas_ws.as(), kCublasWorkspace));
+
+  // --- activations at capacity ---
+  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const int64_t I = c.intermediate_size, V = c.vocab_size, S = o.max_num_seqs;
+  const int64_t T = std::max<int64_t>(o.max_num_batched_tokens, S);
+  const int64_t qkv_w = (Hq + 2 * Hkv) * D;
+  b.tokens = T;
+  size_t widest = static_cast<size_t>(std::max({H, qkv_w, I, Hq * D}));
+  Status st;
+  auto need = [&](DeviceBuffer& buf, size_t bytes) {
+    if (st) st = alloc(buf, bytes);
+  };
+  need(b.residual, T * H * 4);
+  need(b.normed, T * H * 2);
+  need(b.qkv, T * qkv_w * 2);
+  need(b.q, T * Hq * D * 2);
+  need(b.attn, T * Hq * D * 2);
+  need(b.hidden, T * H * 2);
+  need(b.gate, T * I * 2);
+  need(b.up, T * I * 2);
+  need(b.act, T * I * 2);
+  need(b.sel, S * H * 2);
+  need(b.logits, S * V * 4);
+  need(b.inv_freq, D / 2 * 4);
+  need(b.decode_ws,
+       paged_attention_decode_workspace_bytes(static_cast<int>(S), static_cast<int>(Hq), static_cast<int>(D),
+                                              m->max_blocks_, o.block_size));
+  if (c.is_moe()) {
+    const int64_t E = c.num_experts, K = c.num_experts_per_tok, Im = c.moe_intermediate_size;
+    widest = std::max<size_t>(widest, static_cast<size_t>(2 * Im));
+    need(b.router_logits, T * E * 4);
+    need(b.moe_ids, T * K * 4);
+    need(b.moe_weights, T * K * 4);
+    need(b.moe_counts, E * 4);
+    need(b.moe_offsets, (E + 1) * 4);
+    need(b.moe_sorted, T * K * 4);
+    need(b.moe_row_of, T * K * 4);
+    need(b.xe, T * K * H * 2);
+    need(b.gu, T * K * 2 * Im * 2);
+    need(b.acte, T * K * Im * 2);
+    need(b.ye, T * K * H * 2);
+    MXQ_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&b.host_offsets), (E + 1) * 4));
+    MXQ_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&b.host_sorted), T * K * 4));
+  }
+  need(b.lin_scratch, 16 * widest * 2);
+  if (!st) return fail_in("CUDA engine buffers", st.error());
+  auto inv = rope_inv_freq(static_cast<float>(c.rope.theta), D);
+  if (!inv) return tl::unexpected(inv.error());
+  MXQ_CUDA_CHECK(
+      cudaMemcpyAsync(b.inv_freq.as(), inv->data(), inv->size() * 4, cudaMemcpyHostToDevice, m->stream_));
+
+  // --- step metadata and outputs: one block each, pinned host twin ---
+  BlockPlan mp;
+  const size_t o_seed = mp.take(S * 8), o_step = mp.take(S * 8), o_temp = mp.take(S * 4),
+               o_top_p = mp.take(S * 4), o_min_p = mp.take(S * 4), o_top_k = mp.take(S * 4),
+               o_ids = mp.take(T * 4), o_pos = mp.take(T * 4), o_slot = mp.take(T * 4), o_sl = mp.take(S * 4),
+               o_cu = mp.take((S + 1) * 4), o_nt = mp.take(4), o_ns = mp.take(4);
+  // note: block tables last, so a step uploads the rows of its own sequences only (a [256, 2560] table of a
+  // 40k context is 2.6 MB; a step's rows are what it reads).
+  const size_t o_bt = mp.take(S * m->max_blocks_ * 4);
+  b.meta_bytes = mp.bytes;
+  b.meta_head_bytes = o_bt;
+  need(b.meta, b.meta_bytes);
+  MXQ_CUDA_CHECK(cudaMallocHost(&b.host_meta, b.meta_bytes));
+  std::fill_n(static_cast<uint8_t*>(b.host_meta), b.meta_bytes, 0);
+  auto views = [&](uint8_t* base, StepMeta& v) {
+    v.seed = reinterpret_cast<uint64_t*>(base + o_seed);
+    v.step = reinterpret_cast<uint64_t*>(base + o_step);
+    v.temperature = reinterpret_cast<float*>(base + o_temp);
+    v.top_p = reinterpret_cast<float*>(base + o_top_p);
+    v.min_p = reinterpret_cast<float*>(base + o_min_p);
+    v.top_k = reinterpret_cast<int32_t*>(base + o_top_k);
+    v.ids = reinterpret_cast<int32_t*>(base + o_ids);
+    v.positions = reinterpret_cast<int32_t*>(base + o_pos);
+    v.slot_mapping = reinterpret_cast<int32_t*>(base + o_slot);
+    v.block_tables = reinterpret_cast<int32_t*>(base + o_bt);
+    v.seq_lens = reinterpret_cast<int32_t*>(base + o_sl);
+    v.cu_seqlens = reinterpret_cast<int32_t*>(base + o_cu);
+    v.num_tokens = reinterpret_cast<int32_t*>(base + o_nt);
+    v.num_seqs = reinterpret_cast<int32_t*>(base + o_ns);
+  };
+  views(static_cast<uint8_t*>(b.host_meta), m->host_meta_);
+  views(b.meta.as<uint8_t>(), m->dev_meta_);
+  BlockPlan op;
+  const size_t o_tok = op.take(S * 4), o_status = op.take(S * 4), o_lp = op.take(S * 4), o_bad = op.take(4);
+  b.out_bytes = op.bytes;
+  need(b.out, b.out_bytes);
+  MXQ_CUDA_CHECK(cudaMallocHost(&b.host_out, b.out_bytes));
+  auto out_views = [&](uint8_t* base, StepOutputs& v) {
+    v.token = reinterpret_cast<int32_t*>(base + o_tok);
+    v.status = reinterpret_cast<int32_t*>(base + o_status);
+    v.logprob = reinterpret_cast<float*>(base + o_lp);
+    v.bad_token = reinterpret_cast<int32_t*>(base + o_bad);
+  };
+  out_views(static_cast<uint8_t*>(b.host_out), m->host_out_);
+  out_views(b.out.as<uint8_t>(), m->dev_out_);
+  if (!st) return fail_in("CUDA engine buffers", st.error());
+  const int32_t no_bad = INT32_MAX;
+  MXQ_CUDA_CHECK(cudaMemcpyAsync(m->dev_out_.bad_token, &no_bad, 4, cudaMemcpyHostToDevice, m->stream_));
+  MXQ_CUDA_CHECK(cudaStreamSynchronize(m->stream_));
+
+  // --- the paged KV pool: what the utilization leaves after weights and buffers (vLLM semantics) ---
+  const int64_t block_bytes = 2 * c.num_hidden_layers * o.block_size * Hkv * D * 2;
+  const int64_t blocks_per_seq = m->max_blocks_;
+  int64_t blocks = o.num_blocks;
+  if (blocks <= 0) {
+    size_t free_b = 0, total_b = 0;
+    MXQ_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const double budget =
+        o.gpu_memory_utilization * static_cast<double>(total_b) - static_cast<double>(total_b - free_b);
+    blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
+    // note: never more than max_num_seqs full-length sequences can use (vLLM does not cap; a small model
+    // would otherwise take most of the GPU for blocks it can never fill).
+    blocks = std::min(blocks, S * blocks_per_seq);
+    if (blocks < blocks_per_seq)
+      return fail(
+          "gpu_memory_utilization {}: {} KV blocks of {} bytes fit ({} MiB used of {} MiB), one "
+          "sequence of max_model_len {} needs {}",
+          o.gpu_memory_utilization, blocks, block_bytes, (total_b - free_b) >> 20, total_b >> 20,
+          o.max_model_len, blocks_per_seq);
+  }
+  if (blocks > INT32_MAX / o.block_size)
+    return fail("num_blocks: {} slots exceed int32", blocks * o.block_size);
+  m->num_blocks_ = blocks;
+  if (auto s = alloc(b.kv, static_cast<size_t>(blocks * block_bytes)); !s)
+    return fail("KV pool of {} blocks ({} MiB): {}", blocks, (blocks * block_bytes) >> 20, s.error().message);
+  const int64_t layer_elems = blocks * o.block_size * Hkv * D;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    b.k_cache.push_back(b.kv.as<uint16_t>() + (2 * i) * layer_elems);
+    b.v_cache.push_back(b.kv.as<uint16_t>() + (2 * i + 1) * layer_elems);
+  }
+  MXQ_CUDA_CHECK(cudaStreamSynchronize(m->stream_));
+  return m;
+}
+
+Status Qwen3Cuda::upload_meta(int32_t seqs) {
+  const size_t bytes = std::min(
+      b_->meta_bytes, b_->meta_head_bytes + static_cast<size_t>(std::max(seqs, 0)) * max_blocks_ * 4);
+  MXQ_CUDA_CHECK(cudaMemcpyAsync(b_->meta.as(), b_->host_meta, bytes, cudaMemcpyHostToDevice, stream_));
+  return {};
+}
+
+Status Qwen3Cuda::download_outputs() {
+  MXQ_CUDA_CHECK(cudaMemcpyAsync(b_->host_out, b_->out.as(), b_->out_bytes, cudaMemcpyDeviceToHost, stream_));
+  MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return {};
+}
+
+Status Qwen3Cuda::download_logits(int32_t row, std::span<float> out) {
+  const int64_t V = config_.vocab_size;
+  if (row < 0 || row >= options_.max_num_seqs || static_cast<int64_t>(out.size()) != V)
+    return fail("download_logits: row {} of {}, {} floats for vocab {}", row, options_.max_num_seqs,
+                out.size(), V);
+  MXQ_CUDA_CHECK(
+      cudaMemcpyAsync(out.data(), b_->logits.as<float>() + row * V, V * 4, cudaMemcpyDeviceToHost, stream_));
+  MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return {};
+}
+
+Status Qwen3Cuda::forward(const ForwardShape& s) {
+  const ModelConfig& c = config_;
+  Buffers& b = *b_;
+  const Weights& w = *w_;
+  const StepMeta& meta = dev_meta_;
+  const int64_t rows = s.rows;
+  if (rows < 1 || rows > b.tokens || s.seqs < 1 || s.seqs > options_.max_num_seqs ||
+      s.sample_rows > options_.max_num_seqs)
+    return fail("forward: {} rows (capacity {}), {} sequences, {} sampled (capacity {})", rows, b.tokens,
+                s.seqs, s.sample_rows, options_.max_num_seqs);
+  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const int64_t qkv_w = (Hq + 2 * Hkv) * D;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const LinearContext ctx{cublas_, stream_, b.lin_scratch.as<uint16_t>()};
+  uint16_t* normed = b.normed.as<uint16_t>();
+  uint16_t* qkv = b.qkv.as<uint16_t>();
+  uint16_t* hidden = b.hidden.as<uint16_t>();
+  float* residual = b.residual.as<float>();
+
+  // model.embed_tokens (into the f32 residual stream)
+  MXQ_LAUNCH("embedding", launch_embedding_f32(w.embed_tokens, c.vocab_size, H, meta.ids, meta.num_tokens,
+                                               rows, residual, dev_out_.bad_token, stream_));
+  // layers[0].input_layernorm (each later input_layernorm is fused with the residual add below)
+  MXQ_LAUNCH("rms_norm", launch_rms_norm_f32(residual, w.layers[0].input_layernorm, eps, H, meta.num_tokens,
+                                             rows, normed, stream_));
+
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const Weights::Layer& l = w.layers[i];
+    // self_attn.q_proj / k_proj / v_proj, into one [rows, q | k | v] buffer
+    if (auto st = linear(ctx, l.q_proj, normed, rows, qkv, qkv_w); !st) return st;
+    if (auto st = linear(ctx, l.k_proj, normed, rows, qkv + Hq * D, qkv_w); !st) return st;
+    if (auto st = linear(ctx, l.v_proj, normed, rows, qkv + (Hq + Hkv) * D, qkv_w); !st) return st;
+    // self_attn.q_norm / k_norm, rotary_emb + apply_rotary_pos_emb, past_key_values.update (paged write)
+    QkNormRopeArgs qa{};
+    qa.qkv = qkv;
+    qa.q_norm = l.q_norm;
+    qa.k_norm = l.k_norm;
+    qa.inv_freq = b.inv_freq.as<float>();
+    qa.positions = meta.positions;
+    qa.slot_mapping = meta.slot_mapping;
+    qa.num_tokens = meta.num_tokens;
+    qa.q_out = b.q.as<uint16_t>();
+    qa.k_cache = b.k_cache[i];
+    qa.v_cache = b.v_cache[i];
+    qa.bad_token = dev_out_.bad_token;
+    qa.max_tokens = rows;
+    qa.num_slots = num_blocks_ * options_.block_size;
+    qa.q_heads = static_cast<int>(Hq);
+    qa.kv_heads = static_cast<int>(Hkv);
+    qa.head_dim = static_cast<int>(D);
+    qa.eps = eps;
+    MXQ_LAUNCH("qk_norm_rope_cache", launch_qk_norm_rope_cache(qa, stream_));
+    // eager_attention_forward (causal, GQA, scaling head_dim^-0.5) over the paged cache
+    if (s.decode) {
+      PagedDecodeArgs a{b.q.as<uint16_t>(),    b.k_cache[i],
+                        b.v_cache[i],          meta.block_tables,
+                        meta.seq_lens,         b.decode_ws.as<float>(),
+                        b.attn.as<uint16_t>(), s.seqs,
+                        max_blocks_,           options_.block_size,
+                        static_cast<int>(Hq),  static_cast<int>(Hkv),
+                        static_cast<int>(D)};
+      MXQ_LAUNCH("paged_attention_decode", launch_paged_attention_decode(a, stream_));
+    } else {
+      PrefillArgs a{b.q.as<uint16_t>(),    b.k_cache[i],           b.v_cache[i],
+                    meta.block_tables,     meta.cu_seqlens,        meta.seq_lens,
+                    b.attn.as<uint16_t>(), static_cast<int>(rows), s.seqs,
+                    max_blocks_,           options_.block_size,    static_cast<int>(Hq),
+                    static_cast<int>(Hkv), static_cast<int>(D)};
+      MXQ_LAUNCH("attention_prefill", launch_attention_prefill(a, stream_));
+    }
+    // self_attn.o_proj
+    if (auto st = linear(ctx, l.o_proj, b.attn.as<uint16_t>(), rows, hidden, H); !st) return st;
+    // residual add, post_attention_layernorm
+    MXQ_LAUNCH("add_rms_norm", launch_add_rms_norm(hidden, residual, l.post_attention_layernorm, eps, H,
+                                                   meta.num_tokens, rows, normed, stream_));
+    // mlp: Qwen3MoeSparseMoeBlock on sparse layers, Qwen3MLP otherwise
+    auto st = l.sparse ? sparse_moe_block(i, rows) : mlp(i, rows);
+    if (!st) return st;
+    // residual add, then the next layer's input_layernorm or the final model.norm
+    const uint16_t* next_norm = i + 1 < w.layers.size() ? w.layers[i + 1].input_layernorm : w.norm;
+    MXQ_LAUNCH("add_rms_norm", launch_add_rms_norm(hidden, residual, next_norm, eps, H, meta.num_tokens, rows,
+                                                   normed, stream_));
+  }
+
+  // lm_head, on the sampling rows only: a decode step samples every row, a mixed step the last token of each
+  // chunk that completes its sequence (gathered here).
+  if (s.sample_rows == 0) return {};
+  const uint16_t* x = normed;
+  if (!s.decode) {
+    for (int32_t j = 0; j < s.sample_rows; ++j)
+      MXQ_CUDA_CHECK(cudaMemcpyAsync(b.sel.as<uint16_t>() + j * H, normed + s.sample_token_rows[j] * H, H * 2,
+                                     cudaMemcpyDeviceToDevice, stream_));
+    x = b.sel.as<uint16_t>();
+  }
+  return linear_f32_out(ctx, w.lm_head, x, s.sample_rows, b.logits.as<float>());
+}
+
+Status Qwen3Cuda::sample(int32_t rows) {
+  SampleArgs a{};
+  a.logits = b_->logits.as<float>();
+  a.temperature = dev_meta_.temperature;
+  a.top_k = dev_meta_.top_k;
+  a.top_p = dev_meta_.top_p;
+  a.min_p = dev_meta_.min_p;
+  a.seed = dev_meta_.seed;
+  a.step = dev_meta_.step;
+  a.num_seqs = dev_meta_.num_seqs;
+  a.token = dev_out_.token;
+  a.logprob = dev_out_.logprob;
+  a.status = dev_out_.status;
+  a.vocab = config_.vocab_size;
+  a.max_seqs = rows;
+  MXQ_LAUNCH("sample", launch_sample(a, stream_));
+  return {};
+}
+
+// Qwen3MLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))
+Status Qwen3Cuda::mlp(size_t i, int64_t rows) {
+  const Weights::Layer& l = w_->layers[i];
+  Buffers& b = *b_;
+  const LinearContext ctx{cublas_, stream_, b.lin_scratch.as<uint16_t>()};
+  const int64_t I = config_.intermediate_size;
+  uint16_t *gate = b.gate.as<uint16_t>(), *up = b.up.as<uint16_t>(), *act = b.act.as<uint16_t>();
+  if (auto st = linear(ctx, l.gate_proj, b.normed.as<uint16_t>(), rows, gate, I); !st) return st;
+  if (auto st = linear(ctx, l.up_proj, b.normed.as<uint16_t>(), rows, up, I); !st) return st;
+  MXQ_LAUNCH("swiglu", launch_swiglu(gate, up, I, dev_meta_.num_tokens, rows, act, stream_));
+  return linear(ctx, l.down_proj, act, rows, b.hidden.as<uint16_t>(), config_.hidden_size);
+}
+
+// Qwen3MoeSparseMoeBlock: router over mlp.gate, the token → expert grouping on the device, then each expert
+// on its group of rows, outputs summed per token in expert order (moe_combine, as HF's loop over experts).
+// note: the expert loop is driven from the host (offsets read back), so MoE steps are never captured.
+Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows) {
+  const Weights::Layer& l = w_->layers[i];
+  const ModelConfig& c = config_;
+  Buffers& b = *b_;
+  const LinearContext ctx{cublas_, stream_, b.lin_scratch.as<uint16_t>()};
+  const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok, Im = c.moe_intermediate_size;
+  // mlp.gate (router logits, f32)
+  if (auto st = linear_f32_out(ctx, l.router, b.normed.as<uint16_t>(), rows, b.router_logits.as<float>());
+      !st)
+    return st;
+  // softmax, topk, norm_topk_prob, and the grouping by expert
+  MoeRouteArgs ra{};
+  ra.logits_f32 = b.router_logits.as<float>();
+  ra.num_tokens = dev_meta_.num_tokens;
+  ra.ids = b.moe_ids.as<int32_t>();
+  ra.weights = b.moe_weights.as<float>();
+  ra.counts = b.moe_counts.as<int32_t>();
+  ra.offsets = b.moe_offsets.as<int32_t>();
+  ra.sorted_rows = b.moe_sorted.as<int32_t>();
+  ra.row_of = b.moe_row_of.as<int32_t>();
+  ra.max_tokens = static_cast<int>(rows);
+  ra.experts = static_cast<int>(E);
+  ra.top_k = static_cast<int>(K);
+  ra.norm_topk_prob = c.norm_topk_prob;
+  MXQ_LAUNCH("moe_route", launch_moe_route(ra, stream_));
+  MXQ_CUDA_CHECK(
+      cudaMemcpyAsync(b.host_offsets, b.moe_offsets.as(), (E + 1) * 4, cudaMemcpyDeviceToHost, stream_));
+  MXQ_CUDA_CHECK(
+      cudaMemcpyAsync(b.host_sorted, b.moe_sorted.as(), rows * K * 4, cudaMemcpyDeviceToHost, stream_));
+  MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const int32_t entries = b.host_offsets[E];
+  // expert inputs in sorted_rows order: entry p reads token sorted_rows[p] / K (runs of consecutive tokens
+  // copied at once)
+  const uint16_t* x = b.normed.as<uint16_t>();
+  uint16_t* xe = b.xe.as<uint16_t>();
+  for (int32_t p = 0; p < entries;) {
+    const int32_t t0 = b.host_sorted[p] / static_cast<int32_t>(K);
+    int32_t run = 1;
+    while (p + run < entries && b.host_sorted[p + run] / K == t0 + run) ++run;
+    MXQ_CUDA_CHECK(cudaMemcpyAsync(xe + p * H, x + t0 * H, run * H * 2, cudaMemcpyDeviceToDevice, stream_));
+    p += run;
+  }
+  uint16_t *gu = b.gu.as<uint16_t>(), *act = b.acte.as<uint16_t>(), *ye = b.ye.as<uint16_t>();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t off = b.host_offsets[e], cnt = b.host_offsets[e + 1] - off;
+    if (cnt == 0) continue;
+    if (!l.gate_up.empty()) {
+      // mlp.experts.gate_up_proj [E, 2I, H]: per row gate then up
+      if (auto st = linear(ctx, l.gate_up[e], xe + off * H, cnt, gu + off * 2 * Im, 2 * Im); !st) return st;
+    } else {
+      // mlp.experts.<e>.gate_proj / up_proj, into the same [gate | up] rows
+      if (auto st = linear(ctx, l.gate[e], xe + off * H, cnt, gu + off * 2 * Im, 2 * Im); !st) return st;
+      if (auto st = linear(ctx, l.up[e], xe + off * H, cnt, gu + off * 2 * Im + Im, 2 * Im); !st) return st;
+    }
+    MXQ_LAUNCH("swiglu", launch_swiglu_fused(gu + off * 2 * Im, Im, nullptr, cnt, act + off * Im, stream_));
+    // mlp.experts.down_proj [E, H, I] / mlp.experts.<e>.down_proj
+    if (auto st = linear(ctx, l.down[e], act + off * Im, cnt, ye + off * H, H); !st) return st;
+  }
+  // routing weights, summed per token in increasing expert id
+  MXQ_LAUNCH("moe_combine",
+             launch_moe_combine(ye, H, b.moe_ids.as<int32_t>(), b.moe_weights.as<float>(),
+                                b.moe_row_of.as<int32_t>(), dev_meta_.num_tokens, static_cast<int>(rows),
+                                static_cast<int>(K), b.hidden.as<uint16_t>(), stream_));
+  return {};
+}
+
+}  // namespace mxq::cuda

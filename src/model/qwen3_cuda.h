@@ -1,0 +1,127 @@
+// Qwen3ForCausalLM and Qwen3MoeForCausalLM on the GPU: the same model as model/qwen3.h, batched over the
+// tokens of one engine step and paged (vLLM layout, docs/cuda-ops.md), reading its weights in place from a
+// CUDA WeightStore (src/cuda/weight_memory_cuda.h) in each kernel's native layout.
+//
+// Memory: everything is allocated once in create(), at capacity, and never moves, so a CUDA graph captured
+// over forward() stays valid across steps and refits (refit writes the weight buffers in place):
+//   activations (bf16 between ops, f32 residual stream), the paged bf16 KV pool, the step metadata (one
+//   device block uploaded from a pinned host twin in one copy per step), the sampling outputs (one device
+//   block copied back in one copy per step).
+// forward() only enqueues work on stream(); it reads every per-step size it can from the device metadata.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "io/config.h"
+#include "model/load_model.h"
+#include "model/weight_store.h"
+
+namespace mxq::cuda {
+
+// The load target of the CUDA engine: the store in device memory, MXFP8/MXFP4 projections in the GEMV layout
+// (cuda/gemv_layout.h), everything else row-major. Refuses by name what the engine cannot run: FP8-B128
+// projections (its kernels land with cuda/linear.h), F16/F32 tensors (the ops read BF16), attention biases,
+// head_dim other than 64 or 128.
+LoadTarget cuda_load_target();
+
+struct Qwen3CudaOptions {
+  int32_t max_num_seqs = 256;             // sequences in one step
+  int64_t max_num_batched_tokens = 8192;  // tokens in one step
+  int64_t max_model_len = 0;              // 0: max_position_embeddings
+  int32_t block_size = 16;
+  double gpu_memory_utilization = 0.9;  // fraction of device memory for weights + buffers + KV blocks
+  int64_t num_blocks = 0;               // > 0: this many KV blocks (tests), else from the utilization
+};
+
+// The step metadata: host views into the pinned staging block (what the runner fills) and the matching
+// device pointers (what the kernels read). Capacities: T tokens, S sequences, B blocks per sequence.
+struct StepMeta {
+  uint64_t *seed, *step;                    // [S] sampling draw (seed, index)
+  float *temperature, *top_p, *min_p;       // [S]
+  int32_t* top_k;                           // [S]
+  int32_t *ids, *positions, *slot_mapping;  // [T]
+  int32_t* block_tables;                    // [S, B]
+  int32_t *seq_lens, *cu_seqlens;           // [S], [S + 1]
+  int32_t *num_tokens, *num_seqs;           // [1] each: tokens of the step, sampling rows
+};
+
+// What sample() wrote, copied back in one piece.
+struct StepOutputs {
+  int32_t *token, *status;  // [S]
+  float* logprob;           // [S]
+  int32_t* bad_token;       // [1]: INT32_MAX unless a token id or slot was out of range (sticky)
+};
+
+// One forward's shape. Decode steps (one token per sequence, every sequence samples) run `rows` = a
+// batch-size bucket with padding rows (graph-capturable); other steps run `rows` = their token count.
+struct ForwardShape {
+  int64_t rows = 0;                            // M of every linear layer (tokens, padding included)
+  int32_t seqs = 0;                            // sequences of the step (bucket size for decode)
+  bool decode = false;                         // paged decode attention instead of prefill attention
+  int32_t sample_rows = 0;                     // logits rows: decode = seqs; else one per sampling chunk
+  std::span<const int32_t> sample_token_rows;  // mixed steps: the token row each logits row comes from
+};
+
+class Qwen3Cuda {
+ public:
+  // Resolves every tensor (which must live in a CUDA store in cuda_load_target()'s layouts, and outlive the
+  // model), allocates every buffer at capacity and the KV pool (options.num_blocks, or what
+  // gpu_memory_utilization leaves). Refuses by name unsupported configs and a utilization too small for
+  // even one sequence.
+  static Result<std::unique_ptr<Qwen3Cuda>> create(const ModelConfig& config, const WeightStore& store,
+                                                   const Qwen3CudaOptions& options);
+  ~Qwen3Cuda();
+  Qwen3Cuda(const Qwen3Cuda&) = delete;
+  Qwen3Cuda& operator=(const Qwen3Cuda&) = delete;
+
+  // Enqueues the forward of the uploaded step; logits f32 [sample_rows, vocab] in logits(). Mixed steps
+  // gather their sampling rows with copies decided on the host; MoE layers wait for the routing on the host
+  // (not graph-capturable: has_moe()).
+  Status forward(const ForwardShape& shape);
+  // Enqueues sampling of the first *num_seqs logits rows (capacity `rows`) into the outputs block.
+  Status sample(int32_t rows);
+
+  StepMeta& host_meta() { return host_meta_; }
+  // One host → device copy of the metadata block, block-table rows of the first `seqs` sequences included.
+  Status upload_meta(int32_t seqs);
+  Status download_outputs();  // one device → host copy of the outputs block (then a sync)
+  const StepOutputs& host_outputs() const { return host_out_; }
+  Status download_logits(int32_t row, std::span<float> out);  // one logits row (synchronous)
+
+  const ModelConfig& config() const { return config_; }
+  const Qwen3CudaOptions& options() const { return options_; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int32_t max_blocks_per_seq() const { return max_blocks_; }
+  bool has_moe() const;
+  cudaStream_t stream() const { return stream_; }
+  int64_t kv_bytes() const;
+
+ private:
+  struct Weights;
+  struct Buffers;
+  Qwen3Cuda() = default;
+  Status mlp(size_t layer, int64_t rows);
+  Status sparse_moe_block(size_t layer, int64_t rows);
+
+  ModelConfig config_;
+  Qwen3CudaOptions options_;
+  int64_t num_blocks_ = 0;
+  int32_t max_blocks_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<Weights> w_;
+  std::unique_ptr<Buffers> b_;
+  StepMeta host_meta_{}, dev_meta_{};
+  StepOutputs host_out_{}, dev_out_{};
+};
+
+}  // namespace mxq::cuda
