@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <random>
 
+#include "cli/bench_cuda.h"
 #include "cuda/check.h"
 #include "cuda/gemm_mx.h"
 #include "cuda/gemv_layout.h"
@@ -44,64 +45,6 @@ constexpr Shape kShapes[] = {
 // note: small-M launches read a different copy of the weights each time; 4x the 60 MB L2 keeps them out.
 constexpr int64_t kRotateBytes = 256LL << 20;
 constexpr int kLaunchesPerGraph = 10, kReps = 9;
-
-// Median of `reps` CUDA-event timings of `enqueue()` after `warmup` untimed runs, in ms.
-template <class Enqueue>
-Result<float> median_event_ms(cudaStream_t stream, int warmup, int reps, Enqueue&& enqueue) {
-  cudaEvent_t start, stop;
-  MXQ_CUDA_CHECK(cudaEventCreate(&start));
-  MXQ_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> ms;
-  for (int rep = -warmup; rep < reps; ++rep) {
-    MXQ_CUDA_CHECK(cudaEventRecord(start, stream));
-    MXQ_CUDA_CHECK(enqueue());
-    MXQ_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MXQ_CUDA_CHECK(cudaEventSynchronize(stop));
-    float t = 0;
-    MXQ_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    if (rep >= 0) ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return ms[ms.size() / 2];
-}
-
-// body(i) for i < kLaunchesPerGraph captured in one CUDA graph (after one direct, untimed body(0));
-// median µs per launch.
-template <class Body>
-Result<double> time_graph(cudaStream_t stream, Body&& body) {
-  if (Status st = body(0); !st) return tl::unexpected(st.error());
-  MXQ_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  MXQ_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunchesPerGraph; ++i) {
-    if (Status st = body(i); !st) {
-      cudaStreamEndCapture(stream, &graph);
-      return tl::unexpected(st.error());
-    }
-  }
-  MXQ_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  MXQ_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  auto ms = median_event_ms(stream, 2, kReps, [&] { return cudaGraphLaunch(exec, stream); });
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  if (!ms) return tl::unexpected(ms.error());
-  return 1e3 * *ms / kLaunchesPerGraph;
-}
-
-// `copies` device copies of the same host bytes.
-Result<std::vector<DeviceBuffer>> replicate(const std::vector<uint8_t>& host, int copies) {
-  std::vector<DeviceBuffer> out;
-  for (int i = 0; i < copies; ++i) {
-    auto b = DeviceBuffer::alloc(host.size());
-    if (!b) return tl::unexpected(b.error());
-    MXQ_CUDA_CHECK(cudaMemcpy(b->as(), host.data(), host.size(), cudaMemcpyHostToDevice));
-    out.push_back(std::move(*b));
-  }
-  return out;
-}
 
 // Random codes (no E4M3 NaN codes) or random finite bf16 with |x| in [2^-6, 2^2): never zeros.
 std::vector<uint8_t> random_codes(std::mt19937_64& rng, size_t count, bool e4m3) {
@@ -154,7 +97,7 @@ Status run_bench(const std::vector<Format>& formats, const std::vector<int64_t>&
     auto* yp = y->as<uint16_t>();
     std::vector<double> blas_us;
     for (int64_t m : ms) {
-      auto us = time_graph(stream, [&](int i) -> Status {
+      auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) -> Status {
         const float alpha = 1.0f, beta = 0.0f;
         MXQ_CUDA_CHECK(
             cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.n), static_cast<int>(m),
@@ -178,7 +121,7 @@ Status run_bench(const std::vector<Format>& formats, const std::vector<int64_t>&
       if (!wv || !ws) return fail("bench gemm: device allocation failed for {} {}", s.name, traits(f).name);
       for (size_t mi = 0; mi < ms.size(); ++mi) {
         const int64_t m = ms[mi];
-        auto us = time_graph(stream, [&](int i) {
+        auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) {
           const cuda::MxGemvWeights w{f, (*wv)[static_cast<size_t>(i % copies)].as<uint8_t>(),
                                       (*ws)[static_cast<size_t>(i % copies)].as<uint8_t>(), s.n, s.k};
           return f == Format::kMXFP8 ? cuda::gemm_mxfp8(xp, m, w, yp, stream)

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <random>
 
+#include "cli/bench_cuda.h"
 #include "cuda/check.h"
 #include "cuda/gemv_mx.h"
 #include "cuda/linear.h"
@@ -50,80 +51,6 @@ constexpr Shape kShapes[] = {
 // note: every timed launch reads a different copy of the weights; 4x the 60 MB L2 keeps them out of it.
 constexpr int64_t kRotateBytes = 256LL << 20;
 constexpr int kLaunchesPerGraph = 20, kReps = 15;
-
-// Median of `reps` CUDA-event timings of `enqueue()` (after `warmup` untimed runs), in ms.
-template <class Enqueue>
-Result<float> median_event_ms(cudaStream_t stream, int warmup, int reps, Enqueue&& enqueue) {
-  cudaEvent_t start, stop;
-  MXQ_CUDA_CHECK(cudaEventCreate(&start));
-  MXQ_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> ms;
-  for (int rep = -warmup; rep < reps; ++rep) {
-    MXQ_CUDA_CHECK(cudaEventRecord(start, stream));
-    MXQ_CUDA_CHECK(enqueue());
-    MXQ_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MXQ_CUDA_CHECK(cudaEventSynchronize(stop));
-    float t = 0;
-    MXQ_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    if (rep >= 0) ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return ms[ms.size() / 2];
-}
-
-// Times `body(i)` for i = 0..kLaunchesPerGraph-1 captured in one CUDA graph; median µs per launch.
-template <class Body>
-Result<double> time_graph(cudaStream_t stream, Body&& body) {
-  // note: one uncaptured call first: plans and heuristics are made outside the capture, errors show here.
-  if (Status st = body(0); !st) return tl::unexpected(st.error());
-  MXQ_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  MXQ_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunchesPerGraph; ++i) {
-    Status st = body(i);
-    if (!st) {
-      cudaStreamEndCapture(stream, &graph);
-      return tl::unexpected(st.error());
-    }
-  }
-  MXQ_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  MXQ_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  // note: two untimed replays warm clocks and TLBs
-  auto ms = median_event_ms(stream, 2, kReps, [&] { return cudaGraphLaunch(exec, stream); });
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  if (!ms) return tl::unexpected(ms.error());
-  return 1e3 * *ms / kLaunchesPerGraph;
-}
-
-// Device-to-device copy bandwidth over 2 GiB, counting bytes read plus bytes written (GB/s).
-Result<double> copy_bandwidth(cudaStream_t stream) {
-  constexpr size_t kBytes = 2ULL << 30;
-  auto src = DeviceBuffer::alloc(kBytes);
-  auto dst = DeviceBuffer::alloc(kBytes);
-  if (!src || !dst) return fail("copy bandwidth: {}", (!src ? src.error() : dst.error()).message);
-  MXQ_CUDA_CHECK(cudaMemsetAsync(src->as(), 0x5A, kBytes, stream));
-  auto ms = median_event_ms(stream, 1, 7, [&] {
-    return cudaMemcpyAsync(dst->as(), src->as(), kBytes, cudaMemcpyDeviceToDevice, stream);
-  });
-  if (!ms) return tl::unexpected(ms.error());
-  return 2.0 * kBytes / (*ms * 1e-3) / 1e9;
-}
-
-// `copies` device copies of the same host bytes.
-Result<std::vector<DeviceBuffer>> replicate(const std::vector<uint8_t>& host, int copies) {
-  std::vector<DeviceBuffer> out;
-  for (int i = 0; i < copies; ++i) {
-    auto b = DeviceBuffer::alloc(host.size());
-    if (!b) return tl::unexpected(b.error());
-    MXQ_CUDA_CHECK(cudaMemcpy(b->as(), host.data(), host.size(), cudaMemcpyHostToDevice));
-    out.push_back(std::move(*b));
-  }
-  return out;
-}
 
 std::vector<uint8_t> random_bytes(std::mt19937_64& rng, size_t count, bool e4m3) {
   std::vector<uint8_t> v(count);
@@ -240,7 +167,8 @@ Status run_bench(const Run& run) {
     const uint16_t* xp = (*x)[0].as<uint16_t>();
     auto* yp = y->as<uint16_t>();
     auto time_linear = [&](const RotatedWeights& w, int64_t m) {
-      return time_graph(stream, [&](int i) { return cuda::linear(**ctx, w.at(i), xp, m, yp, stream); });
+      return time_graph(stream, kLaunchesPerGraph, kReps,
+                        [&](int i) { return cuda::linear(**ctx, w.at(i), xp, m, yp, stream); });
     };
     auto wbf = rotated(rng, Format::kBF16, s.n, s.k, *arch);
     if (!wbf) return tl::unexpected(wbf.error());
@@ -254,7 +182,7 @@ Status run_bench(const Run& run) {
     auto wfp8 = rotated(rng, Format::kFP8_B128, s.n, s.k, *arch);
     if (!wfp8) return tl::unexpected(wfp8.error());
     for (int64_t m : run.ms) {
-      auto us = time_graph(stream, [&](int i) {
+      auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) {
         const cuda::LinearWeights w = wfp8->at(i);
         return (*ctx)->fp8().run(xp, m, {w.values, reinterpret_cast<const float*>(w.scales), w.n, w.k}, yp,
                                  stream);
@@ -314,7 +242,7 @@ Status run_bench(const Run& run) {
         // note: the raw launchers, as quantize_bf16 synchronises to read its NaN check back (graphs cannot).
         auto bad = DeviceBuffer::alloc(sizeof(unsigned long long));
         if (!bad) return tl::unexpected(bad.error());
-        auto us = time_graph(stream, [&](int i) -> Status {
+        auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) -> Status {
           const size_t c = static_cast<size_t>(i % copies);
           const uint16_t* xi = (*xin)[c].as<uint16_t>();
           auto* flag = bad->as<unsigned long long>();

@@ -1,0 +1,91 @@
+// Timing helpers shared by the CUDA benchmarks (bench_linear, bench_gemm): CUDA-event medians, graph-captured
+// launch loops, the device copy ceiling, device copies of host bytes. CUDA builds only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "base/error.h"
+#include "cuda/check.h"
+
+namespace mxq::cli {
+
+// Median of `reps` CUDA-event timings of `enqueue()` (after `warmup` untimed runs), in ms.
+template <class Enqueue>
+Result<float> median_event_ms(cudaStream_t stream, int warmup, int reps, Enqueue&& enqueue) {
+  cudaEvent_t start, stop;
+  MXQ_CUDA_CHECK(cudaEventCreate(&start));
+  MXQ_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> ms;
+  for (int rep = -warmup; rep < reps; ++rep) {
+    MXQ_CUDA_CHECK(cudaEventRecord(start, stream));
+    MXQ_CUDA_CHECK(enqueue());
+    MXQ_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MXQ_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    MXQ_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    if (rep >= 0) ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Times `body(i)` for i = 0..launches-1 captured in one CUDA graph, replayed `reps` times; median µs per
+// launch.
+template <class Body>
+Result<double> time_graph(cudaStream_t stream, int launches, int reps, Body&& body) {
+  // note: one uncaptured call first: plans and heuristics are made outside the capture, errors show here.
+  if (Status st = body(0); !st) return tl::unexpected(st.error());
+  MXQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  MXQ_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < launches; ++i) {
+    if (Status st = body(i); !st) {
+      cudaStreamEndCapture(stream, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      return tl::unexpected(st.error());
+    }
+  }
+  MXQ_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  MXQ_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  // note: two untimed replays warm clocks and TLBs
+  auto ms = median_event_ms(stream, 2, reps, [&] { return cudaGraphLaunch(exec, stream); });
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  if (!ms) return tl::unexpected(ms.error());
+  return 1e3 * *ms / launches;
+}
+
+// Device-to-device copy bandwidth over 2 GiB, counting bytes read plus bytes written (GB/s).
+inline Result<double> copy_bandwidth(cudaStream_t stream) {
+  constexpr size_t kBytes = 2ULL << 30;
+  auto src = cuda::DeviceBuffer::alloc(kBytes);
+  auto dst = cuda::DeviceBuffer::alloc(kBytes);
+  if (!src || !dst) return fail("copy bandwidth: {}", (!src ? src.error() : dst.error()).message);
+  MXQ_CUDA_CHECK(cudaMemsetAsync(src->as(), 0x5A, kBytes, stream));
+  auto ms = median_event_ms(stream, 1, 7, [&] {
+    return cudaMemcpyAsync(dst->as(), src->as(), kBytes, cudaMemcpyDeviceToDevice, stream);
+  });
+  if (!ms) return tl::unexpected(ms.error());
+  return 2.0 * kBytes / (*ms * 1e-3) / 1e9;
+}
+
+// `copies` device copies of the same host bytes.
+inline Result<std::vector<cuda::DeviceBuffer>> replicate(const std::vector<uint8_t>& host, int copies) {
+  std::vector<cuda::DeviceBuffer> out;
+  for (int i = 0; i < copies; ++i) {
+    auto b = cuda::DeviceBuffer::alloc(host.size());
+    if (!b) return tl::unexpected(b.error());
+    MXQ_CUDA_CHECK(cudaMemcpy(b->as(), host.data(), host.size(), cudaMemcpyHostToDevice));
+    out.push_back(std::move(*b));
+  }
+  return out;
+}
+
+}  // namespace mxq::cli
