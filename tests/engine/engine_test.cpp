@@ -6,29 +6,12 @@
 
 #include <random>
 
-#include "model/cpu_backend.h"
-#include "model/load_model.h"
+#include "tiny_model.h"
 
 namespace mxq {
 namespace {
 
-const std::string kSource = MXQ_SOURCE_DIR;
-
-// The f32 dense golden model (vocab 256, context 64, eos 2), built once.
-struct TinyModel {
-  LoadedModel loaded;
-  std::unique_ptr<Backend> backend;
-  std::optional<Qwen3Model> model;
-  static TinyModel& get() {
-    static TinyModel* t = [] {
-      auto* m = new TinyModel{
-          *load_model(kSource + "/tests/golden/model/ckpt/qwen3-dense-f32"), make_cpu_backend(1), {}};
-      m->model.emplace(*Qwen3Model::create(m->loaded.config, m->loaded.store, *m->backend));
-      return m;
-    }();
-    return *t;
-  }
-};
+using test::TinyModel;
 
 struct Req {
   std::vector<int32_t> prompt;
