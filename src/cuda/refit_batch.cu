@@ -128,11 +128,6 @@ __device__ __forceinline__ void move_separable(const DevicePlane& p, uint8_t* nr
   }
 }
 
-__device__ __forceinline__ uint64_t lane_mul(uint64_t w, uint64_t key) {
-  const uint64_t k = w ^ key;
-  return (k & 0xFFFFFFFFull) * (k >> 32);
-}
-
 // Canonical stream bytes p..p+7 of a tensor (p % 8 == 0): from the sources (write mode) or the live planes.
 __device__ __forceinline__ uint64_t stream_word(const BatchTensorDevice& t, bool write, uint64_t p) {
   const auto vb = static_cast<uint64_t>(t.values.bytes());
@@ -265,8 +260,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int h = 0; h < 2; ++h) {
       const uint4& w = v[2 * j + h];
       const uint64_t w0 = uint64_t{w.x} | uint64_t{w.y} << 32, w1 = uint64_t{w.z} | uint64_t{w.w} << 32;
-      a += lane_mul(w0, ka[h]) + w1;
-      b += lane_mul(w1, kb[h]) + w0;
+      x::unit_terms(w0, w1, ka[h], kb[h], a, b);
     }
 #pragma unroll
     for (int m = 4; m < 32; m *= 2) {

@@ -24,11 +24,6 @@ namespace x = xxh3;
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ uint64_t term(uint64_t w, uint64_t key) {
-  const uint64_t k = w ^ key;
-  return (k & 0xFFFFFFFFull) * (k >> 32);
-}
-
 template <class I>
 __global__ void sum_delta(DevicePlane p, const I* indices, int64_t count, int entry_bytes,
                           const uint8_t* undo, uint64_t stream_off, uint64_t blocks, uint64_t* sums,
@@ -60,7 +55,7 @@ __global__ void sum_delta(DevicePlane p, const I* indices, int64_t count, int en
     const uint64_t key = x::secret64(8 * s + 8 * i);
     unsigned long long* at = reinterpret_cast<unsigned long long*>(sums + block * 8);
     atomicAdd(at + (i ^ 1), static_cast<unsigned long long>(now - old));
-    atomicAdd(at + i, static_cast<unsigned long long>(term(now, key) - term(old, key)));
+    atomicAdd(at + i, static_cast<unsigned long long>(x::mul_term(now, key) - x::mul_term(old, key)));
   }
 }
 

@@ -47,7 +47,8 @@ class CudaWeightMemory final : public WeightMemory {
       : stream_(o.stream),
         limit_(o.scratch_limit),
         reread_(o.checksum_from_live),
-        incremental_(o.incremental_checksums),
+        incremental_(o.incremental_checksums && o.batched_kernels),
+        batched_(o.batched_kernels),
         stage_cap_(o.host_stage_bytes) {}
   ~CudaWeightMemory() override {
     if (stream_) cudaStreamSynchronize(stream_);
@@ -71,7 +72,7 @@ class CudaWeightMemory final : public WeightMemory {
   cudaStream_t stream() const { return stream_; }
   void set_reread(bool r) { reread_ = r; }
   void set_incremental(bool on) {
-    incremental_ = on;
+    incremental_ = on && batched_;
     if (!on)
       while (!records_.empty()) forget(records_.begin()->first);
   }
@@ -272,6 +273,7 @@ class CudaWeightMemory final : public WeightMemory {
 
   Status checksums(std::span<const ChecksumJob> jobs) override {
     if (jobs.empty()) return sync();
+    if (!batched_) return checksums_two_pass(jobs);
     // note: tensors the batched kernel takes are hashed there (one pass, chains hidden); the rest (short,
     // ragged or odd layouts) by the two-kernel path below.
     std::vector<BatchItem> batch, chains;
@@ -296,6 +298,7 @@ class CudaWeightMemory final : public WeightMemory {
   }
 
   Status write_tensors(std::span<const TensorWriteJob> jobs) override {
+    if (!batched_) return WeightMemory::write_tensors(jobs);
     std::vector<BatchItem> direct;                                    // device sources, batched
     std::vector<std::pair<BatchItem, const TensorWriteJob*>> staged;  // host sources, batched via staging
     std::vector<TensorWriteJob> rest;
@@ -621,7 +624,7 @@ class CudaWeightMemory final : public WeightMemory {
   cudaStream_t stream_ = nullptr;
   bool own_stream_ = false;
   size_t limit_ = SIZE_MAX, scratch_used_ = 0;
-  bool reread_ = false, incremental_ = false;
+  bool reread_ = false, incremental_ = false, batched_ = true;
   std::map<const uint8_t*, SumRecord> records_;  // by values plane
   std::map<const uint8_t*, std::pair<const uint8_t*, uint64_t>>
       record_of_;  // plane -> (values plane, stream offset)

@@ -32,6 +32,9 @@ struct CudaMemoryOptions {
   // the tails instead of re-reading every plane. A scatter without old bytes, or write_plane, drops a
   // tensor's sums until its next full hash.
   bool incremental_checksums = false;
+  // false: full writes and checksums take the per-plane kernels and the two-kernel hash of the previous
+  // path (refit_plane.cu, xxh3_checksum.cu) instead of refit_batch.cu (a fallback; slower).
+  bool batched_kernels = true;
   // Host canonical planes of a full write go through device staging in groups of about this many bytes.
   size_t host_stage_bytes = size_t{1} << 30;
 };

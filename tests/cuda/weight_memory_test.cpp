@@ -214,8 +214,8 @@ PlaneLayout gemv_values_layout(int64_t rows, int64_t k) {
 
 // Full writes of many tensors in one batch (write_tensors: the batched kernel with fused block sums and
 // chains, or the plane-by-plane path for what it does not take) against the host memory, bitwise, with the
-// checksums against libxxhash; both checksum modes, device and host sources; then the batched hash of the
-// live planes (checksums) must agree too.
+// checksums against libxxhash; both checksum modes, the batched kernels off (the fallback), device and host
+// sources; then the hash of the live planes (checksums) must agree too.
 TEST(CudaWeightMemory, WriteTensorsBatchMatchesHost) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -238,12 +238,13 @@ TEST(CudaWeightMemory, WriteTensorsBatchMatchesHost) {
   specs.push_back({make_layout(rng, 10, 1000, 8, 0), make_layout(rng, 10, 32, 0, 0)});  // values % 1024 != 0
   specs.push_back({make_layout(rng, 64, 256, 4, 16), make_layout(rng, 64, 16, 0, 0)});  // padded native
   specs.push_back({make_layout(rng, 4, 256, 4, 0), make_layout(rng, 0, 0, 0, 0)});      // no scales
-  for (bool reread : {false, true}) {
+  for (auto [reread, batched] : {std::pair{false, true}, {true, true}, {false, false}}) {
     for (bool device_src : {true, false}) {
-      SCOPED_TRACE(::testing::Message()
-                   << "checksum_from_live " << reread << ", device sources " << device_src);
+      SCOPED_TRACE(::testing::Message() << "checksum_from_live " << reread << ", batched " << batched
+                                        << ", device sources " << device_src);
       CudaMemoryOptions o;
       o.checksum_from_live = reread;
+      o.batched_kernels = batched;
       o.host_stage_bytes = 1 << 20;  // several staging groups
       auto dev = cuda_weight_memory(o);
       ASSERT_TRUE(dev);
