@@ -1,11 +1,12 @@
-// Timing helpers shared by the CUDA benchmarks (bench_linear, bench_gemm): CUDA-event medians, graph-captured
-// launch loops, the device copy ceiling, device copies of host bytes. CUDA builds only.
+// Helpers shared by the CUDA benchmarks (bench_linear, bench_gemm): CUDA-event medians, graph-captured launch
+// loops, the device copy ceiling, random non-zero inputs and L2-rotating device copies. CUDA builds only.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "base/error.h"
@@ -74,6 +75,35 @@ inline Result<double> copy_bandwidth(cudaStream_t stream) {
   });
   if (!ms) return tl::unexpected(ms.error());
   return 2.0 * kBytes / (*ms * 1e-3) / 1e9;
+}
+
+// note: timed launches read a different copy of their weights each time; 4x the 60 MB L2 keeps them out.
+inline constexpr int64_t kRotateBytes = 256LL << 20;
+
+// Copies of a buffer of `bytes` needed to rotate through kRotateBytes (2..64).
+inline int copies_for(int64_t bytes) {
+  return static_cast<int>(std::clamp<int64_t>(kRotateBytes / bytes + 1, 2, 64));
+}
+
+// Random bytes; with `e4m3`, no E4M3 NaN codes (0x7F / 0xFF).
+inline std::vector<uint8_t> random_codes(std::mt19937_64& rng, size_t count, bool e4m3) {
+  std::vector<uint8_t> v(count);
+  for (auto& b : v) {
+    do b = static_cast<uint8_t>(rng());
+    while (e4m3 && (b & 0x7F) == 0x7F);
+  }
+  return v;
+}
+
+// Random finite bf16 with |x| in [2^-6, 2^2), as little-endian bytes: no zeros (which can run faster than
+// real data).
+inline std::vector<uint8_t> random_bf16_bytes(std::mt19937_64& rng, size_t count) {
+  std::vector<uint8_t> v(count * 2);
+  for (size_t i = 0; i < count; ++i) {
+    const uint16_t h = static_cast<uint16_t>((rng() & 1) << 15 | (121 + rng() % 8) << 7 | (rng() & 127));
+    v[2 * i] = static_cast<uint8_t>(h), v[2 * i + 1] = static_cast<uint8_t>(h >> 8);
+  }
+  return v;
 }
 
 // `copies` device copies of the same host bytes.

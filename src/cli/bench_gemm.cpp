@@ -42,31 +42,7 @@ constexpr Shape kShapes[] = {
     {"8B gate_up", 24576, 4096},
     {"8B down_proj", 4096, 12288},
 };
-// note: small-M launches read a different copy of the weights each time; 4x the 60 MB L2 keeps them out.
-constexpr int64_t kRotateBytes = 256LL << 20;
 constexpr int kLaunchesPerGraph = 10, kReps = 9;
-
-// Random codes (no E4M3 NaN codes) or random finite bf16 with |x| in [2^-6, 2^2): never zeros.
-std::vector<uint8_t> random_codes(std::mt19937_64& rng, size_t count, bool e4m3) {
-  std::vector<uint8_t> v(count);
-  for (auto& b : v) {
-    do b = static_cast<uint8_t>(rng());
-    while (e4m3 && (b & 0x7F) == 0x7F);
-  }
-  return v;
-}
-std::vector<uint8_t> random_bf16_bytes(std::mt19937_64& rng, size_t count) {
-  std::vector<uint8_t> v(count * 2);
-  for (size_t i = 0; i < count; ++i) {
-    const uint16_t h = static_cast<uint16_t>((rng() & 1) << 15 | (121 + rng() % 8) << 7 | (rng() & 127));
-    v[2 * i] = static_cast<uint8_t>(h), v[2 * i + 1] = static_cast<uint8_t>(h >> 8);
-  }
-  return v;
-}
-
-int copies_for(int64_t bytes) {
-  return static_cast<int>(std::clamp<int64_t>(kRotateBytes / bytes + 1, 2, 64));
-}
 
 Status run_bench(const std::vector<Format>& formats, const std::vector<int64_t>& ms) {
   cudaStream_t stream;

@@ -48,28 +48,7 @@ constexpr Shape kShapes[] = {
     {"30B-A3B expert gate_up", 1536, 2048},
     {"30B-A3B expert down", 2048, 768},
 };
-// note: every timed launch reads a different copy of the weights; 4x the 60 MB L2 keeps them out of it.
-constexpr int64_t kRotateBytes = 256LL << 20;
 constexpr int kLaunchesPerGraph = 20, kReps = 15;
-
-std::vector<uint8_t> random_bytes(std::mt19937_64& rng, size_t count, bool e4m3) {
-  std::vector<uint8_t> v(count);
-  for (auto& b : v) {
-    do b = static_cast<uint8_t>(rng());
-    while (e4m3 && (b & 0x7F) == 0x7F);
-  }
-  return v;
-}
-
-// Random finite bf16 with |x| in [2^-6, 2^2): no zeros (which can run faster than real data).
-std::vector<uint8_t> random_bf16_bytes(std::mt19937_64& rng, size_t count) {
-  std::vector<uint8_t> v(count * 2);
-  for (size_t i = 0; i < count; ++i) {
-    const uint16_t h = static_cast<uint16_t>((rng() & 1) << 15 | (121 + rng() % 8) << 7 | (rng() & 127));
-    v[2 * i] = static_cast<uint8_t>(h), v[2 * i + 1] = static_cast<uint8_t>(h >> 8);
-  }
-  return v;
-}
 
 // Native planes of a random weight: codes (no E4M3 NaN) and scales of a plausible size, laid out by
 // linear_prepare as the loader would.
@@ -78,7 +57,7 @@ Result<HostPlanes> random_native(std::mt19937_64& rng, Format f, int64_t n, int6
   if (f == Format::kBF16) {
     canonical.values = random_bf16_bytes(rng, static_cast<size_t>(n * k));
   } else {
-    canonical.values = random_bytes(rng, static_cast<size_t>(values_bytes(f, n, k)), f != Format::kMXFP4);
+    canonical.values = random_codes(rng, static_cast<size_t>(values_bytes(f, n, k)), f != Format::kMXFP4);
     canonical.scales.resize(static_cast<size_t>(scales_bytes(f, n, k)));
     if (f == Format::kFP8_B128) {
       for (size_t i = 0; i < canonical.scales.size(); i += 4) {
@@ -93,10 +72,6 @@ Result<HostPlanes> random_native(std::mt19937_64& rng, Format f, int64_t n, int6
   auto g = tensor_geometry("bench weight", f, shape);
   if (!g) return tl::unexpected(g.error());
   return cuda::linear_prepare(f, arch, *g, canonical);
-}
-
-int copies_for(int64_t bytes) {
-  return static_cast<int>(std::clamp<int64_t>(kRotateBytes / bytes + 1, 2, 64));
 }
 
 struct Run {
