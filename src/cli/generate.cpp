@@ -14,6 +14,7 @@
 
 #include "cli/commands.h"
 #include "engine/default_model.h"
+#include "engine/engine.h"
 #include "engine/generator.h"
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
@@ -56,43 +57,6 @@ bool cuda_available() {
   return false;
 #endif
 }
-
-#if MXQ_HAVE_CUDA
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// One request through the batched CUDA engine: the loop of Generator::generate (engine/generator.cpp) with
-// the CUDA runner in place of the per-sequence one.
-Result<Generation> generate_cuda(Engine& engine, std::span<const int32_t> prompt, const GenerateParams& p,
-                                 const TextCallback& on_text) {
-  if (auto st = engine.add(0, prompt, p); !st) return tl::unexpected(st.error());
-  Generation g;
-  auto t0 = std::chrono::steady_clock::now();
-  for (bool first = true; !engine.idle(); first = false) {
-    auto outputs = engine.step();
-    if (!outputs) return tl::unexpected(outputs.error());
-    if (first) {
-      g.prefill_seconds = seconds_since(t0);
-      t0 = std::chrono::steady_clock::now();
-    }
-    for (RequestOutput& out : *outputs) {
-      for (SampledToken& t : out.tokens) {
-        g.token_ids.push_back(t.id);
-        g.tokens.push_back(std::move(t));
-      }
-      g.text += out.text;
-      if (out.finished) g.finish = out.finish;
-      if (on_text && !out.text.empty() && !on_text(out.text) && !out.finished) {
-        (void)engine.abort(0);
-        g.finish = FinishReason::kLength;
-      }
-    }
-  }
-  g.decode_seconds = seconds_since(t0);
-  return g;
-}
-#endif
 
 Result<std::vector<int32_t>> parse_ids(const std::string& list) {
   std::vector<int32_t> ids;
@@ -255,7 +219,7 @@ int run_generate(const GenerateOptions& o) {
   };
 #if MXQ_HAVE_CUDA
   auto g =
-      cuda_engine ? generate_cuda(cuda_engine->engine, prompt, p, on_text) : gen.generate(prompt, p, on_text);
+      cuda_engine ? generate_one(cuda_engine->engine, prompt, p, on_text) : gen.generate(prompt, p, on_text);
 #else
   auto g = gen.generate(prompt, p, on_text);
 #endif

@@ -102,4 +102,9 @@ class Engine {
   std::map<uint64_t, Request> requests_;
 };
 
+// Runs one request (id 0) through an idle engine to its end, streaming text to `on_text` (returning false
+// aborts it, finish = length): the loop behind Generator::generate and `mxq generate --device cuda`.
+Result<Generation> generate_one(Engine& engine, std::span<const int32_t> prompt, const GenerateParams& params,
+                                const TextCallback& on_text = {});
+
 }  // namespace mxq

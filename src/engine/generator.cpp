@@ -42,22 +42,13 @@ Status Generator::check_request(std::span<const int32_t> prompt, const GenerateP
   return {};
 }
 
-Result<Generation> Generator::generate(std::span<const int32_t> prompt, const GenerateParams& p,
-                                       const TextCallback& on_text) {
-  if (auto st = check_request(prompt, p); !st) return tl::unexpected(st.error());
-  const auto n = static_cast<int64_t>(prompt.size());
-  // note: one request through the batched engine, its prompt in one chunk and its cache sized for the
-  // request exactly (as a batch of one would run on the server).
-  EngineConfig cfg;
-  cfg.scheduler = {.max_num_seqs = 1, .max_num_batched_tokens = n, .max_model_len = n + p.max_new_tokens};
-  auto engine = Engine::create(*model_, tokenizer_, cfg, make_per_sequence_runner(*model_));
-  if (!engine) return tl::unexpected(engine.error());
-  if (auto st = engine->add(0, prompt, p); !st) return tl::unexpected(st.error());
-
+Result<Generation> generate_one(Engine& engine, std::span<const int32_t> prompt, const GenerateParams& p,
+                                const TextCallback& on_text) {
+  if (auto st = engine.add(0, prompt, p); !st) return tl::unexpected(st.error());
   Generation g;
   auto t0 = std::chrono::steady_clock::now();
-  for (bool first = true; !engine->idle(); first = false) {
-    auto outputs = engine->step();
+  for (bool first = true; !engine.idle(); first = false) {
+    auto outputs = engine.step();
     if (!outputs) return tl::unexpected(outputs.error());
     if (first) {
       g.prefill_seconds = seconds_since(t0);
@@ -71,13 +62,26 @@ Result<Generation> Generator::generate(std::span<const int32_t> prompt, const Ge
       g.text += out.text;
       if (out.finished) g.finish = out.finish;
       if (on_text && !out.text.empty() && !on_text(out.text) && !out.finished) {
-        (void)engine->abort(0);
+        (void)engine.abort(0);
         g.finish = FinishReason::kLength;
       }
     }
   }
   g.decode_seconds = seconds_since(t0);
   return g;
+}
+
+Result<Generation> Generator::generate(std::span<const int32_t> prompt, const GenerateParams& p,
+                                       const TextCallback& on_text) {
+  if (auto st = check_request(prompt, p); !st) return tl::unexpected(st.error());
+  const auto n = static_cast<int64_t>(prompt.size());
+  // note: one request through the batched engine, its prompt in one chunk and its cache sized for the
+  // request exactly (as a batch of one would run on the server).
+  EngineConfig cfg;
+  cfg.scheduler = {.max_num_seqs = 1, .max_num_batched_tokens = n, .max_model_len = n + p.max_new_tokens};
+  auto engine = Engine::create(*model_, tokenizer_, cfg, make_per_sequence_runner(*model_));
+  if (!engine) return tl::unexpected(engine.error());
+  return generate_one(*engine, prompt, p, on_text);
 }
 
 }  // namespace mxq
