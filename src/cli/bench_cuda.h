@@ -1,5 +1,6 @@
-// Helpers shared by the CUDA benchmarks (bench_linear, bench_gemm): CUDA-event medians, graph-captured launch
-// loops, the device copy ceiling, random non-zero inputs and L2-rotating device copies. CUDA builds only.
+// Helpers shared by the CUDA benchmarks (bench_linear, bench_gemm, bench_refit): CUDA-event medians,
+// graph-captured launch loops, the device copy ceiling, random non-zero inputs and L2-rotating device copies.
+// CUDA builds only.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -14,26 +15,40 @@
 
 namespace mxq::cli {
 
-// Median of `reps` CUDA-event timings of `enqueue()` (after `warmup` untimed runs), in ms.
-template <class Enqueue>
-Result<float> median_event_ms(cudaStream_t stream, int warmup, int reps, Enqueue&& enqueue) {
+// Median of `reps` CUDA-event timings of `body(rep)` (after `warmup` untimed runs, rep < 0), in ms. `body`
+// enqueues work on `stream` and returns a Status.
+template <class Body>
+Result<float> median_ms(cudaStream_t stream, int warmup, int reps, Body&& body) {
   cudaEvent_t start, stop;
   MXQ_CUDA_CHECK(cudaEventCreate(&start));
   MXQ_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> ms;
-  for (int rep = -warmup; rep < reps; ++rep) {
-    MXQ_CUDA_CHECK(cudaEventRecord(start, stream));
-    MXQ_CUDA_CHECK(enqueue());
-    MXQ_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MXQ_CUDA_CHECK(cudaEventSynchronize(stop));
-    float t = 0;
-    MXQ_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    if (rep >= 0) ms.push_back(t);
-  }
+  auto timed = [&]() -> Result<float> {
+    std::vector<float> ms;
+    for (int rep = -warmup; rep < reps; ++rep) {
+      MXQ_CUDA_CHECK(cudaEventRecord(start, stream));
+      if (Status st = body(rep); !st) return tl::unexpected(st.error());
+      MXQ_CUDA_CHECK(cudaEventRecord(stop, stream));
+      MXQ_CUDA_CHECK(cudaEventSynchronize(stop));
+      float t = 0;
+      MXQ_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+      if (rep >= 0) ms.push_back(t);
+    }
+    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+    return ms[ms.size() / 2];
+  };
+  auto result = timed();
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return ms[ms.size() / 2];
+  return result;
+}
+
+// median_ms of an `enqueue()` that returns a CUDA status.
+template <class Enqueue>
+Result<float> median_event_ms(cudaStream_t stream, int warmup, int reps, Enqueue&& enqueue) {
+  return median_ms(stream, warmup, reps, [&](int) -> Status {
+    MXQ_CUDA_CHECK(enqueue());
+    return {};
+  });
 }
 
 // Times `body(i)` for i = 0..launches-1 captured in one CUDA graph, replayed `reps` times; median µs per

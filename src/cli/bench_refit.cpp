@@ -23,6 +23,7 @@
 #include <random>
 #include <thread>
 
+#include "cli/bench_cuda.h"
 #include "cuda/check.h"
 #include "cuda/gemv_layout.h"
 #include "cuda/weight_memory_cuda.h"
@@ -49,7 +50,8 @@ constexpr Shape kShapes[] = {{"self_attn.q_proj", 4096, 4096}, {"self_attn.k_pro
 // The GEMV native layout of an MXFP8 [n, k] tensor built from the contract (gemv_layout.h; the GPU tests
 // probe it with probe_layout and check it is this permutation): values separable, scales identity.
 Layout gemv_layout(int64_t n, int64_t k) {
-  Layout l{"cuda_gemv", {PlaneKind::kSeparable, {n, k}, n * k, {}, {}},
+  Layout l{"cuda_gemv",
+           {PlaneKind::kSeparable, {n, k}, n * k, {}, {}},
            {PlaneKind::kIdentity, {n, k / 32}, n * k / 32, {}, {}}};
   for (int64_t r = 0; r < n; ++r) l.values.row_off.push_back(r * k);
   for (int64_t c = 0; c < k; ++c) l.values.col_off.push_back(cuda::gemv_native_elem(Format::kMXFP8, k, c));
@@ -71,27 +73,6 @@ void parallel_for(size_t n, F&& f) {
       for (size_t i = t; i < n; i += threads) f(i);
     });
   for (auto& th : pool) th.join();
-}
-
-template <class Body>
-Result<float> median_ms(cudaStream_t stream, int reps, Body&& body) {
-  cudaEvent_t a, b;
-  MXQ_CUDA_CHECK(cudaEventCreate(&a));
-  MXQ_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int rep = -1; rep < reps; ++rep) {
-    MXQ_CUDA_CHECK(cudaEventRecord(a, stream));
-    if (Status s = body(rep); !s) return tl::unexpected(s.error());
-    MXQ_CUDA_CHECK(cudaEventRecord(b, stream));
-    MXQ_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    MXQ_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    if (rep >= 0) ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return ms[ms.size() / 2];
 }
 
 // A random valid E4M3 byte (no NaN code) or E8M0 scale near 1.
@@ -125,7 +106,8 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
     std::mt19937_64 rng(1000 + i);
     const Tensor& t = tensors[i];
     for (int64_t b = 0; b < t.values; ++b) pinned[t.offset + static_cast<size_t>(b)] = value_byte(rng());
-    for (int64_t b = 0; b < t.scales; ++b) pinned[t.offset + static_cast<size_t>(t.values + b)] = scale_byte(rng());
+    for (int64_t b = 0; b < t.scales; ++b)
+      pinned[t.offset + static_cast<size_t>(t.values + b)] = scale_byte(rng());
   });
   auto dev_a = DeviceBuffer::alloc(total), dev_copy = DeviceBuffer::alloc(total);
   if (!dev_a || !dev_copy) return fail("bench refit: device buffers of {} bytes", total);
@@ -133,7 +115,8 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
   auto writes = [&](const uint8_t* base) {
     std::vector<TensorWrite> w;
     for (const Tensor& t : tensors)
-      w.push_back({t.name, {base + t.offset, static_cast<size_t>(t.values)},
+      w.push_back({t.name,
+                   {base + t.offset, static_cast<size_t>(t.values)},
                    {base + t.offset + t.values, static_cast<size_t>(t.scales)}});
     return w;
   };
@@ -141,33 +124,42 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
   std::vector<std::string_view> names;
   for (const Tensor& t : tensors) names.push_back(t.name);
   const double gb = static_cast<double>(total) / 1e9;
-  fmt::print("mxq bench refit: {} layers x 7 Qwen3-8B MXFP8 tensors, GEMV layout, {:.3f} GB (values + scales)\n",
-             layers, gb);
+  fmt::print(
+      "mxq bench refit: {} layers x 7 Qwen3-8B MXFP8 tensors, GEMV layout, {:.3f} GB (values + scales)\n",
+      layers, gb);
 
-  auto copy = median_ms(stream, reps, [&](int) -> Status {
+  auto copy = median_ms(stream, 1, reps, [&](int) -> Status {
     MXQ_CUDA_CHECK(cudaMemcpyAsync(dev_copy->as(), dev_a->as(), total, cudaMemcpyDeviceToDevice, stream));
     return {};
   });
-  auto h2d = median_ms(stream, reps, [&](int) -> Status {
+  auto h2d = median_ms(stream, 1, reps, [&](int) -> Status {
     MXQ_CUDA_CHECK(cudaMemcpyAsync(dev_copy->as(), pinned, total, cudaMemcpyHostToDevice, stream));
     return {};
   });
-  auto full = median_ms(stream, reps, [&](int) { return store.apply_tensors(dev_writes); });
-  auto write_only = median_ms(stream, reps, [&](int) -> Status {
+  auto full = median_ms(stream, 1, reps, [&](int) { return store.apply_tensors(dev_writes); });
+  auto write_only = median_ms(stream, 1, reps, [&](int) -> Status {
     for (const Tensor& t : tensors) {
       const QTensor& q = store.at(t.name);
-      if (Status s = store.memory().write_plane(q.layout.values, dev_writes[&t - tensors.data()].values, q.values); !s) return s;
-      if (Status s = store.memory().write_plane(q.layout.scales, dev_writes[&t - tensors.data()].scales, q.scales); !s) return s;
+      if (Status s =
+              store.memory().write_plane(q.layout.values, dev_writes[&t - tensors.data()].values, q.values);
+          !s)
+        return s;
+      if (Status s =
+              store.memory().write_plane(q.layout.scales, dev_writes[&t - tensors.data()].scales, q.scales);
+          !s)
+        return s;
     }
     return store.sync();
   });
-  auto sums = median_ms(stream, reps, [&](int) { return store.refresh_checksums(names); });
-  auto full_pinned = median_ms(stream, std::max(1, reps / 2), [&](int) { return store.apply_tensors(host_writes); });
+  auto sums = median_ms(stream, 1, reps, [&](int) { return store.refresh_checksums(names); });
+  auto full_pinned =
+      median_ms(stream, 1, std::max(1, reps / 2), [&](int) { return store.apply_tensors(host_writes); });
   for (auto* r : {&copy, &h2d, &full, &write_only, &sums, &full_pinned})
     if (!*r) return tl::unexpected(r->error());
   const double copy_gbs = 2 * gb / (*copy * 1e-3), h2d_gbs = gb / (*h2d * 1e-3);
   fmt::print("{:<44} {:>9} {:>9} {:>9}\n", "row", "ms", "GB/s", "% ceiling");
-  fmt::print("{:<44} {:>9.3f} {:>9.0f} {:>9}\n", "D2D copy of the same bytes (read + written)", *copy, copy_gbs, "-");
+  fmt::print("{:<44} {:>9.3f} {:>9.0f} {:>9}\n", "D2D copy of the same bytes (read + written)", *copy,
+             copy_gbs, "-");
   fmt::print("{:<44} {:>9.3f} {:>9.1f} {:>9}\n", "pinned H2D copy of the same bytes", *h2d, h2d_gbs, "-");
   auto row = [&](const char* what, float ms, double moved_gb, double ceiling) {
     const double gbs = moved_gb / (ms * 1e-3);
@@ -216,8 +208,9 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
       back.tensors[i].checksum = store.at(t.name).checksum;
     });
     int64_t entries = 0;
-    for (const auto& t : fwd.tensors) entries += static_cast<int64_t>(t.values.indices.size() + t.scales.indices.size());
-    auto ms = median_ms(stream, std::max(2, reps / 2), [&](int) -> Status {
+    for (const auto& t : fwd.tensors)
+      entries += static_cast<int64_t>(t.values.indices.size() + t.scales.indices.size());
+    auto ms = median_ms(stream, 1, std::max(2, reps / 2), [&](int) -> Status {
       fwd.base_version = version, fwd.new_version = version + 1;
       if (Status s = refit::apply_delta(store, version, fwd); !s) return s;
       back.base_version = version, back.new_version = version + 1;
@@ -225,8 +218,9 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
     });
     if (!ms) return tl::unexpected(ms.error());
     const float one = *ms / 2;
-    fmt::print("{:<44} {:>9.3f} {:>9} {:>8.1f}% {:>8.1f}%\n", fmt::format("  {:g}% of the bytes changed", 100 * frac),
-               one, entries, 100 * one / *full, 100 * one / *full_pinned);
+    fmt::print("{:<44} {:>9.3f} {:>9} {:>8.1f}% {:>8.1f}%\n",
+               fmt::format("  {:g}% of the bytes changed", 100 * frac), one, entries, 100 * one / *full,
+               100 * one / *full_pinned);
   }
   return {};
 }
