@@ -1,10 +1,13 @@
 // mxq bench refit: in-place refit of Qwen3-8B-shaped MXFP8 weights (36 layers x q,k,v,o,gate,up,down, GEMV
 // native layout) held in a CUDA WeightStore. Rows: full refit from device memory and from pinned host memory
-// (WeightStore::apply_tensors: layout write + checksum batch) against a device-to-device copy and the pinned
-// host-to-device copy of the same bytes measured in the same run; the write and the checksum alone; sparse
-// refits (refit::apply_delta: host validation, one upload of indices + bytes, scatter with undo capture,
-// checksum batch) at 0.1/1/5/20% changed bytes of both planes. Times are CUDA-event medians on the store's
-// stream (the host-synchronous steps in between show up as wall time). Deltas are built outside the timing.
+// (WeightStore::apply_tensors: one batched write with fused block sums, or with a re-read of the live planes)
+// against a device-to-device copy and the pinned host-to-device copy of the same bytes measured in the same
+// run; the write and the checksum alone; sparse refits (refit::apply_delta: host validation on all cores,
+// int32 indices + new bytes packed into pinned staging and uploaded once, scatter with undo capture, checksum
+// batch) at uniform fractions of both planes, the RL step patterns of docs/refit-format.md section 7 and a
+// clustered pattern, with the stage times (ApplyTimings) and the physical bounds. Times are CUDA-event
+// medians on the store's stream (the host-synchronous steps in between show up as wall time). Deltas are
+// built outside the timing.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -137,6 +140,9 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
     return {};
   });
   auto full = median_ms(stream, 1, reps, [&](int) { return store.apply_tensors(dev_writes); });
+  cuda::set_checksum_from_live(store.memory(), true);
+  auto full_reread = median_ms(stream, 1, reps, [&](int) { return store.apply_tensors(dev_writes); });
+  cuda::set_checksum_from_live(store.memory(), false);
   auto write_only = median_ms(stream, 1, reps, [&](int) -> Status {
     for (const Tensor& t : tensors) {
       const QTensor& q = store.at(t.name);
@@ -154,35 +160,55 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
   auto sums = median_ms(stream, 1, reps, [&](int) { return store.refresh_checksums(names); });
   auto full_pinned =
       median_ms(stream, 1, std::max(1, reps / 2), [&](int) { return store.apply_tensors(host_writes); });
-  for (auto* r : {&copy, &h2d, &full, &write_only, &sums, &full_pinned})
+  for (auto* r : {&copy, &h2d, &full, &full_reread, &write_only, &sums, &full_pinned})
     if (!*r) return tl::unexpected(r->error());
   const double copy_gbs = 2 * gb / (*copy * 1e-3), h2d_gbs = gb / (*h2d * 1e-3);
-  fmt::print("{:<44} {:>9} {:>9} {:>9}\n", "row", "ms", "GB/s", "% ceiling");
-  fmt::print("{:<44} {:>9.3f} {:>9.0f} {:>9}\n", "D2D copy of the same bytes (read + written)", *copy,
+  fmt::print("{:<52} {:>9} {:>9} {:>9}\n", "row", "ms", "GB/s", "% ceiling");
+  fmt::print("{:<52} {:>9.3f} {:>9.0f} {:>9}\n", "D2D copy of the same bytes (read + written)", *copy,
              copy_gbs, "-");
-  fmt::print("{:<44} {:>9.3f} {:>9.1f} {:>9}\n", "pinned H2D copy of the same bytes", *h2d, h2d_gbs, "-");
+  fmt::print("{:<52} {:>9.3f} {:>9.1f} {:>9}\n", "pinned H2D copy of the same bytes", *h2d, h2d_gbs, "-");
   auto row = [&](const char* what, float ms, double moved_gb, double ceiling) {
     const double gbs = moved_gb / (ms * 1e-3);
-    fmt::print("{:<44} {:>9.3f} {:>9.0f} {:>8.1f}%\n", what, ms, gbs, 100 * gbs / ceiling);
+    fmt::print("{:<52} {:>9.3f} {:>9.0f} {:>8.1f}%\n", what, ms, gbs, 100 * gbs / ceiling);
   };
-  row("full refit from device (write + checksum)", *full, 2 * gb, copy_gbs);
-  row("  write through the layout only", *write_only, 2 * gb, copy_gbs);
-  row("  checksum alone (all tensors, one batch)", *sums, gb, copy_gbs / 2);
-  fmt::print("{:<44} {:>9.3f} {:>9.1f} {:>8.1f}%\n", "full refit from pinned host (write + checksum)",
+  row("full refit from device (batched write, fused sums)", *full, 2 * gb, copy_gbs);
+  row("full refit from device, checksum re-read from live", *full_reread, 2 * gb, copy_gbs);
+  row("  per-plane write kernels only (previous path)", *write_only, 2 * gb, copy_gbs);
+  row("  checksum of the live planes alone (one batch)", *sums, gb, copy_gbs / 2);
+  fmt::print("{:<52} {:>9.3f} {:>9.1f} {:>8.1f}%\n", "full refit from pinned host (write + checksum)",
              *full_pinned, gb / (*full_pinned * 1e-3), 100 * (*h2d / *full_pinned));
 
-  // Sparse: for each fraction, delta A -> B and B -> A built on the host (outside the timing).
-  fmt::print("{:<44} {:>9} {:>9} {:>9} {:>9}\n", "sparse refit (apply_delta)", "ms", "entries", "% full dev",
-             "% full pin");
+  // Sparse: for each pattern, delta A -> B and B -> A built on the host (outside the timing). A pattern
+  // changes a fraction of the values bytes and of the scales bytes, in runs of `run` consecutive bytes.
+  struct Pattern {
+    std::string name;
+    double values, scales;
+    int run;
+  };
+  std::vector<Pattern> patterns;
+  for (double f : fractions) patterns.push_back({fmt::format("uniform {:g}%", 100 * f), f, f, 1});
+  if (!fractions.empty()) {
+    // note: the RL step measurements of docs/refit-format.md section 7 (mxfp8, lr 1e-6 and 1e-5), and 1%
+    // changed in runs of 64 bytes (a clustered update: rows or blocks thawed together).
+    patterns.push_back({"RL lr 1e-6 (0.259% values, 0.001% scales)", 0.00259, 0.00001, 1});
+    patterns.push_back({"RL lr 1e-5 (1.698% values, 0.026% scales)", 0.01698, 0.00026, 1});
+    patterns.push_back({"clustered 1% (runs of 64 bytes)", 0.01, 0.01, 64});
+  }
+  fmt::print(
+      "sparse refit (apply_delta), ms: total = validate + stage (pack, upload) + write + checksum; "
+      "bound = device DRAM bytes at copy rate, h2d = upload at pinned H2D rate; [full] re-hashes every "
+      "touched tensor, [incr] keeps block sums (incremental_checksums)\n");
+  fmt::print("{:<51} {:>8} {:>10} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>7}\n", "pattern", "total",
+             "entries", "validate", "stage", "write", "checksum", "bound", "h2d", "%fulldev", "%fullpin");
   uint64_t version = 1;
-  for (double frac : fractions) {
+  for (const Pattern& pat : patterns) {
     refit::Delta fwd{0, 0, {}}, back{0, 0, {}};
     fwd.tensors.resize(tensors.size());
     back.tensors.resize(tensors.size());
+    std::vector<int64_t> sectors(tensors.size(), 0);
     parallel_for(tensors.size(), [&](size_t i) {
       const Tensor& t = tensors[i];
-      std::mt19937_64 rng(77 + i + static_cast<uint64_t>(frac * 1e6));
-      std::geometric_distribution<int64_t> gap(frac);
+      std::mt19937_64 rng(77 + i + static_cast<uint64_t>(pat.values * 1e7) + static_cast<uint64_t>(pat.run));
       const uint8_t* a = pinned + t.offset;
       std::vector<uint8_t> b(a, a + t.values + t.scales);
       for (refit::TensorDelta* d : {&fwd.tensors[i], &back.tensors[i]}) {
@@ -192,36 +218,71 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
       }
       for (int p = 0; p < 2; ++p) {
         const int64_t start = p == 0 ? 0 : t.values, size = p == 0 ? t.values : t.scales;
+        const double frac = p == 0 ? pat.values : pat.scales;
+        std::geometric_distribution<int64_t> gap(std::min(1.0, frac / pat.run));
         refit::PlaneDelta& f = p == 0 ? fwd.tensors[i].values : fwd.tensors[i].scales;
         refit::PlaneDelta& r = p == 0 ? back.tensors[i].values : back.tensors[i].scales;
-        for (int64_t pos = gap(rng); pos < size; pos += 1 + gap(rng)) {
-          uint8_t nb;
-          do nb = p == 0 ? value_byte(rng()) : scale_byte(rng());
-          while (nb == a[start + pos]);
-          f.indices.push_back(pos), f.bytes.push_back(nb);
-          r.indices.push_back(pos), r.bytes.push_back(a[start + pos]);
-          b[static_cast<size_t>(start + pos)] = nb;
-        }
+        int64_t last_sector = -1;
+        for (int64_t run_at = gap(rng); run_at < size; run_at += pat.run + gap(rng))
+          for (int64_t pos = run_at; pos < std::min(size, run_at + pat.run); ++pos) {
+            uint8_t nb;
+            do nb = p == 0 ? value_byte(rng()) : scale_byte(rng());
+            while (nb == a[start + pos]);
+            f.indices.push_back(pos), f.bytes.push_back(nb);
+            r.indices.push_back(pos), r.bytes.push_back(a[start + pos]);
+            b[static_cast<size_t>(start + pos)] = nb;
+            // note: the GEMV layout keeps every 64-byte group in place, so a 32-byte canonical sector stands
+            // for the native sector it lands in (one or two of the group's).
+            if (pos / 32 != last_sector) ++sectors[i], last_sector = pos / 32;
+          }
       }
       fwd.tensors[i].checksum = canonical_checksum({b.data(), static_cast<size_t>(t.values)},
                                                    {b.data() + t.values, static_cast<size_t>(t.scales)});
       back.tensors[i].checksum = store.at(t.name).checksum;
     });
-    int64_t entries = 0;
+    int64_t entries = 0, sector_count = 0;
     for (const auto& t : fwd.tensors)
       entries += static_cast<int64_t>(t.values.indices.size() + t.scales.indices.size());
-    auto ms = median_ms(stream, 1, std::max(2, reps / 2), [&](int) -> Status {
-      fwd.base_version = version, fwd.new_version = version + 1;
-      if (Status s = refit::apply_delta(store, version, fwd); !s) return s;
-      back.base_version = version, back.new_version = version + 1;
-      return refit::apply_delta(store, version, back);
-    });
-    if (!ms) return tl::unexpected(ms.error());
-    const float one = *ms / 2;
-    fmt::print("{:<44} {:>9.3f} {:>9} {:>8.1f}% {:>8.1f}%\n",
-               fmt::format("  {:g}% of the bytes changed", 100 * frac), one, entries, 100 * one / *full,
-               100 * one / *full_pinned);
+    for (int64_t c : sectors) sector_count += c;
+    for (bool incremental : {false, true}) {
+      // note: incremental: the kept block sums are built by one full hash outside the timing.
+      cuda::set_incremental_checksums(store.memory(), incremental);
+      if (incremental)
+        if (Status s = store.refresh_checksums(names); !s) return s;
+      refit::ApplyTimings tf, tb, sum_t{};
+      refit::ApplyOptions of, ob;
+      of.timings = &tf, ob.timings = &tb;
+      const int sparse_reps = std::max(2, reps / 2);
+      auto ms = median_ms(stream, 1, sparse_reps, [&](int rep) -> Status {
+        fwd.base_version = version, fwd.new_version = version + 1;
+        if (Status s = refit::apply_delta(store, version, fwd, of); !s) return s;
+        back.base_version = version, back.new_version = version + 1;
+        if (Status s = refit::apply_delta(store, version, back, ob); !s) return s;
+        if (rep >= 0)
+          for (auto* t : {&tf, &tb})
+            sum_t.validate += t->validate, sum_t.stage += t->stage, sum_t.write += t->write,
+                sum_t.checksum += t->checksum;
+        return {};
+      });
+      if (!ms) return tl::unexpected(ms.error());
+      const double per = 2.0 * sparse_reps;
+      const float one = *ms / 2;
+      // Device DRAM bytes: each touched 32-byte sector read (undo) and written back, the new bytes and
+      // indices read, the undo bytes written, and the checksum's one read of every plane. note: incremental:
+      // no re-read, but each touched block's 64 bytes of sums read and written back.
+      const double blocks_touched = std::min(static_cast<double>(sector_count), gb * 1e9 / 1024);
+      const double dev_bytes = 64.0 * static_cast<double>(sector_count) + 6.0 * static_cast<double>(entries) +
+                               (incremental ? 128.0 * blocks_touched : gb * 1e9);
+      const double upload = 5.0 * static_cast<double>(entries);
+      fmt::print(
+          "{:<51} {:>8.2f} {:>10} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>7.2f} {:>7.2f} {:>6.1f}% "
+          "{:>6.1f}%\n",
+          fmt::format("{} [{}]", pat.name, incremental ? "incr" : "full"), one, entries, sum_t.validate / per,
+          sum_t.stage / per, sum_t.write / per, sum_t.checksum / per, dev_bytes / (copy_gbs * 1e9) * 1e3,
+          upload / (h2d_gbs * 1e9) * 1e3, 100 * one / *full, 100 * one / *full_pinned);
+    }
   }
+  cuda::set_incremental_checksums(store.memory(), false);
   return {};
 }
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -42,8 +43,16 @@ bool is_device(const void* p) {
 
 class CudaWeightMemory final : public WeightMemory {
  public:
-  explicit CudaWeightMemory(const CudaMemoryOptions& o) : stream_(o.stream), limit_(o.scratch_limit) {}
+  explicit CudaWeightMemory(const CudaMemoryOptions& o)
+      : stream_(o.stream),
+        limit_(o.scratch_limit),
+        reread_(o.checksum_from_live),
+        incremental_(o.incremental_checksums && o.batched_kernels),
+        batched_(o.batched_kernels),
+        stage_cap_(o.host_stage_bytes) {}
   ~CudaWeightMemory() override {
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (pinned_) cudaFreeHost(pinned_);
     if (own_stream_) cudaStreamDestroy(stream_);
   }
 
@@ -61,6 +70,12 @@ class CudaWeightMemory final : public WeightMemory {
   }
 
   cudaStream_t stream() const { return stream_; }
+  void set_reread(bool r) { reread_ = r; }
+  void set_incremental(bool on) {
+    incremental_ = on && batched_;
+    if (!on)
+      while (!records_.empty()) forget(records_.begin()->first);
+  }
   std::string_view name() const override { return "cuda"; }
   bool on_device() const override { return true; }
 
@@ -77,6 +92,15 @@ class CudaWeightMemory final : public WeightMemory {
       if (!rows) return tl::unexpected(rows.error());
       if (!cols) return tl::unexpected(cols.error());
       p.row_off = std::move(*rows), p.col_off = std::move(*cols);
+      std::vector<int32_t> runs;
+      if (run_table(l, p.run, runs)) {
+        auto t = DeviceBuffer::alloc(runs.size() * sizeof(int32_t));
+        if (!t) return tl::unexpected(t.error());
+        MXQ_CUDA_CHECK(cudaMemcpyAsync(t->as(), runs.data(), runs.size() * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, stream_));
+        p.cols = std::move(*t);
+        p.transpose4 = is_transpose4(l, p.run);
+      }
     }
     MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
     auto* ptr = buf->as<uint8_t>();
@@ -84,7 +108,11 @@ class CudaWeightMemory final : public WeightMemory {
     planes_.emplace(ptr, std::move(p));
     return std::span<uint8_t>{ptr, bytes};
   }
-  void free_plane(std::span<uint8_t> native) override { planes_.erase(native.data()); }
+  void free_plane(std::span<uint8_t> native) override {
+    uint64_t off = 0;
+    if (SumRecord* r = record_of(native.data(), off)) forget(r->values);
+    planes_.erase(native.data());
+  }
 
   Result<std::span<uint8_t>> allocate_scratch(size_t bytes) override {
     if (bytes > limit_ || scratch_used_ > limit_ - bytes)
@@ -116,9 +144,10 @@ class CudaWeightMemory final : public WeightMemory {
                      std::span<uint8_t> native) override {
     if (auto s = check_sizes(l, canonical.size(), native.size()); !s) return s;
     if (canonical.empty()) return {};
+    invalidate(native.data());
     if (l.kind == PlaneKind::kIdentity) {
-      MXQ_CUDA_CHECK(cudaMemcpyAsync(native.data(), canonical.data(), canonical.size(), cudaMemcpyDefault,
-                                     stream_));
+      MXQ_CUDA_CHECK(
+          cudaMemcpyAsync(native.data(), canonical.data(), canonical.size(), cudaMemcpyDefault, stream_));
       return {};
     }
     const uint8_t* src = canonical.data();
@@ -128,7 +157,8 @@ class CudaWeightMemory final : public WeightMemory {
       MXQ_CUDA_CHECK(cudaMemcpyAsync(*st, src, canonical.size(), cudaMemcpyDefault, stream_));
       src = *st;
     }
-    if (native.size() > canonical.size()) MXQ_CUDA_CHECK(cudaMemsetAsync(native.data(), 0, native.size(), stream_));
+    if (native.size() > canonical.size())
+      MXQ_CUDA_CHECK(cudaMemsetAsync(native.data(), 0, native.size(), stream_));
     auto p = device_plane(l, native);
     if (!p) return tl::unexpected(p.error());
     MXQ_CUDA_CHECK(launch_plane_write(*p, src, stream_));
@@ -141,8 +171,8 @@ class CudaWeightMemory final : public WeightMemory {
     if (canonical.empty()) return {};
     const bool to_device = is_device(canonical.data());
     if (l.kind == PlaneKind::kIdentity) {
-      MXQ_CUDA_CHECK(cudaMemcpyAsync(canonical.data(), native.data(), canonical.size(), cudaMemcpyDefault,
-                                     stream_));
+      MXQ_CUDA_CHECK(
+          cudaMemcpyAsync(canonical.data(), native.data(), canonical.size(), cudaMemcpyDefault, stream_));
     } else {
       auto p = device_plane(l, native);
       if (!p) return tl::unexpected(p.error());
@@ -154,7 +184,8 @@ class CudaWeightMemory final : public WeightMemory {
       }
       MXQ_CUDA_CHECK(launch_plane_read(*p, dst, stream_));
       if (!to_device)
-        MXQ_CUDA_CHECK(cudaMemcpyAsync(canonical.data(), dst, canonical.size(), cudaMemcpyDeviceToHost, stream_));
+        MXQ_CUDA_CHECK(
+            cudaMemcpyAsync(canonical.data(), dst, canonical.size(), cudaMemcpyDeviceToHost, stream_));
     }
     if (!to_device) MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return {};
@@ -163,6 +194,33 @@ class CudaWeightMemory final : public WeightMemory {
   Status scatter(const PlaneLayout& l, std::span<const int64_t> indices, int entry_bytes,
                  std::span<const uint8_t> bytes, std::span<uint8_t> undo, std::span<uint8_t> native,
                  std::string_view what) override {
+    return scatter_any(l, indices, entry_bytes, bytes, undo, native, what);
+  }
+  Status scatter32(const PlaneLayout& l, std::span<const int32_t> indices, int entry_bytes,
+                   std::span<const uint8_t> bytes, std::span<uint8_t> undo, std::span<uint8_t> native,
+                   std::string_view what) override {
+    return scatter_any(l, indices, entry_bytes, bytes, undo, native, what);
+  }
+
+  std::span<uint8_t> host_staging(size_t bytes) override {
+    if (pinned_bytes_ < bytes) {
+      cudaStreamSynchronize(stream_);  // note: a queued upload may still read the old buffer
+      if (pinned_) cudaFreeHost(pinned_);
+      pinned_ = nullptr, pinned_bytes_ = 0;
+      void* p = nullptr;
+      if (cudaHostAlloc(&p, bytes + bytes / 4, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        return {};
+      }
+      pinned_ = static_cast<uint8_t*>(p), pinned_bytes_ = bytes + bytes / 4;
+    }
+    return {pinned_, bytes};
+  }
+
+  template <class I>
+  Status scatter_any(const PlaneLayout& l, std::span<const I> indices, int entry_bytes,
+                     std::span<const uint8_t> bytes, std::span<uint8_t> undo, std::span<uint8_t> native,
+                     std::string_view what) {
     if (indices.empty()) return {};
     auto p = device_plane(l, native);
     if (!p) return tl::unexpected(p.error());
@@ -170,9 +228,9 @@ class CudaWeightMemory final : public WeightMemory {
     const size_t ib = indices.size_bytes(), bb = bytes.size(), ub = undo.size();
     const bool host_idx = !is_device(indices.data()), host_bytes = !is_device(bytes.data()),
                host_undo = !undo.empty() && !is_device(undo.data());
-    const auto up16 = [](size_t n) { return (n + 15) / 16 * 16; };
-    const size_t staged = (host_idx ? up16(ib) : 0) + (host_bytes ? up16(bb) : 0) + (host_undo ? up16(ub) : 0);
-    const int64_t* d_idx = indices.data();
+    const size_t staged =
+        (host_idx ? up16(ib) : 0) + (host_bytes ? up16(bb) : 0) + (host_undo ? up16(ub) : 0);
+    const I* d_idx = indices.data();
     const uint8_t* d_bytes = bytes.data();
     uint8_t* d_undo = undo.empty() ? nullptr : undo.data();
     if (staged > 0) {
@@ -181,7 +239,7 @@ class CudaWeightMemory final : public WeightMemory {
       uint8_t* at = *st;
       if (host_idx) {
         MXQ_CUDA_CHECK(cudaMemcpyAsync(at, indices.data(), ib, cudaMemcpyHostToDevice, stream_));
-        d_idx = reinterpret_cast<const int64_t*>(at), at += up16(ib);
+        d_idx = reinterpret_cast<const I*>(at), at += up16(ib);
       }
       if (host_bytes) {
         MXQ_CUDA_CHECK(cudaMemcpyAsync(at, bytes.data(), bb, cudaMemcpyHostToDevice, stream_));
@@ -194,8 +252,19 @@ class CudaWeightMemory final : public WeightMemory {
     const int64_t entries = l.canonical.bytes() / entry_bytes;
     auto* status = status_.as<unsigned long long>();
     const auto count = static_cast<int64_t>(indices.size());
-    MXQ_CUDA_CHECK(launch_sparse_check(d_idx, count, entries, call, status, stream_));
-    MXQ_CUDA_CHECK(launch_sparse_scatter(*p, d_idx, count, entry_bytes, d_bytes, d_undo, status, stream_));
+    constexpr int kWidth = sizeof(I);
+    MXQ_CUDA_CHECK(launch_sparse_check(d_idx, kWidth, count, entries, call, status, stream_));
+    MXQ_CUDA_CHECK(
+        launch_sparse_scatter(*p, d_idx, kWidth, count, entry_bytes, d_bytes, d_undo, status, stream_));
+    uint64_t stream_off = 0;
+    if (SumRecord* rec = incremental_ ? record_of(native.data(), stream_off) : nullptr; rec && rec->valid) {
+      // note: without the old bytes the kept sums cannot follow: the next checksum re-reads the tensor.
+      if (d_undo)
+        MXQ_CUDA_CHECK(launch_sum_delta(*p, d_idx, kWidth, count, entry_bytes, d_undo, stream_off, rec->len,
+                                        rec->sums.as<uint64_t>(), status, stream_));
+      else
+        rec->valid = false;
+    }
     if (host_undo) MXQ_CUDA_CHECK(cudaMemcpyAsync(undo.data(), d_undo, ub, cudaMemcpyDeviceToHost, stream_));
     // note: a call that staged host spans is synchronous, and reports its own refusal.
     if (staged > 0) return sync();
@@ -203,6 +272,109 @@ class CudaWeightMemory final : public WeightMemory {
   }
 
   Status checksums(std::span<const ChecksumJob> jobs) override {
+    if (jobs.empty()) return sync();
+    if (!batched_) return checksums_two_pass(jobs);
+    // note: tensors the batched kernel takes are hashed there (one pass, chains hidden); the rest (short,
+    // ragged or odd layouts) by the two-kernel path below.
+    std::vector<BatchItem> batch, chains;
+    std::vector<ChecksumJob> rest;
+    for (const ChecksumJob& j : jobs) {
+      auto v = device_plane(*j.values_layout, j.values), s = device_plane(*j.scales_layout, j.scales);
+      if (!v) return tl::unexpected(v.error());
+      if (!s) return tl::unexpected(s.error());
+      uint64_t off = 0;
+      SumRecord* rec = incremental_ && !reread_ && v->native ? record_of(v->native, off) : nullptr;
+      if (batch_eligible(*v, *s) && rec && rec->valid && rec->scales == s->native &&
+          rec->len == static_cast<uint64_t>(v->bytes() + s->bytes()))
+        chains.push_back({*v, *s, nullptr, nullptr, j.out});
+      else if (batch_eligible(*v, *s))
+        batch.push_back({*v, *s, nullptr, nullptr, j.out});
+      else
+        rest.push_back(j);
+    }
+    if (auto s = run_batch(Mode::kChains, chains); !s) return s;
+    if (auto s = run_batch(Mode::kHash, batch); !s) return s;
+    return checksums_two_pass(rest);
+  }
+
+  Status write_tensors(std::span<const TensorWriteJob> jobs) override {
+    if (!batched_) return WeightMemory::write_tensors(jobs);
+    std::vector<BatchItem> direct;                                    // device sources, batched
+    std::vector<std::pair<BatchItem, const TensorWriteJob*>> staged;  // host sources, batched via staging
+    std::vector<TensorWriteJob> rest;
+    for (const TensorWriteJob& j : jobs) {
+      if (auto s = check_sizes(*j.values_layout, j.values_src.size(), j.values.size()); !s)
+        return fail_in(j.name, s.error());
+      if (auto s = check_sizes(*j.scales_layout, j.scales_src.size(), j.scales.size()); !s)
+        return fail_in(j.name, s.error());
+      auto v = device_plane(*j.values_layout, j.values), s = device_plane(*j.scales_layout, j.scales);
+      if (!v) return fail_in(j.name, v.error());
+      if (!s) return fail_in(j.name, s.error());
+      // note: native padding is zero from allocation and no write touches it, so no memset is needed here.
+      const bool padded = j.values.size() > j.values_src.size() || j.scales.size() > j.scales_src.size();
+      if (!batch_eligible(*v, *s) || padded) {
+        rest.push_back(j);
+        continue;
+      }
+      // note: an empty plane is neither host nor device memory.
+      const int on_dev = (!j.values_src.empty() && is_device(j.values_src.data())) +
+                         (!j.scales_src.empty() && is_device(j.scales_src.data()));
+      const int on_host = !j.values_src.empty() + !j.scales_src.empty() - on_dev;
+      const bool aligned = reinterpret_cast<uintptr_t>(j.values_src.data()) % 16 == 0 &&
+                           reinterpret_cast<uintptr_t>(j.scales_src.data()) % 16 == 0;
+      BatchItem item{*v, *s, j.values_src.data(), j.scales_src.data(), j.out};
+      if (on_host == 0 && aligned)
+        direct.push_back(item);
+      else if (on_dev == 0)
+        staged.push_back({item, &j});
+      else
+        rest.push_back(j);
+    }
+    if (auto s = run_batch(Mode::kWrite, direct); !s) return s;
+    // Host sources: groups of at most stage_cap_ bytes (or one tensor) copied into the staging buffer, then
+    // one batch each; one stream keeps a group's copy behind the previous group's kernel.
+    size_t cap = stage_cap_;
+    for (const auto& [item, j] : staged)
+      cap = std::max(cap, up16(j->values_src.size()) + up16(j->scales_src.size()));
+    for (size_t g = 0; g < staged.size();) {
+      size_t bytes = 0, end = g;
+      while (end < staged.size() && (end == g || bytes + up16(staged[end].second->values_src.size()) +
+                                                         up16(staged[end].second->scales_src.size()) <=
+                                                     cap))
+        bytes += up16(staged[end].second->values_src.size()) + up16(staged[end].second->scales_src.size()),
+            ++end;
+      auto st = stage(bytes);
+      if (!st) return tl::unexpected(st.error());
+      std::vector<BatchItem> group;
+      uint8_t* at = *st;
+      for (size_t k = g; k < end; ++k) {
+        BatchItem item = staged[k].first;
+        const TensorWriteJob& j = *staged[k].second;
+        for (auto [src, dst] :
+             {std::pair{j.values_src, &item.values_src}, std::pair{j.scales_src, &item.scales_src}}) {
+          if (!src.empty())
+            MXQ_CUDA_CHECK(cudaMemcpyAsync(at, src.data(), src.size(), cudaMemcpyHostToDevice, stream_));
+          *dst = at;
+          at += up16(src.size());
+        }
+        group.push_back(item);
+      }
+      if (auto s = run_batch(Mode::kWrite, group); !s) return s;
+      g = end;
+    }
+    if (!rest.empty())
+      if (auto s = WeightMemory::write_tensors(rest); !s) return s;
+    if (reread_) {
+      // note: the checksum_from_live option: the fused sums are replaced by a re-read of the live planes.
+      std::vector<ChecksumJob> live;
+      for (const TensorWriteJob& j : jobs)
+        live.push_back({j.values_layout, j.values, j.scales_layout, j.scales, j.out});
+      return checksums(live);
+    }
+    return sync();
+  }
+
+  Status checksums_two_pass(std::span<const ChecksumJob> jobs) {
     if (jobs.empty()) return sync();
     std::vector<ChecksumJobDevice> dev;
     uint64_t blocks = 0;
@@ -244,23 +416,167 @@ class CudaWeightMemory final : public WeightMemory {
     MXQ_CUDA_CHECK(cudaMemsetAsync(status_.as(), 0xFF, sizeof status, stream_));
     MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
     const size_t call = static_cast<size_t>(status >> 32);
-    return fail("{}: entry at position {} is outside the plane or does not follow its predecessor (expected "
-                "strictly increasing indices); nothing of this call or later ones was written",
-                call < calls.size() ? calls[call] : std::string("sparse write"), status & 0xFFFFFFFFull);
+    return fail(
+        "{}: entry at position {} is outside the plane or does not follow its predecessor (expected "
+        "strictly increasing indices); nothing of this call or later ones was written",
+        call < calls.size() ? calls[call] : std::string("sparse write"), status & 0xFFFFFFFFull);
   }
 
  private:
   struct Plane {
-    DeviceBuffer buffer, row_off, col_off;
+    DeviceBuffer buffer, row_off, col_off, cols;
     int run = 16;
+    bool transpose4 = false;
   };
+
+  struct BatchItem {
+    DevicePlane values, scales;
+    const uint8_t *values_src = nullptr, *scales_src = nullptr;
+    uint64_t* out = nullptr;
+  };
+  static size_t up16(size_t n) { return (n + 15) / 16 * 16; }
+
+  // One launch of the batched kernel over `items` (write: from their sources; chains: the chains alone over
+  // kept block sums), results into *out.
+  // note: tensors go largest first, so the longest scramble chains start early and overlap the rest.
+  enum class Mode { kWrite, kHash, kChains };
+  Status run_batch(Mode mode, std::vector<BatchItem>& items) {
+    if (items.empty()) return {};
+    std::stable_sort(items.begin(), items.end(), [](const BatchItem& a, const BatchItem& b) {
+      return a.values.bytes() + a.scales.bytes() > b.values.bytes() + b.scales.bytes();
+    });
+    std::vector<BatchTensorDevice> dev;
+    std::vector<SumRecord*> kept;  // per item: its kept sums (incremental checksums), or null
+    std::vector<uint64_t> first_block;
+    uint64_t blocks = 0, tiles = 0;
+    for (const BatchItem& it : items) {
+      BatchTensorDevice d;
+      d.values = it.values, d.scales = it.scales;
+      d.values_src = it.values_src, d.scales_src = it.scales_src;
+      d.len = static_cast<uint64_t>(it.values.bytes() + it.scales.bytes());
+      d.first_tile = static_cast<uint32_t>(tiles);
+      d.values_tiles = batch_tiles(it.values.bytes());
+      d.tiles = d.values_tiles + batch_tiles(it.scales.bytes());
+      SumRecord* rec = incremental_ ? record_for(it.values, it.scales, d.len) : nullptr;
+      kept.push_back(rec);
+      first_block.push_back(blocks);
+      if (!rec) blocks += xxh3_job_blocks(d.len);
+      tiles += d.tiles;
+      dev.push_back(d);
+    }
+    if (tiles > 0xFFFFFFFFull) return fail("a checksum batch of {} tiles (at most 2^32 - 1)", tiles);
+    const size_t n = dev.size();
+    const size_t tensor_bytes = up16(n * sizeof(BatchTensorDevice)), map_bytes = up16(tiles * 4),
+                 counter_bytes = up16(n * 4), out_bytes = up16(n * 8), sum_bytes = blocks * 64;
+    const size_t need = tensor_bytes + map_bytes + counter_bytes + out_bytes + sum_bytes;
+    if (meta_.bytes() < need) {
+      MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      meta_ = DeviceBuffer();
+      auto b = DeviceBuffer::alloc(need + need / 4);
+      if (!b) return fail("refit batch scratch of {} bytes: {}", need, b.error().message);
+      meta_ = std::move(*b);
+    }
+    uint8_t* base = meta_.as<uint8_t>();
+    auto* d_tensors = reinterpret_cast<BatchTensorDevice*>(base);
+    auto* d_map = reinterpret_cast<uint32_t*>(base + tensor_bytes);
+    auto* d_counters = reinterpret_cast<unsigned*>(base + tensor_bytes + map_bytes);
+    auto* d_out = reinterpret_cast<uint64_t*>(base + tensor_bytes + map_bytes + counter_bytes);
+    auto* d_sums = reinterpret_cast<uint64_t*>(base + tensor_bytes + map_bytes + counter_bytes + out_bytes);
+    for (size_t k = 0; k < n; ++k)
+      dev[k].sums = kept[k] ? kept[k]->sums.as<uint64_t>() : d_sums + first_block[k] * 8;
+    MXQ_CUDA_CHECK(cudaMemcpyAsync(d_tensors, dev.data(), n * sizeof(BatchTensorDevice),
+                                   cudaMemcpyHostToDevice, stream_));
+    if (mode == Mode::kChains)
+      MXQ_CUDA_CHECK(launch_refit_chains(d_tensors, static_cast<int>(n), d_out, stream_));
+    else
+      MXQ_CUDA_CHECK(launch_refit_batch(mode == Mode::kWrite, d_tensors, static_cast<int>(n),
+                                        static_cast<uint32_t>(tiles), d_map, d_counters, d_out, stream_));
+    std::vector<uint64_t> out(n);
+    MXQ_CUDA_CHECK(cudaMemcpyAsync(out.data(), d_out, n * 8, cudaMemcpyDeviceToHost, stream_));
+    if (auto s = sync(); !s) return s;
+    for (size_t k = 0; k < n; ++k) {
+      *items[k].out = out[k];
+      if (kept[k]) kept[k]->valid = true;
+    }
+    return {};
+  }
+
+  // Incremental checksums: each batched tensor keeps its block sums (64 bytes per KiB) next to its planes,
+  // current after every full write or hash and every sparse write that saves the old bytes.
+  struct SumRecord {
+    DeviceBuffer sums;
+    const uint8_t* values = nullptr;
+    const uint8_t* scales = nullptr;
+    uint64_t len = 0;
+    bool valid = false;
+  };
+  // The record of a tensor (created on first use; null when its memory cannot be had: the batch then uses
+  // scratch, as without the option).
+  SumRecord* record_for(const DevicePlane& v, const DevicePlane& s, uint64_t len) {
+    auto it = records_.find(v.native);
+    if (it != records_.end() && (it->second.scales != s.native || it->second.len != len)) {
+      forget(v.native);
+      it = records_.end();
+    }
+    if (it == records_.end()) {
+      auto buf = DeviceBuffer::alloc(std::max<size_t>(16, xxh3_job_blocks(len) * 64));
+      if (!buf) return nullptr;
+      SumRecord r;
+      r.sums = std::move(*buf), r.values = v.native, r.scales = s.native, r.len = len;
+      it = records_.emplace(v.native, std::move(r)).first;
+      record_of_[v.native] = {v.native, 0};
+      if (s.native) record_of_[s.native] = {v.native, static_cast<uint64_t>(v.bytes())};
+    }
+    return &it->second;
+  }
+  // The kept record a plane belongs to, with the plane's offset in the tensor's stream.
+  SumRecord* record_of(const uint8_t* plane, uint64_t& stream_off) {
+    auto it = record_of_.find(plane);
+    if (it == record_of_.end()) return nullptr;
+    stream_off = it->second.second;
+    return &records_.find(it->second.first)->second;
+  }
+  void forget(const uint8_t* values) {
+    auto it = records_.find(values);
+    if (it == records_.end()) return;
+    cudaStreamSynchronize(stream_);  // note: queued kernels may still use the sums
+    record_of_.erase(it->second.values);
+    if (it->second.scales) record_of_.erase(it->second.scales);
+    records_.erase(it);
+  }
+  void invalidate(const uint8_t* plane) {
+    uint64_t off = 0;
+    if (SumRecord* r = record_of(plane, off)) r->valid = false;
+  }
+
+  // The int32 column table of a separable plane for the batched kernels (DevicePlane::cols), when it has one.
+  static bool run_table(const PlaneLayout& l, int run, std::vector<int32_t>& out) {
+    const int64_t w = l.canonical.row_bytes;
+    if (w <= 0 || w % 16 != 0) return false;
+    for (int64_t c = 0; c < w; c += run) {
+      const int64_t off = l.col_off[static_cast<size_t>(c)];
+      if (off < 0 || off > INT32_MAX - 16) return false;
+      out.push_back(static_cast<int32_t>(off));
+    }
+    return true;
+  }
+  static bool is_transpose4(const PlaneLayout& l, int run) {
+    const int64_t w = l.canonical.row_bytes;
+    if (run != 4 || w % 64 != 0) return false;
+    for (int64_t r : l.row_off)
+      if (r % 16 != 0) return false;
+    for (int64_t c = 0; c < w; c += 4)
+      if (l.col_off[static_cast<size_t>(c)] != (c & ~int64_t{63}) + 16 * (c % 16 / 4) + 4 * (c % 64 / 16))
+        return false;
+    return true;
+  }
 
   Result<DeviceBuffer> upload_table(const std::vector<int64_t>& t) {
     auto buf = DeviceBuffer::alloc(t.size() * sizeof(int64_t));
     if (!buf) return tl::unexpected(buf.error());
     if (!t.empty())
-      MXQ_CUDA_CHECK(cudaMemcpyAsync(buf->as(), t.data(), t.size() * sizeof(int64_t), cudaMemcpyHostToDevice,
-                                     stream_));
+      MXQ_CUDA_CHECK(
+          cudaMemcpyAsync(buf->as(), t.data(), t.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream_));
     return buf;
   }
 
@@ -277,12 +593,15 @@ class CudaWeightMemory final : public WeightMemory {
     p.rows = l.canonical.rows, p.row_bytes = l.canonical.row_bytes;
     if (native.empty()) return p;
     auto it = planes_.find(native.data());
-    if (it == planes_.end()) return fail("a plane at {} that this CUDA memory did not allocate", fmt::ptr(native.data()));
+    if (it == planes_.end())
+      return fail("a plane at {} that this CUDA memory did not allocate", fmt::ptr(native.data()));
     p.native = const_cast<uint8_t*>(native.data());
     p.run = it->second.run;
     if (l.kind == PlaneKind::kSeparable) {
       p.row_off = it->second.row_off.as<int64_t>();
       p.col_off = it->second.col_off.as<int64_t>();
+      p.cols = it->second.cols.bytes() ? it->second.cols.as<int32_t>() : nullptr;
+      p.transpose4 = it->second.transpose4;
     } else {
       // note: identity offsets are the canonical index, whatever split of rows the layout records.
       p.rows = 1, p.row_bytes = l.canonical.bytes();
@@ -305,6 +624,14 @@ class CudaWeightMemory final : public WeightMemory {
   cudaStream_t stream_ = nullptr;
   bool own_stream_ = false;
   size_t limit_ = SIZE_MAX, scratch_used_ = 0;
+  bool reread_ = false, incremental_ = false, batched_ = true;
+  std::map<const uint8_t*, SumRecord> records_;  // by values plane
+  std::map<const uint8_t*, std::pair<const uint8_t*, uint64_t>>
+      record_of_;  // plane -> (values plane, stream offset)
+  size_t stage_cap_ = 0;
+  DeviceBuffer meta_;
+  uint8_t* pinned_ = nullptr;  // host_staging
+  size_t pinned_bytes_ = 0;    // batch tables, tile map, counters, block sums, results
   std::map<const uint8_t*, Plane> planes_;
   std::map<const uint8_t*, DeviceBuffer> scratch_;
   DeviceBuffer status_, staging_;
@@ -322,6 +649,14 @@ Result<std::unique_ptr<WeightMemory>> cuda_weight_memory(const CudaMemoryOptions
 cudaStream_t weight_memory_stream(const WeightMemory& memory) {
   const auto* m = dynamic_cast<const CudaWeightMemory*>(&memory);
   return m ? m->stream() : nullptr;
+}
+
+void set_checksum_from_live(WeightMemory& memory, bool reread) {
+  if (auto* m = dynamic_cast<CudaWeightMemory*>(&memory)) m->set_reread(reread);
+}
+
+void set_incremental_checksums(WeightMemory& memory, bool on) {
+  if (auto* m = dynamic_cast<CudaWeightMemory*>(&memory)) m->set_incremental(on);
 }
 
 }  // namespace mxq::cuda

@@ -1,9 +1,9 @@
 // WeightMemory (model/weight_memory.h) in CUDA device memory: live planes from cudaMalloc (allocated once,
 // never moved), layout tables uploaded next to them, and the refit kernels (refit_plane.cu,
-// refit_scatter.cu, xxh3_checksum.cu) for writes, reads, sparse scatters with undo capture and checksums.
-// Host spans given to it (pinned or pageable) are staged through a device buffer; device spans are used as
-// they are. All work runs on one stream, in order; calls that return host-visible results (checksums, reads
-// into host memory, sync) wait for it.
+// refit_scatter.cu, xxh3_checksum.cu, refit_batch.cu) for writes, reads, sparse scatters with undo capture
+// and checksums. Host spans given to it (pinned or pageable) are staged through a device buffer; device spans
+// are used as they are. All work runs on one stream, in order; calls that return host-visible results
+// (checksums, reads into host memory, sync) wait for it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -21,11 +21,31 @@ struct CudaMemoryOptions {
   // Bytes of scratch (undo logs, uploaded deltas) it will hand out in all; more is refused by name (tests
   // use a small limit to reach W-26 without exhausting the GPU).
   size_t scratch_limit = SIZE_MAX;
+  // Full writes (write_tensors) hash the canonical bytes as the batched kernel writes them, from its
+  // registers: that checks the delivered planes against the trainer's checksum in the same pass, while the
+  // layout mapping itself is checked bitwise by the GPU tests. true: hash the live planes again after the
+  // writes (one more read of every byte) instead.
+  bool checksum_from_live = false;
+  // Incremental checksums: every tensor the batched kernels take keeps its XXH3 block sums (64 bytes per
+  // KiB of weights, 6.25% more device memory) current through full writes and sparse scatters (each changed
+  // word adds its new term minus its old one), so a checksum after a sparse write runs only the chains and
+  // the tails instead of re-reading every plane. A scatter without old bytes, or write_plane, drops a
+  // tensor's sums until its next full hash.
+  bool incremental_checksums = false;
+  // false: full writes and checksums take the per-plane kernels and the two-kernel hash of the previous
+  // path (refit_plane.cu, xxh3_checksum.cu) instead of refit_batch.cu (a fallback; slower).
+  bool batched_kernels = true;
+  // Host canonical planes of a full write go through device staging in groups of about this many bytes.
+  size_t host_stage_bytes = size_t{1} << 30;
 };
 
 Result<std::unique_ptr<WeightMemory>> cuda_weight_memory(const CudaMemoryOptions& options = {});
 
 // The stream a CUDA weight memory runs on (null for any other memory).
 cudaStream_t weight_memory_stream(const WeightMemory& memory);
+// CudaMemoryOptions::checksum_from_live of a live CUDA weight memory (no effect on any other memory).
+void set_checksum_from_live(WeightMemory& memory, bool reread);
+// CudaMemoryOptions::incremental_checksums of a live CUDA weight memory (off frees the kept sums).
+void set_incremental_checksums(WeightMemory& memory, bool on);
 
 }  // namespace mxq::cuda

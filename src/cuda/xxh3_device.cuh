@@ -135,6 +135,20 @@ MXQ_XXH_HD uint64_t stripe_lane(uint64_t word_i, uint64_t word_pair, int lane, i
   return word_pair + (key & 0xFFFFFFFFULL) * (key >> 32);
 }
 
+// Block sums as sums of per-word terms (refit_batch.cu, sum_delta.cu): word w at stripe s, lane i of a
+// block adds w to sum[i ^ 1] and mul_term(w, secret at 8s + 8i) to sum[i]; a block's sums are the totals,
+// so they can be reduced in any order and updated word by word (mod 2^64).
+MXQ_XXH_HD uint64_t mul_term(uint64_t word, uint64_t key) {
+  const uint64_t k = word ^ key;
+  return (k & 0xFFFFFFFFULL) * (k >> 32);
+}
+// The two sums a 16-byte unit (words i = 2·pair and i + 1 of one stripe) adds to: sum[i] += a,
+// sum[i + 1] += b, with key_a, key_b the secret words at 8s + 8i and 8s + 8i + 8.
+MXQ_XXH_HD void unit_terms(uint64_t w0, uint64_t w1, uint64_t key_a, uint64_t key_b, uint64_t& a, uint64_t& b) {
+  a += mul_term(w0, key_a) + w1;
+  b += mul_term(w1, key_b) + w0;
+}
+
 MXQ_XXH_HD uint64_t init_acc(int lane) {
   const uint64_t init[8] = {kPrime32_3, kPrime64_1, kPrime64_2, kPrime64_3,
                             kPrime64_4, kPrime32_2, kPrime64_5, kPrime32_1};

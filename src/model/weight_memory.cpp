@@ -83,6 +83,28 @@ class HostWeightMemory final : public WeightMemory {
 
 }  // namespace
 
+Status WeightMemory::scatter32(const PlaneLayout& l, std::span<const int32_t> indices, int entry_bytes,
+                               std::span<const uint8_t> bytes, std::span<uint8_t> undo,
+                               std::span<uint8_t> native, std::string_view what) {
+  const std::vector<int64_t> wide(indices.begin(), indices.end());
+  return scatter(l, wide, entry_bytes, bytes, undo, native, what);
+}
+
+std::span<uint8_t> WeightMemory::host_staging(size_t bytes) {
+  if (host_staging_.size() < bytes) host_staging_.resize(bytes);
+  return {host_staging_.data(), bytes};
+}
+
+Status WeightMemory::write_tensors(std::span<const TensorWriteJob> jobs) {
+  std::vector<ChecksumJob> sums;
+  for (const TensorWriteJob& j : jobs) {
+    if (auto s = write_plane(*j.values_layout, j.values_src, j.values); !s) return fail_in(j.name, s.error());
+    if (auto s = write_plane(*j.scales_layout, j.scales_src, j.scales); !s) return fail_in(j.name, s.error());
+    sums.push_back({j.values_layout, j.values, j.scales_layout, j.scales, j.out});
+  }
+  return checksums(sums);
+}
+
 std::unique_ptr<WeightMemory> host_weight_memory() { return std::make_unique<HostWeightMemory>(); }
 
 }  // namespace mxq

@@ -15,6 +15,7 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "base/error.h"
 #include "layout/layout.h"
@@ -31,8 +32,24 @@ struct ChecksumJob {
   uint64_t* out = nullptr;  // host memory
 };
 
+// One tensor's full update for write_tensors: canonical planes in (host or this memory's spans), the live
+// planes written, the checksum of the updated tensor into *out (host memory).
+struct TensorWriteJob {
+  std::string_view name;  // for errors
+  const PlaneLayout* values_layout = nullptr;
+  std::span<const uint8_t> values_src;
+  std::span<uint8_t> values;
+  const PlaneLayout* scales_layout = nullptr;
+  std::span<const uint8_t> scales_src;
+  std::span<uint8_t> scales;
+  uint64_t* out = nullptr;
+};
+
 class WeightMemory {
  public:
+  WeightMemory() = default;
+  WeightMemory(const WeightMemory&) = delete;
+  WeightMemory& operator=(const WeightMemory&) = delete;
   virtual ~WeightMemory() = default;
   virtual std::string_view name() const = 0;  // "host" or "cuda"
   virtual bool on_device() const = 0;
@@ -62,10 +79,25 @@ class WeightMemory {
   virtual Status scatter(const PlaneLayout& l, std::span<const int64_t> indices, int entry_bytes,
                          std::span<const uint8_t> bytes, std::span<uint8_t> undo, std::span<uint8_t> native,
                          std::string_view what) = 0;
+  // scatter() with int32 indices (the applier's compact upload when every plane has < 2^31 entries); the
+  // default widens them to int64 and calls scatter().
+  virtual Status scatter32(const PlaneLayout& l, std::span<const int32_t> indices, int entry_bytes,
+                           std::span<const uint8_t> bytes, std::span<uint8_t> undo, std::span<uint8_t> native,
+                           std::string_view what);
+  // A host buffer for uploads, valid until the next call (the CUDA memory keeps it pinned, so an upload
+  // from it runs at the copy engine's rate); nullptr-spanned when it cannot be had.
+  virtual std::span<uint8_t> host_staging(size_t bytes);
   // Every job's checksum, in one batch (the CUDA memory hashes all tensors at once).
   virtual Status checksums(std::span<const ChecksumJob> jobs) = 0;
+  // Full writes of several tensors (write_plane of both planes) and each one's checksum. The default writes
+  // plane by plane, then hashes the live bytes (checksums). The CUDA memory writes every tensor in one pass
+  // and hashes the bytes it writes on the way (weight_memory_cuda.h says why, and how to re-read instead).
+  virtual Status write_tensors(std::span<const TensorWriteJob> jobs);
   // Waits for queued work; reports a refusal or device error raised since the last sync.
   virtual Status sync() = 0;
+
+ private:
+  std::vector<uint8_t> host_staging_;  // the default host_staging
 };
 
 // Live bytes in host memory (aligned_alloc), the layout functions of layout/layout.h, libxxhash.

@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <cassert>
+#include <climits>
 
 namespace mxq {
 
@@ -100,8 +101,9 @@ Status WeightStore::add(std::string name, Format format, std::vector<int64_t> sh
   QTensor t{name, format, std::move(shape), {}, {}, 0, std::move(layout)};
   for (Plane p : {Plane::kValues, Plane::kScales}) {
     auto buf = memory_->allocate_plane(t.layout.plane(p));
-    if (!buf) return fail("{} {}: live buffer of {} bytes in {} memory: {}", t.name, plane_name(p),
-                          t.layout.plane(p).native_bytes, memory_->name(), buf.error().message);
+    if (!buf)
+      return fail("{} {}: live buffer of {} bytes in {} memory: {}", t.name, plane_name(p),
+                  t.layout.plane(p).native_bytes, memory_->name(), buf.error().message);
     if (!buf->empty()) buffers_.push_back(*buf);
     total_bytes_ += static_cast<int64_t>(buf->size());
     (p == Plane::kValues ? t.values : t.scales) = *buf;
@@ -127,18 +129,29 @@ Status WeightStore::apply_tensors(std::span<const TensorWrite> writes) {
       return fail("{}: {} update with {} value bytes and {} scale bytes, expected {} and {}", w.name,
                   traits(t.format).name, w.values.size(), w.scales.size(), want_values, want_scales);
   }
-  std::vector<std::string_view> names;
+  std::vector<TensorWriteJob> jobs;
   for (const TensorWrite& w : writes) {
     QTensor& t = tensors_.find(w.name)->second;
-    if (auto s = memory_->write_plane(t.layout.values, w.values, t.values); !s) return fail_in(w.name, s.error());
-    if (auto s = memory_->write_plane(t.layout.scales, w.scales, t.scales); !s) return fail_in(w.name, s.error());
-    names.push_back(w.name);
+    jobs.push_back(
+        {w.name, &t.layout.values, w.values, t.values, &t.layout.scales, w.scales, t.scales, &t.checksum});
   }
-  return refresh_checksums(names);
+  return memory_->write_tensors(jobs);
 }
 
 Status WeightStore::apply_sparse(std::string_view name, Plane plane, std::span<const int64_t> indices,
                                  int entry_bytes, std::span<const uint8_t> bytes, std::span<uint8_t> undo) {
+  return apply_sparse_any(name, plane, indices, entry_bytes, bytes, undo);
+}
+
+Status WeightStore::apply_sparse(std::string_view name, Plane plane, std::span<const int32_t> indices,
+                                 int entry_bytes, std::span<const uint8_t> bytes, std::span<uint8_t> undo) {
+  return apply_sparse_any(name, plane, indices, entry_bytes, bytes, undo);
+}
+
+template <class I>
+Status WeightStore::apply_sparse_any(std::string_view name, Plane plane, std::span<const I> indices,
+                                     int entry_bytes, std::span<const uint8_t> bytes,
+                                     std::span<uint8_t> undo) {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) return fail("{}: not a tensor of this model", name);
   QTensor& t = it->second;
@@ -168,8 +181,15 @@ Status WeightStore::apply_sparse(std::string_view name, Plane plane, std::span<c
   // note: every check above runs before this first write, so a refused call leaves the live bytes as they
   // were.
   if (indices.empty()) return {};
-  return memory_->scatter(l, indices, entry_bytes, bytes, undo, live,
-                          fmt::format("{} {}", name, plane_name(plane)));
+  if constexpr (sizeof(I) == 4) {
+    if (entries > INT32_MAX)
+      return fail("{} {}: {} entries need int64 indices", name, plane_name(plane), entries);
+    return memory_->scatter32(l, indices, entry_bytes, bytes, undo, live,
+                              fmt::format("{} {}", name, plane_name(plane)));
+  } else {
+    return memory_->scatter(l, indices, entry_bytes, bytes, undo, live,
+                            fmt::format("{} {}", name, plane_name(plane)));
+  }
 }
 
 Status WeightStore::read_canonical(std::string_view name, Plane plane, std::span<uint8_t> out) const {

@@ -79,6 +79,9 @@ class WeightStore {
   // from the next refresh_checksum(s) / sync().
   Status apply_sparse(std::string_view name, Plane plane, std::span<const int64_t> indices, int entry_bytes,
                       std::span<const uint8_t> bytes, std::span<uint8_t> undo = {});
+  // The same with int32 indices (a compact upload; the plane must have fewer than 2^31 entries).
+  Status apply_sparse(std::string_view name, Plane plane, std::span<const int32_t> indices, int entry_bytes,
+                      std::span<const uint8_t> bytes, std::span<uint8_t> undo = {});
   // Recomputes the tensor's checksum from its live bytes (gathered through the layout) and returns it.
   Result<uint64_t> refresh_checksum(std::string_view name);
   // refresh_checksum for several tensors in one batch.
@@ -103,6 +106,9 @@ class WeightStore {
 
  private:
   void release();
+  template <class I>
+  Status apply_sparse_any(std::string_view name, Plane plane, std::span<const I> indices, int entry_bytes,
+                          std::span<const uint8_t> bytes, std::span<uint8_t> undo);
   std::unique_ptr<WeightMemory> memory_;
   std::map<std::string, QTensor, std::less<>> tensors_;
   std::vector<std::span<uint8_t>> buffers_;  // every live plane, freed through memory_

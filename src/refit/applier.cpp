@@ -2,15 +2,46 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstring>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace mxq::refit {
 namespace {
 
 mxq::Plane store_plane(Plane p) { return p == Plane::kValues ? mxq::Plane::kValues : mxq::Plane::kScales; }
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// Entries of plane p (0 values, 1 scales) of the record's tensor; 0 when its shape has none.
+int64_t plane_entries(const TensorDelta& t, int p) {
+  auto g = tensor_geometry(t.format, t.shape, t.name);
+  return g ? (*g)[static_cast<size_t>(p)].entries : 0;
+}
+
+// f(k) for k < n on all host cores (records in turn).
+template <class F>
+void parallel_records(size_t n, F&& f) {
+  const size_t threads = std::min<size_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k = next++; k < n; k = next++) f(k);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& th : pool) th.join();
+}
 
 // One write the undo log can reverse: a whole anchor (both planes) or one sparse plane of a record.
 struct UndoStep {
@@ -41,7 +72,9 @@ class Applier {
   Status run(uint64_t& live_version) {
     if (auto s = store_.servable(); !s)
       return fail("delta {} -> {} refused: {}", from(), to(), s.error().message);
+    const auto t0 = Clock::now();
     if (auto s = validate_delta(delta_, tensor_table(store_), live_version); !s) return s;
+    if (options_.timings) *options_.timings = {ms_since(t0), 0, 0, 0};
     if (store_.on_device()) return run_on_device(live_version);
     const size_t log_bytes = offsets_.back();
     log_ = options_.allocate_undo ? options_.allocate_undo(log_bytes)
@@ -71,48 +104,91 @@ class Applier {
       live_version = delta_.new_version;
       return {};
     }
+    const auto t_stage = Clock::now();  // note: the stage includes the scratch allocations
     WeightMemory& mem = store_.memory();
     const size_t log_bytes = offsets_.back();
     auto undo_scratch = mem.allocate_scratch(log_bytes);
     if (!undo_scratch)
-      return fail("delta {} -> {}: undo log of {} bytes could not be allocated in {} memory ({}); nothing "
-                  "written (W-26)",
-                  from(), to(), log_bytes, mem.name(), undo_scratch.error().message);
+      return fail(
+          "delta {} -> {}: undo log of {} bytes could not be allocated in {} memory ({}); nothing "
+          "written (W-26)",
+          from(), to(), log_bytes, mem.name(), undo_scratch.error().message);
     Scratch log_guard{mem, *undo_scratch};
     device_log_ = undo_scratch->data();
-    // The delta's indices and new bytes, each segment 16-byte aligned, uploaded once.
+    // The delta's indices and new bytes, each segment 16-byte aligned, packed on all host cores into the
+    // memory's (pinned) host staging and uploaded with one copy. note: indices go as int32 where the plane
+    // has fewer than 2^31 entries (every plane of a model today), half the bytes of the decoded int64.
     const auto up16 = [](size_t n) { return (n + 15) / 16 * 16; };
-    size_t upload_bytes = 0;
-    for (const TensorDelta& t : delta_.tensors)
-      for (const PlaneDelta* d : {&t.values, &t.scales})
-        upload_bytes += up16(d->indices.size() * sizeof(int64_t)) + up16(d->bytes.size());
-    auto up = mem.allocate_scratch(upload_bytes);
-    if (!up)
-      return fail("delta {} -> {}: {} bytes of delta could not be placed in {} memory ({}); nothing written "
-                  "(W-26)",
-                  from(), to(), upload_bytes, mem.name(), up.error().message);
-    Scratch up_guard{mem, *up};
-    if (auto s = hook({ApplyStage::kValidated, 0, {}}); !s) return s;  // nothing written yet
-    struct DevicePlaneDelta {
-      std::span<const int64_t> indices;
-      std::span<const uint8_t> bytes;
+    struct Segment {
+      size_t index_at = 0, bytes_at = 0;
+      bool narrow = false;
     };
-    std::vector<std::array<DevicePlaneDelta, 2>> dev(delta_.tensors.size());
-    size_t at = 0;
+    std::vector<std::array<Segment, 2>> seg(delta_.tensors.size());
+    size_t upload_bytes = 0;
     for (size_t k = 0; k < delta_.tensors.size(); ++k) {
       const TensorDelta& t = delta_.tensors[k];
       for (int p = 0; p < 2; ++p) {
         const PlaneDelta& d = p == 0 ? t.values : t.scales;
-        const auto idx = std::as_bytes(std::span(d.indices));
-        const std::span<uint8_t> di = up->subspan(at, idx.size());
-        at += up16(idx.size());
-        const std::span<uint8_t> db = up->subspan(at, d.bytes.size());
-        at += up16(d.bytes.size());
-        if (auto s = mem.upload({reinterpret_cast<const uint8_t*>(idx.data()), idx.size()}, di); !s) return s;
-        if (auto s = mem.upload(d.bytes, db); !s) return s;
-        dev[k][static_cast<size_t>(p)] = {{reinterpret_cast<const int64_t*>(di.data()), d.indices.size()}, db};
+        Segment& sg = seg[k][static_cast<size_t>(p)];
+        sg.narrow = plane_entries(t, p) <= INT32_MAX;
+        sg.index_at = upload_bytes;
+        upload_bytes += up16(d.indices.size() * (sg.narrow ? 4 : 8));
+        sg.bytes_at = upload_bytes;
+        upload_bytes += up16(d.bytes.size());
       }
     }
+    auto up = mem.allocate_scratch(upload_bytes);
+    if (!up)
+      return fail(
+          "delta {} -> {}: {} bytes of delta could not be placed in {} memory ({}); nothing written "
+          "(W-26)",
+          from(), to(), upload_bytes, mem.name(), up.error().message);
+    Scratch up_guard{mem, *up};
+    if (auto s = hook({ApplyStage::kValidated, 0, {}}); !s) return s;  // nothing written yet
+    struct DevicePlaneDelta {
+      std::span<const int32_t> narrow;  // one of the two, by Segment::narrow
+      std::span<const int64_t> wide;
+      size_t count = 0;
+      std::span<const uint8_t> bytes;
+    };
+    std::span<uint8_t> host = mem.host_staging(upload_bytes);
+    std::vector<uint8_t> fallback;  // note: no pinned memory to be had: pageable, same bytes
+    if (host.size() < upload_bytes) fallback.resize(upload_bytes), host = fallback;
+    parallel_records(delta_.tensors.size(), [&](size_t k) {
+      const TensorDelta& t = delta_.tensors[k];
+      for (int p = 0; p < 2; ++p) {
+        const PlaneDelta& d = p == 0 ? t.values : t.scales;
+        const Segment& sg = seg[k][static_cast<size_t>(p)];
+        if (sg.narrow) {
+          auto* out = reinterpret_cast<int32_t*>(host.data() + sg.index_at);
+          for (size_t j = 0; j < d.indices.size(); ++j) out[j] = static_cast<int32_t>(d.indices[j]);
+        } else if (!d.indices.empty()) {
+          std::memcpy(host.data() + sg.index_at, d.indices.data(), d.indices.size() * sizeof(int64_t));
+        }
+        if (!d.bytes.empty()) std::memcpy(host.data() + sg.bytes_at, d.bytes.data(), d.bytes.size());
+      }
+    });
+    if (auto s = mem.upload(host.first(upload_bytes), *up); !s) return s;
+    std::vector<std::array<DevicePlaneDelta, 2>> dev(delta_.tensors.size());
+    for (size_t k = 0; k < delta_.tensors.size(); ++k) {
+      const TensorDelta& t = delta_.tensors[k];
+      for (int p = 0; p < 2; ++p) {
+        const PlaneDelta& d = p == 0 ? t.values : t.scales;
+        const Segment& sg = seg[k][static_cast<size_t>(p)];
+        DevicePlaneDelta& dd = dev[k][static_cast<size_t>(p)];
+        if (sg.narrow)
+          dd.narrow = {reinterpret_cast<const int32_t*>(up->data() + sg.index_at), d.indices.size()};
+        else
+          dd.wide = {reinterpret_cast<const int64_t*>(up->data() + sg.index_at), d.indices.size()};
+        dd.count = d.indices.size();
+        dd.bytes = up->subspan(sg.bytes_at, d.bytes.size());
+      }
+    }
+    if (options_.timings) {
+      if (auto s = mem.sync(); !s) return s;
+      options_.timings->stage = ms_since(t_stage);
+    }
+    const auto t_write = Clock::now();
     for (const TensorDelta& t : delta_.tensors) old_checksums_.push_back(store_.at(t.name).checksum);
     const size_t last = delta_.tensors.size() - 1;
     // Anchors: old canonical planes into the log (device to device), then one batched write.
@@ -122,8 +198,10 @@ class Applier {
       if (!t.anchor) continue;
       const auto old_values = log(offsets_[k], t.values.bytes.size());
       const auto old_scales = log(offsets_[k] + old_values.size(), t.scales.bytes.size());
-      if (auto s = store_.read_canonical(t.name, mxq::Plane::kValues, old_values); !s) return roll_back(k, last, s.error().message);
-      if (auto s = store_.read_canonical(t.name, mxq::Plane::kScales, old_scales); !s) return roll_back(k, last, s.error().message);
+      if (auto s = store_.read_canonical(t.name, mxq::Plane::kValues, old_values); !s)
+        return roll_back(k, last, s.error().message);
+      if (auto s = store_.read_canonical(t.name, mxq::Plane::kScales, old_scales); !s)
+        return roll_back(k, last, s.error().message);
       // note: the step is recorded before the write: restoring bytes that were never overwritten is harmless.
       steps_.push_back({k, true, Plane::kValues, offsets_[k]});
       anchors.push_back({t.name, dev[k][0].bytes, dev[k][1].bytes});
@@ -138,21 +216,30 @@ class Applier {
       size_t log_at = offsets_[k];
       for (Plane p : {Plane::kValues, Plane::kScales}) {
         const DevicePlaneDelta& d = dev[k][p == Plane::kValues ? 0 : 1];
-        if (d.indices.empty()) continue;
+        if (d.count == 0) continue;
         steps_.push_back({k, false, p, log_at});
-        if (auto s = store_.apply_sparse(t.name, store_plane(p), d.indices, entry_bytes(t.format, p), d.bytes,
-                                         log(log_at, d.bytes.size()));
+        const auto undo_span = log(log_at, d.bytes.size());
+        const int eb = entry_bytes(t.format, p);
+        if (auto s = d.narrow.empty()
+                         ? store_.apply_sparse(t.name, store_plane(p), d.wide, eb, d.bytes, undo_span)
+                         : store_.apply_sparse(t.name, store_plane(p), d.narrow, eb, d.bytes, undo_span);
             !s)
           return roll_back(k, last, s.error().message);
         log_at += d.bytes.size();
       }
       sparse.push_back(t.name);
     }
+    if (options_.timings) {
+      if (auto s = store_.sync(); !s) return roll_back(0, last, s.error().message);
+      options_.timings->write = ms_since(t_write);
+    }
+    const auto t_sum = Clock::now();
     if (auto s = store_.refresh_checksums(sparse); !s) return roll_back(0, last, s.error().message);
     const auto n = static_cast<int64_t>(delta_.tensors.size());
     for (size_t k = 0; k < delta_.tensors.size(); ++k) {
       const TensorDelta& t = delta_.tensors[k];
-      if (auto s = hook({ApplyStage::kTensorWritten, k, t.name}); !s) return roll_back(k, last, s.error().message);
+      if (auto s = hook({ApplyStage::kTensorWritten, k, t.name}); !s)
+        return roll_back(k, last, s.error().message);
       const uint64_t sum = store_.at(t.name).checksum;
       if (sum != t.checksum)
         return roll_back(k, last,
@@ -164,6 +251,7 @@ class Applier {
       if (options_.progress && !options_.progress({"refit", t.name, static_cast<int64_t>(k) + 1, n}))
         return roll_back(k, last, "cancelled by the progress callback");
     }
+    if (options_.timings) options_.timings->checksum = ms_since(t_sum);
     live_version = delta_.new_version;
     return {};
   }

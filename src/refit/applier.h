@@ -46,11 +46,21 @@ using UndoAllocator = std::function<std::unique_ptr<uint8_t[]>(size_t bytes)>;
 // refuses to serve rather than guess.
 inline constexpr int kUndoAttempts = 3;
 
+// Wall-clock milliseconds of apply_delta's stages, filled when ApplyOptions::timings is set (a device store
+// then waits for each stage's device work before the next, so the stages add up to the whole call).
+struct ApplyTimings {
+  double validate = 0;  // validate_delta (host, all cores)
+  double stage = 0;     // device path: packing indices (int32 where they fit) and new bytes, one upload
+  double write = 0;     // undo capture, anchor writes, sparse scatters
+  double checksum = 0;  // every touched tensor's checksum (device path: one batch) and the comparison
+};
+
 struct ApplyOptions {
   FaultHook fault;              // test hook; empty = no faults
   UndoAllocator allocate_undo;  // empty = operator new (nothrow)
   // One report per verified tensor (stage "refit"); returning false cancels: every byte is restored.
   ProgressFn progress;
+  ApplyTimings* timings = nullptr;  // bench hook; null = no timing
 };
 
 // The engine's tensor table (name -> format, shape) that validate_delta checks a delta against.

@@ -1,8 +1,9 @@
 // refit::apply_delta on a WeightStore in CUDA device memory: deltas land bit-exact (A -> B -> A and a
 // 4-step chain with an anchor step) with unchanged device addresses; every injected fault and a checksum
-// mismatch leave exactly the old bytes; W-26 (no room for the undo log) is refused before any write; and
-// W-16: a CUDA graph of GEMV launches reading the store, replayed after a sparse and an anchor delta,
-// equals the same graph on a fresh store loaded with the target weights.
+// mismatch leave exactly the old bytes (both with full checksums and with incremental ones); W-26 (no room
+// for the undo log) is refused before any write; and W-16: a CUDA graph of GEMV launches reading the store,
+// replayed after a sparse and an anchor delta, equals the same graph on a fresh store loaded with the target
+// weights.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -45,12 +46,15 @@ struct Planes {
 using Model = std::map<std::string, Planes>;
 
 Result<Layout> gemv_layout(const Spec& s) {
-  return probe_layout(s.name, "cuda_gemv", s.format, s.shape, [&](const HostPlanes& in) -> Result<HostPlanes> {
-    HostPlanes out{std::vector<uint8_t>(in.values.size()), in.scales};
-    if (auto st = prepare_gemv_values(s.format, in.values.data(), out.values.data(), s.shape[0], s.shape[1]); !st)
-      return tl::unexpected(st.error());
-    return out;
-  });
+  return probe_layout(
+      s.name, "cuda_gemv", s.format, s.shape, [&](const HostPlanes& in) -> Result<HostPlanes> {
+        HostPlanes out{std::vector<uint8_t>(in.values.size()), in.scales};
+        if (auto st =
+                prepare_gemv_values(s.format, in.values.data(), out.values.data(), s.shape[0], s.shape[1]);
+            !st)
+          return tl::unexpected(st.error());
+        return out;
+      });
 }
 
 void random_entry(Format f, refit::Plane p, std::mt19937& rng, uint8_t* e) {
@@ -98,8 +102,11 @@ Model mutate(const Model& from, double p, uint32_t seed) {
   return m;
 }
 
-WeightStore make_store(const Model& m, size_t scratch_limit = SIZE_MAX) {
-  auto mem = cuda_weight_memory({nullptr, scratch_limit});
+WeightStore make_store(const Model& m, size_t scratch_limit = SIZE_MAX, bool incremental = false) {
+  CudaMemoryOptions o;
+  o.scratch_limit = scratch_limit;
+  o.incremental_checksums = incremental;
+  auto mem = cuda_weight_memory(o);
   EXPECT_TRUE(mem);
   WeightStore store(std::move(*mem));
   for (const Spec& s : kSpecs) {
@@ -137,10 +144,12 @@ Native native(const WeightStore& store) {
   for (const auto& [name, t] : store.tensors()) {
     Planes p{std::vector<uint8_t>(t.values.size()), std::vector<uint8_t>(t.scales.size())};
     if (!p.values.empty()) {
-      EXPECT_EQ(cudaMemcpy(p.values.data(), t.values.data(), p.values.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(p.values.data(), t.values.data(), p.values.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
     }
     if (!p.scales.empty()) {
-      EXPECT_EQ(cudaMemcpy(p.scales.data(), t.scales.data(), p.scales.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(p.scales.data(), t.scales.data(), p.scales.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
     }
     n.bytes[name] = std::move(p);
     n.at[name] = {t.values.data(), t.scales.data()};
@@ -161,14 +170,18 @@ Delta make_delta(const Model& from, const Model& to, uint64_t base, uint64_t nex
 }
 
 void expect_checksums(const WeightStore& store, const Model& m) {
-  for (const auto& [name, p] : m) EXPECT_EQ(store.at(name).checksum, canonical_checksum(p.values, p.scales)) << name;
+  for (const auto& [name, p] : m)
+    EXPECT_EQ(store.at(name).checksum, canonical_checksum(p.values, p.scales)) << name;
 }
 
-TEST(CudaRefit, ABAAndChainBitExactAtFixedAddresses) {
+// note: both tests run with and without incremental checksums (kept block sums updated by the scatters).
+class CudaRefitModes : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CudaRefitModes, ABAAndChainBitExactAtFixedAddresses) {
   const uint32_t seed = static_cast<uint32_t>(test::fresh_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const Model a = mutate({}, 1.0, seed), b = mutate(a, 0.05, seed + 1);
-  WeightStore store = make_store(a);
+  WeightStore store = make_store(a, SIZE_MAX, GetParam());
   const Native start = native(store);
   EXPECT_EQ(canonical(store), a);
   expect_checksums(store, a);
@@ -186,7 +199,8 @@ TEST(CudaRefit, ABAAndChainBitExactAtFixedAddresses) {
   const double fractions[] = {0.02, 1.0, 0.4, 0.005};
   for (int k = 0; k < 4; ++k) {
     const Model next = mutate(cur, fractions[k] >= 1.0 ? 0.3 : fractions[k], seed + 10 + k);
-    ASSERT_TRUE(refit::apply_delta(store, version, make_delta(cur, next, version, version + 1, fractions[k] >= 1.0)));
+    ASSERT_TRUE(
+        refit::apply_delta(store, version, make_delta(cur, next, version, version + 1, fractions[k] >= 1.0)));
     cur = next;
     EXPECT_EQ(canonical(store), cur) << "step " << k;
     expect_checksums(store, cur);
@@ -197,7 +211,7 @@ TEST(CudaRefit, ABAAndChainBitExactAtFixedAddresses) {
   EXPECT_EQ(native(store).at, start.at) << "device addresses never change";
 }
 
-TEST(CudaRefit, EveryFaultLeavesTheOldBytes) {
+TEST_P(CudaRefitModes, EveryFaultLeavesTheOldBytes) {
   const uint32_t seed = static_cast<uint32_t>(test::fresh_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const Model a = mutate({}, 1.0, seed), b = mutate(a, 0.1, seed + 1);
@@ -206,11 +220,12 @@ TEST(CudaRefit, EveryFaultLeavesTheOldBytes) {
   const Delta anchors = make_delta(a, b, 5, 6, true);
   d.tensors[1] = anchors.tensors[1];
   d.tensors[4] = anchors.tensors[4];
-  WeightStore store = make_store(a);
+  WeightStore store = make_store(a, SIZE_MAX, GetParam());
   const Native before = native(store);
   const size_t n = d.tensors.size();
   int faults = 0;
-  for (ApplyStage stage : {ApplyStage::kValidated, ApplyStage::kTensorWritten, ApplyStage::kChecksumVerified}) {
+  for (ApplyStage stage :
+       {ApplyStage::kValidated, ApplyStage::kTensorWritten, ApplyStage::kChecksumVerified}) {
     for (size_t k = 0; k < (stage == ApplyStage::kValidated ? 1 : n); ++k) {
       refit::ApplyOptions o;
       o.fault = [&](const refit::StagePoint& p) -> Status {
@@ -223,7 +238,8 @@ TEST(CudaRefit, EveryFaultLeavesTheOldBytes) {
       EXPECT_EQ(version, 5u);
       EXPECT_TRUE(store.servable());
       const Native after = native(store);
-      EXPECT_EQ(after.bytes, before.bytes) << refit::stage_name(stage) << " at " << k << ": " << s.error().message;
+      EXPECT_EQ(after.bytes, before.bytes)
+          << refit::stage_name(stage) << " at " << k << ": " << s.error().message;
       EXPECT_EQ(after.at, before.at);
       ++faults;
     }
@@ -271,6 +287,9 @@ TEST(CudaRefit, EveryFaultLeavesTheOldBytes) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Checksums, CudaRefitModes, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "incremental" : "full"; });
+
 TEST(CudaRefit, UndoLogThatDoesNotFitIsRefusedBeforeAnyWrite) {
   const uint32_t seed = static_cast<uint32_t>(test::fresh_seed());
   const Model a = mutate({}, 1.0, seed), b = mutate(a, 0.3, seed + 1);
@@ -311,8 +330,9 @@ TEST(CudaRefit, GraphReplayAfterRefitEqualsFreshLoad) {
     for (size_t i = 0; i < gemvs.size(); ++i) {
       const QTensor& t = st.at(gemvs[i]->name);
       const MxGemvWeights w{t.format, t.values.data(), t.scales.data(), t.shape[0], t.shape[1]};
-      auto s = t.format == Format::kMXFP8 ? gemv_mxfp8(xs[i].as<uint16_t>(), m, w, out[i].as<uint16_t>(), stream)
-                                          : gemv_mxfp4(xs[i].as<uint16_t>(), m, w, out[i].as<uint16_t>(), stream);
+      auto s = t.format == Format::kMXFP8
+                   ? gemv_mxfp8(xs[i].as<uint16_t>(), m, w, out[i].as<uint16_t>(), stream)
+                   : gemv_mxfp4(xs[i].as<uint16_t>(), m, w, out[i].as<uint16_t>(), stream);
       if (!s) return s;
     }
     return {};
@@ -324,8 +344,8 @@ TEST(CudaRefit, GraphReplayAfterRefitEqualsFreshLoad) {
   cudaGraphExec_t exec;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   uint64_t version = 1;
-  ASSERT_TRUE(refit::apply_delta(store, version, make_delta(a, b, 1, 2, false)));   // sparse
-  ASSERT_TRUE(refit::apply_delta(store, version, make_delta(b, c, 2, 3, true)));    // anchors
+  ASSERT_TRUE(refit::apply_delta(store, version, make_delta(a, b, 1, 2, false)));  // sparse
+  ASSERT_TRUE(refit::apply_delta(store, version, make_delta(b, c, 2, 3, true)));   // anchors
   for (auto& y : ys) ASSERT_EQ(cudaMemset(y.as(), 0xFF, y.bytes()), cudaSuccess);
   ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);

@@ -294,3 +294,81 @@ TEST(DeltaWrite, RefusesWhatTheReaderWould) {
 
 }  // namespace
 }  // namespace mxq::refit
+
+namespace mxq::refit {
+namespace {
+
+// Large records, many tensors (validation spreads records over threads and scans entries in blocks): the
+// first refused entry deep in a plane, in any of several records, is the one reported, as a serial scan
+// would.
+TEST(Validate, LargeDeltaReportsTheFirstRefusalInDeltaOrder) {
+  std::mt19937 rng(7);
+  Delta d{3, 4, {}};
+  TensorTable table;
+  for (int k = 0; k < 6; ++k) {
+    TensorDelta t;
+    t.name = "t" + std::to_string(k);
+    t.format = Format::kMXFP8;
+    t.shape = {64, 4096};
+    t.anchor = k == 5;
+    const int64_t entries = 64 * 4096;
+    if (t.anchor) {
+      t.values.bytes = random_bytes(static_cast<size_t>(entries), 100 + k);
+      t.scales.bytes = std::vector<uint8_t>(static_cast<size_t>(entries / 32), 127);
+    } else {
+      for (int64_t i = k; i < entries; i += 7) t.values.indices.push_back(i);
+      t.values.bytes = random_bytes(t.values.indices.size(), 200 + k);
+      for (int64_t i = 0; i < entries / 32; i += 3) t.scales.indices.push_back(i);
+      t.scales.bytes = std::vector<uint8_t>(t.scales.indices.size(), 120);
+    }
+    table[t.name] = {t.format, t.shape};
+    d.tensors.push_back(std::move(t));
+  }
+  ASSERT_TRUE(validate_delta(d, table, 3)) << validate_delta(d, table, 3).error().message;
+  {
+    Delta bad = d;
+    bad.tensors[4].values.bytes[30000] = 0x7F;  // E4M3 NaN deep in a later record
+    bad.tensors[2].values.indices[20000] = bad.tensors[2].values.indices[19999];  // repeat (W-02), earlier
+    Status s = validate_delta(bad, table, 3);
+    ASSERT_FALSE(s);
+    EXPECT_NE(s.error().message.find("t2"), std::string::npos) << s.error().message;
+    EXPECT_NE(s.error().message.find("position 20000"), std::string::npos) << s.error().message;
+  }
+  {
+    Delta bad = d;
+    bad.tensors[1].values.bytes[9000] = 0xFF;  // E4M3 NaN (W-05)
+    bad.tensors[1].values.bytes[9001] = 0x7F;
+    Status s = validate_delta(bad, table, 3);
+    ASSERT_FALSE(s);
+    const std::string want = "value entry " + std::to_string(bad.tensors[1].values.indices[9000]);
+    EXPECT_NE(s.error().message.find(want), std::string::npos) << s.error().message;
+  }
+  {
+    Delta bad = d;
+    bad.tensors[5].values.bytes[200000] = 0xFF;  // anchor plane
+    bad.tensors[3].scales.bytes[2000] = 0xFF;    // E8M0 NaN scale, earlier record
+    Status s = validate_delta(bad, table, 3);
+    ASSERT_FALSE(s);
+    EXPECT_NE(s.error().message.find("t3"), std::string::npos) << s.error().message;
+    EXPECT_NE(s.error().message.find("scale entry " + std::to_string(bad.tensors[3].scales.indices[2000])),
+              std::string::npos)
+        << s.error().message;
+  }
+  {
+    Delta bad = d;
+    bad.tensors[5].values.bytes[200000] = 0xFF;
+    Status s = validate_delta(bad, table, 3);
+    ASSERT_FALSE(s);
+    EXPECT_NE(s.error().message.find("value entry 200000"), std::string::npos) << s.error().message;
+  }
+  {
+    Delta bad = d;
+    bad.tensors[0].values.indices.back() = 64 * 4096;  // past the plane (W-01), last position
+    Status s = validate_delta(bad, table, 3);
+    ASSERT_FALSE(s);
+    EXPECT_NE(s.error().message.find("W-01"), std::string::npos) << s.error().message;
+  }
+}
+
+}  // namespace
+}  // namespace mxq::refit
