@@ -250,8 +250,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int s = 8 * h + lane / 4;
-    ka[h] = x::secret64(8 * s + 8 * i);
-    kb[h] = x::secret64(8 * s + 8 * i + 8);
+    ka[h] = x::secret_word(s + i);
+    kb[h] = x::secret_word(s + i + 1);
   }
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {

@@ -52,7 +52,7 @@ __global__ void sum_delta(DevicePlane p, const I* indices, int64_t count, int en
     if (old == now) continue;
     const int s = static_cast<int>(word * 8 % x::kBlockBytes / x::kStripeBytes);
     const int i = static_cast<int>(word % 8);
-    const uint64_t key = x::secret64(8 * s + 8 * i);
+    const uint64_t key = x::secret_word(s + i);
     unsigned long long* at = reinterpret_cast<unsigned long long*>(sums + block * 8);
     atomicAdd(at + (i ^ 1), static_cast<unsigned long long>(now - old));
     atomicAdd(at + i, static_cast<unsigned long long>(x::mul_term(now, key) - x::mul_term(old, key)));

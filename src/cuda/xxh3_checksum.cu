@@ -22,7 +22,8 @@ namespace x = xxh3;
 
 __device__ __forceinline__ uint8_t canon_byte(const ChecksumJobDevice& j, uint64_t p) {
   const uint64_t vb = static_cast<uint64_t>(j.values.bytes());
-  return p < vb ? j.values.native[native_offset(j.values, p)] : j.scales.native[native_offset(j.scales, p - vb)];
+  return p < vb ? j.values.native[native_offset(j.values, p)]
+                : j.scales.native[native_offset(j.scales, p - vb)];
 }
 
 // Canonical stream bytes p..p+7 of a job (p + 8 <= len), any p.
@@ -57,7 +58,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int lane = threadIdx.x & 31, i = lane & 7;
   uint64_t keys[4];
 #pragma unroll
-  for (int t = 0; t < 4; ++t) keys[t] = x::secret64(8 * (lane / 8 + 4 * t) + 8 * i);
+  for (int t = 0; t < 4; ++t) keys[t] = x::secret_word(lane / 8 + 4 * t + i);
   const uint64_t warps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
   for (uint64_t g = static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; g < total;
        g += warps) {
@@ -152,7 +153,8 @@ __global__ void __launch_bounds__(kFinishThreads)
     acc += x::stripe_lane(canon_word(j, p + 8 * i), canon_word(j, p + 8 * (i ^ 1)), i, 8 * st);
   }
   const uint64_t last = len - x::kStripeBytes;
-  acc += x::stripe_lane(canon_word(j, last + 8 * i), canon_word(j, last + 8 * (i ^ 1)), i, x::kLastStripeSecret);
+  acc +=
+      x::stripe_lane(canon_word(j, last + 8 * i), canon_word(j, last + 8 * (i ^ 1)), i, x::kLastStripeSecret);
   uint64_t all[8];
 #pragma unroll
   for (int l = 0; l < 8; ++l) all[l] = __shfl_sync(mask, acc, l, 8);
