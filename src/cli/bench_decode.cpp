@@ -3,6 +3,9 @@
 // note: speed of light. tg reads every active weight byte once per token, so its ceiling is memory bandwidth:
 // the table prints the weight bytes streamed per second beside a memcpy measured in the same run. pp is
 // compute-bound and prints GFLOP/s (2 x active params per token).
+// --breakdown (CUDA): after each batch's table rows, one decode step at that batch profiled eagerly per op
+// class (CUDA events, model/step_profile_cuda.h), with the graph step time beside it (issue #5: where a
+// step's time goes).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -24,6 +27,7 @@
 
 #include "engine/cuda_runner.h"
 #include "model/qwen3_cuda.h"
+#include "model/step_profile_cuda.h"
 #endif
 
 namespace mxq::cli {
@@ -36,6 +40,7 @@ struct DecodeOptions {
   std::vector<int32_t> batch = {1, 32};  // CUDA: sequences per step
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
+  bool breakdown = false;  // CUDA: per-op profile of one decode step per batch size
 };
 
 double now_s() {
@@ -110,6 +115,38 @@ Result<double> copy_gbps() {
   cudaFree(b);
   std::sort(ms.begin(), ms.end());
   return 2.0 * static_cast<double>(n) / (ms[2] * 1e-3) / 1e9;
+}
+
+// --breakdown: `batch` fresh sequences decode eagerly with a step profiler set on the model: a prompt step
+// and two warm-up steps untimed, then `reps` (at least 5) profiled decode steps, whose per-op times are
+// summed.
+Result<StepOpTotals> profile_decode(cuda::CudaEngine& e, int32_t batch, const DecodeOptions& o,
+                                    const std::vector<int32_t>& prompt, uint64_t& id) {
+  Engine& engine = e.engine;
+  cuda::Qwen3Cuda& model = e.runner->model();
+  auto prof = cuda::StepProfiler::create();
+  if (!prof) return tl::unexpected(prof.error());
+  const int steps = std::max(o.reps, 5);
+  GenerateParams gp;
+  gp.ignore_eos = true;
+  gp.sampling.temperature = 0;
+  gp.max_new_tokens = steps + 4;
+  for (int32_t i = 0; i < batch; ++i)
+    if (auto st = engine.add(id++, prompt, gp); !st) return tl::unexpected(st.error());
+  for (int i = 0; i < 3; ++i)  // the prompts, then two decode steps
+    if (auto st = engine.step(); !st) return tl::unexpected(st.error());
+  model.set_profiler(prof->get());
+  Status st;
+  for (int i = 0; i < steps && st; ++i) {
+    auto out = engine.step();
+    if (!out) st = tl::unexpected(out.error());
+    if (st && (*prof)->in_step()) st = (*prof)->finish_step();
+  }
+  model.set_profiler(nullptr);
+  if (!st) return tl::unexpected(st.error());
+  while (!engine.idle())
+    if (auto s2 = engine.step(); !s2) return tl::unexpected(s2.error());
+  return (*prof)->totals();
 }
 
 // pp: `batch` prompts of pp tokens in one step (max_new_tokens 1); tg: `batch` sequences decoding tg tokens,
@@ -192,6 +229,21 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
                100 * gbps / *bw);
     fmt::print(stderr, "batch {}: {} decode graphs captured, {} replays; KV pool {} blocks\n", batch,
                e->runner->graphs_captured(), e->runner->graph_replays(), e->runner->model().num_blocks());
+    if (o.breakdown) {
+      auto steps = profile_decode(*e, batch, o, prompt(1), id);
+      if (!steps) return bad(steps.error().message);
+      const double tg_us = 1e6 * tg_s / static_cast<double>(o.tg);
+      fmt::print(
+          "\nbreakdown: one decode step at batch {}, run eagerly with CUDA events (mean of {} steps)\n",
+          batch, steps->steps);
+      const auto rows = breakdown_rows(*steps, *bw);
+      fmt::print("{}", format_breakdown(rows));
+      const double eager_us = rows.empty() ? 0 : rows.back().us;
+      fmt::print(
+          "{} step {:.1f} µs (tg wall time per step, host included); eager sum of ops {:.1f} µs; difference "
+          "{:+.1f} µs (on a launch-bound step the eager op times include launch gaps the graph removes)\n\n",
+          o.enforce_eager ? "eager" : "graph", tg_us, eager_us, eager_us - tg_us);
+    }
   }
   fmt::print("copy ceiling {:.0f} GB/s (device-to-device, read + write); best of {} after a warm-up; {}\n",
              *bw, o.reps, o.enforce_eager ? "eager" : "decode steps from CUDA graphs");
@@ -210,6 +262,11 @@ int run_decode(const DecodeOptions& o) {
   if (o.device == "cuda") return bad("--device cuda: this build has no CUDA backend");
 #endif
   if (o.pp < 1 || o.tg < 1 || o.reps < 1) return bad("--pp, --tg and --reps must be >= 1");
+  if (o.breakdown && o.device != "cuda")
+    return bad(
+        fmt::format("--breakdown: a per-op profile of the CUDA engine's decode step (--device cuda), not "
+                    "--device {}",
+                    o.device));
   const bool default_model = o.model.empty();
   const std::string dir = default_model ? default_model_dir() : o.model;
   LoadOptions load;
@@ -292,6 +349,7 @@ void add_bench_decode(CLI::App& bench, int& exit_code) {
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "CUDA: KV pool sizing")
       ->capture_default_str();
   cmd->add_flag("--enforce-eager", o->enforce_eager, "CUDA: no CUDA graphs");
+  cmd->add_flag("--breakdown", o->breakdown, "CUDA: per-op time of one decode step per batch (CUDA events)");
   cmd->add_option("--model", o->model, "Checkpoint directory (default: models/default as MXFP8)");
   cmd->add_option("--quantization", o->quantization, "none, mxfp8, mxfp4, fp8-b128");
   cmd->add_option("--pp", o->pp, "Prompt tokens")->capture_default_str();

@@ -1,5 +1,6 @@
 #include "cuda/linear.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <limits>
@@ -167,6 +168,46 @@ Result<HostPlanes> linear_prepare(Format f, Arch arch, const TensorGeometry& g, 
   }
 }
 
+Result<LinearWeights> linear_weights(std::string_view tensor, Format f, std::span<const int64_t> shape,
+                                     std::span<const uint8_t> values, std::span<const uint8_t> scales,
+                                     int64_t expert) {
+  auto g = tensor_geometry(tensor, f, shape);
+  if (!g) return tl::unexpected(g.error());
+  if (expert >= 0 ? (shape.size() != 3 || expert >= g->experts) : shape.size() != 2)
+    return fail("{}: shape of rank {} with {} experts used as {}", tensor, shape.size(), g->experts,
+                expert >= 0 ? fmt::format("expert {}", expert) : std::string("one matrix"));
+  const int64_t n = g->rows, k = g->cols, e = std::max<int64_t>(expert, 0);
+  // Native plane sizes and the byte offset of expert e in each (see linear_prepare).
+  int64_t values_bytes = 0, scales_bytes = 0, values_at = 0, scales_at = 0;
+  switch (f) {
+    case Format::kBF16:
+      values_bytes = g->experts * n * k * 2, values_at = e * n * k * 2;
+      break;
+    case Format::kMXFP8:
+    case Format::kMXFP4: {
+      // note: the GEMV layout permutes bytes inside a row only, so expert e's rows start at e·n·row_bytes
+      const int64_t row_bytes = f == Format::kMXFP8 ? k : k / 2;
+      values_bytes = g->experts * n * row_bytes, values_at = e * n * row_bytes;
+      scales_bytes = g->experts * n * (k / 32), scales_at = e * n * (k / 32);
+      break;
+    }
+    case Format::kFP8_B128: {
+      const int64_t per_expert = fp8_b128_scale_floats(n, k) * 4;
+      values_bytes = g->experts * n * k, values_at = e * n * k;
+      scales_bytes = g->experts * per_expert, scales_at = e * per_expert;
+      break;
+    }
+    default:
+      return fail("{}: format {} has no linear kernel", tensor, traits(f).name);
+  }
+  if (static_cast<int64_t>(values.size()) != values_bytes ||
+      static_cast<int64_t>(scales.size()) != scales_bytes)
+    return fail("{}: native planes of {} and {} bytes, expected {} and {} ({} layout)", tensor, values.size(),
+                scales.size(), values_bytes, scales_bytes, linear_layout_name(f));
+  return LinearWeights{f, values.data() + values_at, f == Format::kBF16 ? nullptr : scales.data() + scales_at,
+                       n, k};
+}
+
 Result<std::unique_ptr<LinearContext>> LinearContext::create(Arch arch) {
   std::unique_ptr<LinearContext> c(new LinearContext());
   c->arch_ = arch;
@@ -186,6 +227,34 @@ LinearContext::~LinearContext() {
   if (blas_) cublasDestroy(blas_);
 }
 
+Result<cublasHandle_t> LinearContext::blas(cudaStream_t stream) {
+  if (!blas_bound_ || stream != blas_stream_) {
+    MXQ_CUDA_CHECK(cublasSetStream(blas_, stream));
+    MXQ_CUDA_CHECK(cublasSetWorkspace(blas_, blas_workspace_.as(), blas_workspace_.bytes()));
+    blas_stream_ = stream;
+    blas_bound_ = true;
+  }
+  return blas_;
+}
+
+Status linear_f32(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int64_t m, float* y,
+                  cudaStream_t stream) {
+  if (w.format != Format::kBF16)
+    return fail("linear with f32 output: {} weights (expected bf16: cuBLAS writes f32 from bf16 only)",
+                traits(w.format).name);
+  if (Status st = check_shape(Kernel::kCublasBf16, w.n, w.k); !st) return st;
+  if (m < 1 || m > INT_MAX) return fail("linear with f32 output: M = {} (expected 1..{})", m, INT_MAX);
+  if (!x || !y || !w.values) return fail("linear with f32 output: null device pointer");
+  auto blas = ctx.blas(stream);
+  if (!blas) return tl::unexpected(blas.error());
+  const float alpha = 1.0f, beta = 0.0f;
+  MXQ_CUDA_CHECK(cublasGemmEx(*blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n), static_cast<int>(m),
+                              static_cast<int>(w.k), &alpha, w.values, CUDA_R_16BF, static_cast<int>(w.k), x,
+                              CUDA_R_16BF, static_cast<int>(w.k), &beta, y, CUDA_R_32F, static_cast<int>(w.n),
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return {};
+}
+
 Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int64_t m, uint16_t* y,
               cudaStream_t stream) {
   auto entry = find_entry(w.format, ctx.arch(), m);
@@ -196,13 +265,13 @@ Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int
     return fail("linear {}: null device pointer", (*entry)->name);
   switch (kernel) {
     case Kernel::kCublasBf16: {
+      auto blas = ctx.blas(stream);
+      if (!blas) return tl::unexpected(blas.error());
       const float alpha = 1.0f, beta = 0.0f;
-      MXQ_CUDA_CHECK(cublasSetStream(ctx.blas(), stream));
-      MXQ_CUDA_CHECK(cublasGemmEx(ctx.blas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n),
-                                  static_cast<int>(m), static_cast<int>(w.k), &alpha, w.values, CUDA_R_16BF,
-                                  static_cast<int>(w.k), x, CUDA_R_16BF, static_cast<int>(w.k), &beta, y,
-                                  CUDA_R_16BF, static_cast<int>(w.n), CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
+      MXQ_CUDA_CHECK(cublasGemmEx(*blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n), static_cast<int>(m),
+                                  static_cast<int>(w.k), &alpha, w.values, CUDA_R_16BF, static_cast<int>(w.k),
+                                  x, CUDA_R_16BF, static_cast<int>(w.k), &beta, y, CUDA_R_16BF,
+                                  static_cast<int>(w.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       return {};
     }
     case Kernel::kGemvMxfp8:

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 
 #include "base/error.h"
@@ -38,6 +39,13 @@ struct LinearWeights {
   int64_t n = 0, k = 0;
 };
 
+// The native view of one [n, k] matrix of a tensor whose planes linear_prepare wrote: the tensor itself
+// (shape [n, k], expert < 0) or expert `expert` of a stacked [E, n, k] one. The plane sizes must be the
+// native sizes for the shape; refusals name the tensor.
+Result<LinearWeights> linear_weights(std::string_view tensor, Format f, std::span<const int64_t> shape,
+                                     std::span<const uint8_t> values, std::span<const uint8_t> scales,
+                                     int64_t expert = -1);
+
 // Load-time check that every M in 1..max_m has a kernel for this format, arch and [n, k]; the refusal
 // names the tensor, the format, the arch and the M range or shape rule that fails.
 Status check_linear_supported(Format f, Arch arch, std::string_view tensor, int64_t n, int64_t k,
@@ -60,13 +68,18 @@ class LinearContext {
   // Sizes scratch for M <= max_m, N <= max_n, K <= max_k so that later calls allocate nothing (CUDA graph
   // capture).
   Status reserve(int64_t max_m, int64_t max_n, int64_t max_k) { return fp8_->reserve(max_m, max_n, max_k); }
-  cublasHandle_t blas() const { return blas_; }
+  // The cuBLAS handle bound to `stream` with the context's own workspace.
+  // note: cublasSetStream resets the workspace to cuBLAS's default pool, so the workspace is set again on
+  // every change of stream (a pool allocation inside a graph capture would break the capture).
+  Result<cublasHandle_t> blas(cudaStream_t stream);
   Fp8B128Gemm& fp8() { return *fp8_; }
 
  private:
   LinearContext() = default;
   Arch arch_ = Arch::kSm90a;
   cublasHandle_t blas_ = nullptr;
+  cudaStream_t blas_stream_ = nullptr;
+  bool blas_bound_ = false;
   DeviceBuffer blas_workspace_;
   std::unique_ptr<Fp8B128Gemm> fp8_;
 };
@@ -74,6 +87,11 @@ class LinearContext {
 // Picks the kernel from the table and runs it; x [m, w.k], y [m, w.n], bf16 bits, device buffers.
 Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int64_t m, uint16_t* y,
               cudaStream_t stream);
+
+// y f32 [m, w.n] (logits, MoE router logits): cuBLAS with f32 output, BF16 weights only (lm_head and
+// mlp.gate keep their checkpoint dtype); any other format is refused by name.
+Status linear_f32(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int64_t m, float* y,
+                  cudaStream_t stream);
 
 // The table entry's kernel name for (format, arch, m), or the named refusal: for tests and the benchmark.
 Result<std::string_view> linear_kernel_name(Format f, Arch arch, int64_t m);

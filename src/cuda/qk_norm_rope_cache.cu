@@ -1,6 +1,8 @@
 // Fused attention prologue (HF self_attn.q_norm / k_norm, apply_rotary_pos_emb, past_key_values.update) over
 // the qkv projection output of one step. One CTA per token, one warp per head.
-//   qkv        bf16 [max_tokens, (Hq + 2 Hkv) * D] row-major: per token Hq q heads, then Hkv k, then Hkv v
+//   qkv        bf16 [max_tokens, (Hq + 2 Hkv) * D] row-major: per token Hq q heads, then Hkv k, then Hkv v;
+//              or, with k_in / v_in set, q [max_tokens, Hq * D], k and v [max_tokens, Hkv * D] apart (same
+//              element order per head; the engine's three projections write there with no copy)
 //   q_norm/k_norm bf16 [D], shared by all heads; inv_freq f32 [D / 2] (the CPU's table, so equal angles)
 //   positions  int32 [max_tokens]; slot_mapping int32 [max_tokens] (vLLM: block * block_size + offset, < 0
 //              skips the KV write: padding tokens of a graph bucket)
@@ -34,7 +36,16 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_cache_kernel(const Q
   if (slot >= a.num_slots && threadIdx.x == 0) atomicMin(a.bad_token, static_cast<int32_t>(t));
   const float pos = static_cast<float>(a.positions[t]);
   for (int h = warp; h < heads; h += kWarps) {
-    const uint16_t* src = a.qkv + (t * heads + h) * D + lane * E;
+    const uint16_t* src;
+    if (!a.k_in)
+      src = a.qkv + (t * heads + h) * D;
+    else if (h < a.q_heads)
+      src = a.qkv + (t * a.q_heads + h) * D;
+    else if (h < a.q_heads + a.kv_heads)
+      src = a.k_in + (t * a.kv_heads + h - a.q_heads) * D;
+    else
+      src = a.v_in + (t * a.kv_heads + h - a.q_heads - a.kv_heads) * D;
+    src += lane * E;
     uint16_t raw[E];
     if constexpr (E == 4) {
       *reinterpret_cast<uint2*>(raw) = *reinterpret_cast<const uint2*>(src);
@@ -91,7 +102,8 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_cache_kernel(const Q
 cudaError_t launch_qk_norm_rope_cache(const QkNormRopeArgs& a, cudaStream_t stream) {
   if ((a.head_dim != 64 && a.head_dim != 128) || a.q_heads < 1 || a.kv_heads < 1 || a.max_tokens < 0 ||
       a.max_tokens > INT_MAX || a.num_slots < 0 || !a.qkv || !a.q_norm || !a.k_norm || !a.inv_freq ||
-      !a.positions || !a.slot_mapping || !a.q_out || !a.k_cache || !a.v_cache || !a.bad_token)
+      !a.positions || !a.slot_mapping || !a.q_out || !a.k_cache || !a.v_cache || !a.bad_token ||
+      !a.k_in != !a.v_in)
     return cudaErrorInvalidValue;
   if (a.max_tokens == 0) return cudaSuccess;
   const unsigned grid = static_cast<unsigned>(a.max_tokens);

@@ -63,6 +63,11 @@ Status CudaRunner::launch_decode(int32_t rows, bool use_graph) {
   cudaStream_t stream = model_->stream();
   auto it = graphs_.find(rows);
   if (it == graphs_.end()) {
+    // note: the bucket's first step also runs once eagerly before the capture, so library plans and
+    // heuristics (cuBLAS, cuBLASLt FP8 per M) are made outside it; the replay then recomputes the same step
+    // (same KV writes, same Philox draws), so the outputs are those of one run.
+    if (auto st = model_->forward(shape); !st) return st;
+    if (auto st = model_->sample(rows); !st) return st;
     MXQ_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     Status st = model_->forward(shape);
     if (st) st = model_->sample(rows);
@@ -147,7 +152,8 @@ Result<std::vector<SampledToken>> CudaRunner::run(const StepPlan& plan, const Sc
   if (auto st = m.upload_meta(seqs); !st) return tl::unexpected(st.error());
 
   if (decode) {
-    const bool graphs = !options_.enforce_eager && !m.has_moe();
+    // note: a step profile times eager steps (its events would be baked into a graph)
+    const bool graphs = !options_.enforce_eager && !m.has_moe() && !m.profiler();
     if (auto st = launch_decode(seqs, graphs); !st) return tl::unexpected(st.error());
   } else {
     const ForwardShape shape{rows, seqs, false, j, sample_rows};

@@ -5,7 +5,8 @@
 // logprob, status, bad_token) come back in one copy.
 // Decode steps (every sequence one token, every sequence sampling) are padded to a batch-size bucket
 // (1, 2, 4, ... up to max_num_seqs) and replayed from a CUDA graph captured lazily per bucket; other steps,
-// and every step of an MoE model (its expert loop is host-driven), run eagerly. enforce_eager runs every step
+// and every step of an MoE model (its expert loop is host-driven) or of a model with a step profiler set, run
+// eagerly. enforce_eager runs every step
 // eagerly with the same bucket padding, so a replay equals an eager run bit for bit.
 #pragma once
 

@@ -12,7 +12,7 @@
 #include "cuda/attention_prefill.h"
 #include "cuda/check.h"
 #include "cuda/embedding.h"
-#include "cuda/gemv_layout.h"
+#include "cuda/linear.h"
 #include "cuda/moe_route.h"
 #include "cuda/paged_attention_decode.h"
 #include "cuda/qk_norm_rope_cache.h"
@@ -21,7 +21,7 @@
 #include "cuda/swiglu.h"
 #include "cuda/weight_memory_cuda.h"
 #include "layout/probe.h"
-#include "model/linear_cuda.h"
+#include "model/step_profile_cuda.h"
 
 namespace mxq::cuda {
 namespace {
@@ -50,8 +50,11 @@ struct BlockPlan {
 LoadTarget cuda_load_target() {
   LoadTarget t;
   t.memory = [] { return cuda_weight_memory(); };
-  t.layout = [](const std::string& name, Format f,
-                const std::vector<int64_t>& shape) -> Result<std::optional<Layout>> {
+  // note: the table's arch of the current device, looked up at the first quantized tensor (the memory is made
+  // first, so the device exists by then)
+  auto arch = std::make_shared<std::optional<Arch>>();
+  t.layout = [arch](const std::string& name, Format f,
+                    const std::vector<int64_t>& shape) -> Result<std::optional<Layout>> {
     if (ends_with(name, ".bias"))
       return fail("{}: attention_bias is not supported by the CUDA engine (no bias add)", name);
     if ((ends_with(name, "q_norm.weight") || ends_with(name, "k_norm.weight")) && shape[0] != 64 &&
@@ -61,23 +64,24 @@ LoadTarget cuda_load_target() {
       case Format::kBF16:
         return std::optional<Layout>{};
       case Format::kMXFP8:
-      case Format::kMXFP4: {
-        // The GEMV layout: a byte permutation inside each row of the values plane ([E·]N rows), scales as
-        // stored. probe_layout records it so refit writes through it.
-        const int64_t rows = shape.size() == 3 ? shape[0] * shape[1] : shape[0];
-        const int64_t cols = shape.back();
-        auto l = probe_layout(name, "cuda_gemv", f, shape, [&](const HostPlanes& in) -> Result<HostPlanes> {
-          HostPlanes out{std::vector<uint8_t>(in.values.size()), in.scales};
-          if (auto st = prepare_gemv_values(f, in.values.data(), out.values.data(), rows, cols); !st)
-            return tl::unexpected(st.error());
-          return out;
-        });
+      case Format::kMXFP4:
+      case Format::kFP8_B128: {
+        // The native layout of cuda/linear.h's kernels (one per format, read by the GEMV and the GEMM alike),
+        // probed from linear_prepare so refit writes through it.
+        if (!*arch) {
+          int device = 0;
+          MXQ_CUDA_CHECK(cudaGetDevice(&device));
+          auto a = device_arch(device);
+          if (!a) return fail_in(name, a.error());
+          *arch = *a;
+        }
+        auto g = tensor_geometry(name, f, shape);
+        if (!g) return tl::unexpected(g.error());
+        auto l = probe_layout(name, linear_layout_name(f), f, shape,
+                              [&](const HostPlanes& in) { return linear_prepare(f, **arch, *g, in); });
         if (!l) return tl::unexpected(l.error());
         return std::optional<Layout>(std::move(*l));
       }
-      case Format::kFP8_B128:
-        return fail("{}: fp8-b128 projections need cuda/linear.h (not in this build); run --device cpu",
-                    name);
       default:
         return fail(
             "{}: {} tensors are not supported by the CUDA engine (its ops read bf16); load a bf16 or "
@@ -88,27 +92,35 @@ LoadTarget cuda_load_target() {
   return t;
 }
 
+// One linear layer (or one expert of a stacked tensor) as cuda/linear.h runs it.
+struct Qwen3Cuda::Lin {
+  LinearWeights w;
+  const std::string* name = nullptr;  // the store's tensor name, for errors
+  double bytes = 0;                   // native weight bytes read per call (the step profile)
+};
+
 struct Qwen3Cuda::Weights {
   struct Layer {
     const uint16_t *input_layernorm, *post_attention_layernorm, *q_norm, *k_norm;
-    CudaLinear q_proj, k_proj, v_proj, o_proj;
+    Lin q_proj, k_proj, v_proj, o_proj;
     bool sparse = false;
-    CudaLinear gate_proj, up_proj, down_proj;  // Qwen3MLP
-    CudaLinear router;                         // mlp.gate
+    Lin gate_proj, up_proj, down_proj;  // Qwen3MLP
+    Lin router;                         // mlp.gate
     // mlp.experts: stacked (gate_up[e] is [2I, H]) or one module per expert
-    std::vector<CudaLinear> gate_up, down, gate, up;
+    std::vector<Lin> gate_up, down, gate, up;
   };
   const uint16_t *embed_tokens = nullptr, *norm = nullptr;
-  CudaLinear lm_head;
+  Lin lm_head;
   std::vector<Layer> layers;
 };
 
 struct Qwen3Cuda::Buffers {
   int64_t tokens = 0;  // row capacity of the activations
-  DeviceBuffer residual, normed, qkv, q, attn, hidden, gate, up, act, lin_scratch, sel, logits;
+  // qkv: the q, k and v projections' outputs one after the other, [T, Hq·D] then [T, Hkv·D] twice
+  DeviceBuffer residual, normed, qkv, q, attn, hidden, gate, up, act, sel, logits;
   DeviceBuffer router_logits, moe_ids, moe_weights, moe_counts, moe_offsets, moe_sorted, moe_row_of, xe, gu,
       acte, ye;
-  DeviceBuffer kv, inv_freq, decode_ws, cublas_ws, meta, out;
+  DeviceBuffer kv, inv_freq, decode_ws, meta, out;
   void *host_meta = nullptr, *host_out = nullptr;
   size_t meta_bytes = 0, meta_head_bytes = 0, out_bytes = 0;  // head: everything before the block tables
   int32_t *host_offsets = nullptr, *host_sorted = nullptr;    // pinned: MoE grouping read back on the host
@@ -122,7 +134,7 @@ Qwen3Cuda::~Qwen3Cuda() {
     if (b_->host_offsets) cudaFreeHost(b_->host_offsets);
     if (b_->host_sorted) cudaFreeHost(b_->host_sorted);
   }
-  if (cublas_) cublasDestroy(cublas_);
+  lin_.reset();
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -193,12 +205,16 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
       bad = Error{fmt::format("{}: {} (expected bf16)", name, traits(t->format).name)};
     return reinterpret_cast<const uint16_t*>(t->values.data());
   };
-  auto lin = [&](const std::string& name, int64_t expert = -1) -> CudaLinear {
+  auto lin = [&](const std::string& name, int64_t expert = -1) -> Lin {
     const QTensor* t = get(name);
     if (!t) return {};
-    auto l = cuda_linear(*t, expert);
-    if (!l && bad.message.empty()) bad = l.error();
-    return l ? *l : CudaLinear{};
+    auto l = linear_weights(t->name, t->format, t->shape, t->values, t->scales, expert);
+    if (!l) {
+      if (bad.message.empty()) bad = l.error();
+      return {};
+    }
+    const double experts = expert < 0 ? 1.0 : static_cast<double>(t->shape[0]);
+    return Lin{*l, &t->name, static_cast<double>(t->values.size() + t->scales.size()) / experts};
   };
   w.embed_tokens = bf16("model.embed_tokens.weight");
   w.norm = bf16("model.norm.weight");
@@ -240,19 +256,48 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
   }
   if (!missing.empty()) return fail("{}: weight '{}' is not in the weight store", c.architecture, missing);
   if (!bad.message.empty()) return fail_in(c.architecture, bad);
-  if (w.lm_head.format != Format::kBF16)
+  if (w.lm_head.w.format != Format::kBF16)
     return fail("{}: lm_head in {}, expected bf16 (logits are computed in f32 by cuBLAS)", c.architecture,
-                traits(w.lm_head.format).name);
+                traits(w.lm_head.w.format).name);
   for (const auto& l : w.layers)
-    if (l.sparse && l.router.format != Format::kBF16)
-      return fail("{}: mlp.gate in {}, expected bf16", c.architecture, traits(l.router.format).name);
+    if (l.sparse && l.router.w.format != Format::kBF16)
+      return fail("{}: mlp.gate in {}, expected bf16", c.architecture, traits(l.router.w.format).name);
 
-  // --- stream, cuBLAS ---
+  // --- stream, the linear dispatch table (cuda/linear.h) ---
+  const int64_t T = std::max<int64_t>(o.max_num_batched_tokens, o.max_num_seqs);
+  int device = 0;
+  MXQ_CUDA_CHECK(cudaGetDevice(&device));
+  auto arch = device_arch(device);
+  if (!arch) return fail_in(c.architecture, arch.error());
+  // Every projection must have a kernel for every M a step can give it (1..T: an expert gets at most one
+  // row per token), refused naming tensor, format, arch and M range.
+  int64_t fp8_n = 0, fp8_k = 0;
+  auto supported = [&](const Lin& l) -> Status {
+    if (Status st = check_linear_supported(l.w.format, *arch, *l.name, l.w.n, l.w.k, T); !st) return st;
+    if (l.w.format == Format::kFP8_B128) fp8_n = std::max(fp8_n, l.w.n), fp8_k = std::max(fp8_k, l.w.k);
+    return {};
+  };
+  for (const auto& l : w.layers) {
+    for (const Lin* p : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj})
+      if (Status st = supported(*p); !st) return tl::unexpected(st.error());
+    if (!l.sparse) {
+      for (const Lin* p : {&l.gate_proj, &l.up_proj, &l.down_proj})
+        if (Status st = supported(*p); !st) return tl::unexpected(st.error());
+    }
+    for (const auto* v : {&l.gate_up, &l.down, &l.gate, &l.up})
+      for (const Lin& e : *v)
+        if (Status st = supported(e); !st) return tl::unexpected(st.error());
+  }
   MXQ_CUDA_CHECK(cudaStreamCreateWithFlags(&m->stream_, cudaStreamNonBlocking));
-  MXQ_CUDA_CHECK(cublasCreate(&m->cublas_));
-  MXQ_CUDA_CHECK(cublasSetStream(m->cublas_, m->stream_));
-  // note: a fixed workspace, so cuBLAS allocates nothing while a graph is captured.
-  constexpr size_t kCublasWorkspace = size_t{32} << 20;
+  auto ctx = LinearContext::create(*arch);
+  if (!ctx) return fail_in("CUDA engine linear context", ctx.error());
+  m->lin_ = std::move(*ctx);
+  // note: the FP8-B128 GEMM's activation scratch sized for the largest step now, so nothing is allocated
+  // (and no buffer moves) inside a graph capture; the other kernels take no scratch.
+  if (fp8_n > 0) {
+    if (Status st = m->lin_->reserve(T, fp8_n, fp8_k); !st)
+      return fail_in("CUDA engine linear scratch", st.error());
+  }
   auto alloc = [&](DeviceBuffer& buf, size_t bytes) -> Status {
     auto d = DeviceBuffer::alloc(std::max<size_t>(bytes, 16));
     if (!d) return tl::unexpected(d.error());
@@ -261,16 +306,11 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
     MXQ_CUDA_CHECK(cudaMemsetAsync(buf.as(), 0, buf.bytes(), m->stream_));
     return {};
   };
-  if (auto st = alloc(b.cublas_ws, kCublasWorkspace); !st) return tl::unexpected(st.error());
-  MXQ_CUDA_CHECK(cublasSetWorkspace(m->cublas_, b.cublas_ws.as(), kCublasWorkspace));
-
   // --- activations at capacity ---
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const int64_t I = c.intermediate_size, V = c.vocab_size, S = o.max_num_seqs;
-  const int64_t T = std::max<int64_t>(o.max_num_batched_tokens, S);
   const int64_t qkv_w = (Hq + 2 * Hkv) * D;
   b.tokens = T;
-  size_t widest = static_cast<size_t>(std::max({H, qkv_w, I, Hq * D}));
   Status st;
   auto need = [&](DeviceBuffer& buf, size_t bytes) {
     if (st) st = alloc(buf, bytes);
@@ -292,7 +332,6 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
                                               m->max_blocks_, o.block_size));
   if (c.is_moe()) {
     const int64_t E = c.num_experts, K = c.num_experts_per_tok, Im = c.moe_intermediate_size;
-    widest = std::max<size_t>(widest, static_cast<size_t>(2 * Im));
     need(b.router_logits, T * E * 4);
     need(b.moe_ids, T * K * 4);
     need(b.moe_weights, T * K * 4);
@@ -307,7 +346,6 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
     MXQ_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&b.host_offsets), (E + 1) * 4));
     MXQ_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&b.host_sorted), T * K * 4));
   }
-  need(b.lin_scratch, 16 * widest * 2);
   if (!st) return fail_in("CUDA engine buffers", st.error());
   auto inv = rope_inv_freq(static_cast<float>(c.rope.theta), D);
   if (!inv) return tl::unexpected(inv.error());
@@ -422,6 +460,15 @@ Status Qwen3Cuda::download_logits(int32_t row, std::span<float> out) {
   return {};
 }
 
+Status Qwen3Cuda::run_linear(const Lin& l, const uint16_t* x, int64_t m, uint16_t* y) {
+  if (Status st = linear(*lin_, l.w, x, m, y, stream_); !st) return fail_in(*l.name, st.error());
+  return {};
+}
+
+Status Qwen3Cuda::mark(StepOp op, double bytes) {
+  return profiler_ ? profiler_->mark(op, bytes, stream_) : Status{};
+}
+
 Status Qwen3Cuda::forward(const ForwardShape& s) {
   const ModelConfig& c = config_;
   Buffers& b = *b_;
@@ -433,30 +480,49 @@ Status Qwen3Cuda::forward(const ForwardShape& s) {
     return fail("forward: {} rows (capacity {}), {} sequences, {} sampled (capacity {})", rows, b.tokens,
                 s.seqs, s.sample_rows, options_.max_num_seqs);
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  const int64_t qkv_w = (Hq + 2 * Hkv) * D;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const LinearContext ctx{cublas_, stream_, b.lin_scratch.as<uint16_t>()};
   uint16_t* normed = b.normed.as<uint16_t>();
-  uint16_t* qkv = b.qkv.as<uint16_t>();
+  // the q, k and v projections' outputs, each [rows, width] contiguous (qk_norm_rope_cache's k_in / v_in)
+  uint16_t* q_lin = b.qkv.as<uint16_t>();
+  uint16_t* k_lin = q_lin + b.tokens * Hq * D;
+  uint16_t* v_lin = k_lin + b.tokens * Hkv * D;
   uint16_t* hidden = b.hidden.as<uint16_t>();
   float* residual = b.residual.as<float>();
+  // Step profile (eager steps with a profiler only): bytes each op class reads. Rows read by a norm: the f32
+  // residual and the bf16 addend.
+  const double rd = static_cast<double>(rows);
+  const double norm_bytes = rd * static_cast<double>(H) * 6 + static_cast<double>(H) * 2;
+  double kv_read = 0;  // K and V bytes one layer's attention reads
+  if (profiler_) {
+    if (Status st = profiler_->begin(stream_); !st) return st;
+    for (int32_t i = 0; i < s.seqs; ++i) kv_read += static_cast<double>(host_meta_.seq_lens[i]);
+    kv_read *= static_cast<double>(Hkv * D * 2 * 2);
+  }
 
   // model.embed_tokens (into the f32 residual stream)
   MXQ_LAUNCH("embedding", launch_embedding_f32(w.embed_tokens, c.vocab_size, H, meta.ids, meta.num_tokens,
                                                rows, residual, dev_out_.bad_token, stream_));
+  if (Status st = mark(StepOp::kEmbedding, rd * static_cast<double>(H) * 2); !st) return st;
   // layers[0].input_layernorm (each later input_layernorm is fused with the residual add below)
   MXQ_LAUNCH("rms_norm", launch_rms_norm_f32(residual, w.layers[0].input_layernorm, eps, H, meta.num_tokens,
                                              rows, normed, stream_));
+  if (Status st = mark(StepOp::kNorm, norm_bytes); !st) return st;
 
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const Weights::Layer& l = w.layers[i];
-    // self_attn.q_proj / k_proj / v_proj, into one [rows, q | k | v] buffer
-    if (auto st = linear(ctx, l.q_proj, normed, rows, qkv, qkv_w); !st) return st;
-    if (auto st = linear(ctx, l.k_proj, normed, rows, qkv + Hq * D, qkv_w); !st) return st;
-    if (auto st = linear(ctx, l.v_proj, normed, rows, qkv + (Hq + Hkv) * D, qkv_w); !st) return st;
+    // self_attn.q_proj / k_proj / v_proj
+    if (auto st = run_linear(l.q_proj, normed, rows, q_lin); !st) return st;
+    if (auto st = run_linear(l.k_proj, normed, rows, k_lin); !st) return st;
+    if (auto st = run_linear(l.v_proj, normed, rows, v_lin); !st) return st;
+    if (Status st = mark(StepOp::kQkvLinear, l.q_proj.bytes + l.k_proj.bytes + l.v_proj.bytes +
+                                                 3 * rd * static_cast<double>(H) * 2);
+        !st)
+      return st;
     // self_attn.q_norm / k_norm, rotary_emb + apply_rotary_pos_emb, past_key_values.update (paged write)
     QkNormRopeArgs qa{};
-    qa.qkv = qkv;
+    qa.qkv = q_lin;
+    qa.k_in = k_lin;
+    qa.v_in = v_lin;
     qa.q_norm = l.q_norm;
     qa.k_norm = l.k_norm;
     qa.inv_freq = b.inv_freq.as<float>();
@@ -474,6 +540,8 @@ Status Qwen3Cuda::forward(const ForwardShape& s) {
     qa.head_dim = static_cast<int>(D);
     qa.eps = eps;
     MXQ_LAUNCH("qk_norm_rope_cache", launch_qk_norm_rope_cache(qa, stream_));
+    if (Status st = mark(StepOp::kQkNormRopeCache, rd * static_cast<double>((Hq + 2 * Hkv) * D) * 2); !st)
+      return st;
     // eager_attention_forward (causal, GQA, scaling head_dim^-0.5) over the paged cache
     if (s.decode) {
       PagedDecodeArgs a{b.q.as<uint16_t>(),    b.k_cache[i],
@@ -492,11 +560,15 @@ Status Qwen3Cuda::forward(const ForwardShape& s) {
                     static_cast<int>(Hkv), static_cast<int>(D)};
       MXQ_LAUNCH("attention_prefill", launch_attention_prefill(a, stream_));
     }
+    if (Status st = mark(StepOp::kAttention, kv_read + rd * static_cast<double>(Hq * D) * 2); !st) return st;
     // self_attn.o_proj
-    if (auto st = linear(ctx, l.o_proj, b.attn.as<uint16_t>(), rows, hidden, H); !st) return st;
+    if (auto st = run_linear(l.o_proj, b.attn.as<uint16_t>(), rows, hidden); !st) return st;
+    if (Status st = mark(StepOp::kOLinear, l.o_proj.bytes + rd * static_cast<double>(Hq * D) * 2); !st)
+      return st;
     // residual add, post_attention_layernorm
     MXQ_LAUNCH("add_rms_norm", launch_add_rms_norm(hidden, residual, l.post_attention_layernorm, eps, H,
                                                    meta.num_tokens, rows, normed, stream_));
+    if (Status st = mark(StepOp::kNorm, norm_bytes); !st) return st;
     // mlp: Qwen3MoeSparseMoeBlock on sparse layers, Qwen3MLP otherwise
     auto st = l.sparse ? sparse_moe_block(i, rows) : mlp(i, rows);
     if (!st) return st;
@@ -504,6 +576,7 @@ Status Qwen3Cuda::forward(const ForwardShape& s) {
     const uint16_t* next_norm = i + 1 < w.layers.size() ? w.layers[i + 1].input_layernorm : w.norm;
     MXQ_LAUNCH("add_rms_norm", launch_add_rms_norm(hidden, residual, next_norm, eps, H, meta.num_tokens, rows,
                                                    normed, stream_));
+    if (Status st2 = mark(StepOp::kNorm, norm_bytes); !st2) return st2;
   }
 
   // lm_head, on the sampling rows only: a decode step samples every row, a mixed step the last token of each
@@ -516,7 +589,9 @@ Status Qwen3Cuda::forward(const ForwardShape& s) {
                                      cudaMemcpyDeviceToDevice, stream_));
     x = b.sel.as<uint16_t>();
   }
-  return linear_f32_out(ctx, w.lm_head, x, s.sample_rows, b.logits.as<float>());
+  if (Status st = linear_f32(*lin_, w.lm_head.w, x, s.sample_rows, b.logits.as<float>(), stream_); !st)
+    return fail_in(*w.lm_head.name, st.error());
+  return mark(StepOp::kLmHead, w.lm_head.bytes + static_cast<double>(s.sample_rows * H) * 2);
 }
 
 Status Qwen3Cuda::sample(int32_t rows) {
@@ -535,20 +610,26 @@ Status Qwen3Cuda::sample(int32_t rows) {
   a.vocab = config_.vocab_size;
   a.max_seqs = rows;
   MXQ_LAUNCH("sample", launch_sample(a, stream_));
-  return {};
+  return mark(StepOp::kSampling, static_cast<double>(rows) * static_cast<double>(config_.vocab_size) * 4);
 }
 
 // Qwen3MLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))
 Status Qwen3Cuda::mlp(size_t i, int64_t rows) {
   const Weights::Layer& l = w_->layers[i];
   Buffers& b = *b_;
-  const LinearContext ctx{cublas_, stream_, b.lin_scratch.as<uint16_t>()};
-  const int64_t I = config_.intermediate_size;
+  const int64_t I = config_.intermediate_size, H = config_.hidden_size;
+  const double rd = static_cast<double>(rows);
   uint16_t *gate = b.gate.as<uint16_t>(), *up = b.up.as<uint16_t>(), *act = b.act.as<uint16_t>();
-  if (auto st = linear(ctx, l.gate_proj, b.normed.as<uint16_t>(), rows, gate, I); !st) return st;
-  if (auto st = linear(ctx, l.up_proj, b.normed.as<uint16_t>(), rows, up, I); !st) return st;
+  if (auto st = run_linear(l.gate_proj, b.normed.as<uint16_t>(), rows, gate); !st) return st;
+  if (auto st = run_linear(l.up_proj, b.normed.as<uint16_t>(), rows, up); !st) return st;
+  if (Status st = mark(StepOp::kGateUpLinear,
+                       l.gate_proj.bytes + l.up_proj.bytes + 2 * rd * static_cast<double>(H) * 2);
+      !st)
+    return st;
   MXQ_LAUNCH("swiglu", launch_swiglu(gate, up, I, dev_meta_.num_tokens, rows, act, stream_));
-  return linear(ctx, l.down_proj, act, rows, b.hidden.as<uint16_t>(), config_.hidden_size);
+  if (Status st = mark(StepOp::kSwiglu, rd * static_cast<double>(I) * 4); !st) return st;
+  if (auto st = run_linear(l.down_proj, act, rows, b.hidden.as<uint16_t>()); !st) return st;
+  return mark(StepOp::kDownLinear, l.down_proj.bytes + rd * static_cast<double>(I) * 2);
 }
 
 // Qwen3MoeSparseMoeBlock: router over mlp.gate, the token → expert grouping on the device, then each expert
@@ -558,12 +639,13 @@ Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows) {
   const Weights::Layer& l = w_->layers[i];
   const ModelConfig& c = config_;
   Buffers& b = *b_;
-  const LinearContext ctx{cublas_, stream_, b.lin_scratch.as<uint16_t>()};
   const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok, Im = c.moe_intermediate_size;
+  const double rd = static_cast<double>(rows);
   // mlp.gate (router logits, f32)
-  if (auto st = linear_f32_out(ctx, l.router, b.normed.as<uint16_t>(), rows, b.router_logits.as<float>());
+  if (Status st =
+          linear_f32(*lin_, l.router.w, b.normed.as<uint16_t>(), rows, b.router_logits.as<float>(), stream_);
       !st)
-    return st;
+    return fail_in(*l.router.name, st.error());
   // softmax, topk, norm_topk_prob, and the grouping by expert
   MoeRouteArgs ra{};
   ra.logits_f32 = b.router_logits.as<float>();
@@ -596,28 +678,47 @@ Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows) {
     MXQ_CUDA_CHECK(cudaMemcpyAsync(xe + p * H, x + t0 * H, run * H * 2, cudaMemcpyDeviceToDevice, stream_));
     p += run;
   }
+  if (Status st = mark(StepOp::kMoeRoute, l.router.bytes + rd * static_cast<double>(H * 2 + E * 4) +
+                                              static_cast<double>(entries * H) * 2);
+      !st)
+    return st;
+  // [gate | up] rows of each expert entry: stacked experts write them fused (gate_up_proj); one module per
+  // expert writes gate rows in the first half of `gu` and up rows in the second (no strided output).
+  const int64_t cap = b.tokens * K;
   uint16_t *gu = b.gu.as<uint16_t>(), *act = b.acte.as<uint16_t>(), *ye = b.ye.as<uint16_t>();
   for (int64_t e = 0; e < E; ++e) {
     const int64_t off = b.host_offsets[e], cnt = b.host_offsets[e + 1] - off;
     if (cnt == 0) continue;
+    const double cd = static_cast<double>(cnt);
     if (!l.gate_up.empty()) {
       // mlp.experts.gate_up_proj [E, 2I, H]: per row gate then up
-      if (auto st = linear(ctx, l.gate_up[e], xe + off * H, cnt, gu + off * 2 * Im, 2 * Im); !st) return st;
+      if (auto st = run_linear(l.gate_up[e], xe + off * H, cnt, gu + off * 2 * Im); !st) return st;
+      if (Status st = mark(StepOp::kGateUpLinear, l.gate_up[e].bytes + cd * static_cast<double>(H) * 2); !st)
+        return st;
+      MXQ_LAUNCH("swiglu", launch_swiglu_fused(gu + off * 2 * Im, Im, nullptr, cnt, act + off * Im, stream_));
     } else {
-      // mlp.experts.<e>.gate_proj / up_proj, into the same [gate | up] rows
-      if (auto st = linear(ctx, l.gate[e], xe + off * H, cnt, gu + off * 2 * Im, 2 * Im); !st) return st;
-      if (auto st = linear(ctx, l.up[e], xe + off * H, cnt, gu + off * 2 * Im + Im, 2 * Im); !st) return st;
+      // mlp.experts.<e>.gate_proj / up_proj
+      uint16_t *g = gu + off * Im, *u = gu + cap * Im + off * Im;
+      if (auto st = run_linear(l.gate[e], xe + off * H, cnt, g); !st) return st;
+      if (auto st = run_linear(l.up[e], xe + off * H, cnt, u); !st) return st;
+      if (Status st = mark(StepOp::kGateUpLinear,
+                           l.gate[e].bytes + l.up[e].bytes + 2 * cd * static_cast<double>(H) * 2);
+          !st)
+        return st;
+      MXQ_LAUNCH("swiglu", launch_swiglu(g, u, Im, nullptr, cnt, act + off * Im, stream_));
     }
-    MXQ_LAUNCH("swiglu", launch_swiglu_fused(gu + off * 2 * Im, Im, nullptr, cnt, act + off * Im, stream_));
+    if (Status st = mark(StepOp::kSwiglu, cd * static_cast<double>(Im) * 4); !st) return st;
     // mlp.experts.down_proj [E, H, I] / mlp.experts.<e>.down_proj
-    if (auto st = linear(ctx, l.down[e], act + off * Im, cnt, ye + off * H, H); !st) return st;
+    if (auto st = run_linear(l.down[e], act + off * Im, cnt, ye + off * H); !st) return st;
+    if (Status st = mark(StepOp::kDownLinear, l.down[e].bytes + cd * static_cast<double>(Im) * 2); !st)
+      return st;
   }
   // routing weights, summed per token in increasing expert id
   MXQ_LAUNCH("moe_combine",
              launch_moe_combine(ye, H, b.moe_ids.as<int32_t>(), b.moe_weights.as<float>(),
                                 b.moe_row_of.as<int32_t>(), dev_meta_.num_tokens, static_cast<int>(rows),
                                 static_cast<int>(K), b.hidden.as<uint16_t>(), stream_));
-  return {};
+  return mark(StepOp::kMoeCombine, rd * static_cast<double>(K * H) * 2);
 }
 
 }  // namespace mxq::cuda

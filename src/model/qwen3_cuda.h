@@ -10,7 +10,6 @@
 // forward() only enqueues work on stream(); it reads every per-step size it can from the device metadata.
 #pragma once
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -23,14 +22,19 @@
 #include "base/error.h"
 #include "io/config.h"
 #include "model/load_model.h"
+#include "model/step_profile.h"
 #include "model/weight_store.h"
 
 namespace mxq::cuda {
 
-// The load target of the CUDA engine: the store in device memory, MXFP8/MXFP4 projections in the GEMV layout
-// (cuda/gemv_layout.h), everything else row-major. Refuses by name what the engine cannot run: FP8-B128
-// projections (its kernels land with cuda/linear.h), F16/F32 tensors (the ops read BF16), attention biases,
-// head_dim other than 64 or 128.
+class LinearContext;
+class StepProfiler;
+
+// The load target of the CUDA engine: the store in device memory, MXFP8 / MXFP4 / FP8-B128 projections in
+// the native layout of the linear dispatch table (cuda/linear.h linear_prepare, probed so refit writes
+// through it; one layout per format serves every M), everything else row-major. Refuses by name what the
+// engine cannot run: formats with no table entry on the device's arch, F16/F32 tensors (the ops read BF16),
+// attention biases, head_dim other than 64 or 128.
 LoadTarget cuda_load_target();
 
 struct Qwen3CudaOptions {
@@ -90,6 +94,12 @@ class Qwen3Cuda {
   // Enqueues sampling of the first *num_seqs logits rows (capacity `rows`) into the outputs block.
   Status sample(int32_t rows);
 
+  // The per-op step profile (model/step_profile_cuda.h; null: none, the default). While one is set, forward()
+  // begins a profiled step and marks each op class, sample() marks sampling; the caller ends the step with
+  // profiler->finish_step(). Eager steps only (CudaRunner runs no graph while a profiler is set).
+  void set_profiler(StepProfiler* p) { profiler_ = p; }
+  StepProfiler* profiler() const { return profiler_; }
+
   StepMeta& host_meta() { return host_meta_; }
   // One host → device copy of the metadata block, block-table rows of the first `seqs` sequences included.
   Status upload_meta(int32_t seqs);
@@ -106,18 +116,24 @@ class Qwen3Cuda {
   int64_t kv_bytes() const;
 
  private:
+  struct Lin;
   struct Weights;
   struct Buffers;
   Qwen3Cuda() = default;
   Status mlp(size_t layer, int64_t rows);
   Status sparse_moe_block(size_t layer, int64_t rows);
+  // y [m, n] = x [m, k] · W^T through the dispatch table; errors name the tensor.
+  Status run_linear(const Lin& l, const uint16_t* x, int64_t m, uint16_t* y);
+  // The end of one op of class `op` in the step profile; nothing without a profiler.
+  Status mark(StepOp op, double bytes);
 
   ModelConfig config_;
   Qwen3CudaOptions options_;
   int64_t num_blocks_ = 0;
   int32_t max_blocks_ = 0;
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<LinearContext> lin_;  // cuBLAS / cuBLASLt handles and scratch of the table, one stream
+  StepProfiler* profiler_ = nullptr;
   std::unique_ptr<Weights> w_;
   std::unique_ptr<Buffers> b_;
   StepMeta host_meta_{}, dev_meta_{};

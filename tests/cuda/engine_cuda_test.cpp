@@ -1,10 +1,13 @@
 // The CUDA engine (engine/cuda_runner.h over model/qwen3_cuda.h) against the CPU model (model/qwen3.h, itself
 // held against transformers by tests/model/qwen3_golden_test.cpp), on random Qwen3 checkpoints written fresh
-// per run: dense, MoE with stacked experts, MoE with one module per expert; bf16, MXFP8 and MXFP4 (online).
+// per run: dense, MoE with stacked experts, MoE with one module per expert; bf16, MXFP8, MXFP4 and FP8-B128
+// (online), every linear through the dispatch table (cuda/linear.h): prompts of 37 and 100 tokens take its
+// GEMM entries (gemm_mx, cuBLASLt FP8), decode steps its GEMV.
 // note: the golden checkpoints (tests/golden/.../ckpt) have head_dim 16, which the CUDA attention ops do not
 // take (64, 128): the CUDA load refuses them by name (tested below), so these tests write head_dim 64
 // checkpoints of the same kinds. Both sides run the same weight bytes; what differs is the CUDA engine's
-// bf16 activations (the CPU forward is f32), hence one tolerance for every format.
+// bf16 activations (the CPU forward is f32), hence one tolerance for every format's weight-only steps; FP8-B128
+// steps above the GEMV's M range also quantize activations (W8A8) and have their own.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +20,7 @@
 #include <random>
 
 #include "cpu/softmax.h"
+#include "cuda/linear.h"
 #include "engine/cuda_runner.h"
 #include "engine/kv_cache.h"
 #include "format/codec.h"
@@ -34,6 +38,23 @@ using test::fresh_seed;
 
 // max |logit error| / max |logit| between the CUDA engine (bf16 activations) and the CPU model (f32).
 constexpr double kLogitTolerance = 3e-2;
+// note: FP8-B128 steps above the GEMV's M range run cuBLASLt on activations quantized per 1x128 to E4M3
+// (W8A8, as vLLM and DeepSeek run it); the CPU model keeps f32 activations. E4M3 keeps 3 mantissa bits to
+// bf16's 7, so the error grows ~16x: the H200 showed 0.092 (dense, 2 layers; single steps up to 0.087 of the
+// max logit) after such a prefill, its K/V carried into the decode steps. Steps of prompts on the GEMV side
+// (weight-only, bf16 activations) keep kLogitTolerance.
+constexpr double kLogitToleranceW8A8 = 0.2;
+
+// The first M at which `f` leaves the weight-only GEMV (the table's GEMM / cuBLASLt entries).
+int64_t first_gemm_m(Format f) {
+  auto arch = device_arch(0);
+  if (!arch) return 1;
+  for (int64_t m = 1; m < 4096; ++m) {
+    auto k = linear_kernel_name(f, *arch, m);
+    if (k && !k->starts_with("gemv")) return m;
+  }
+  return 4096;
+}
 
 enum class Kind { kDense, kMoeStacked, kMoeExperts };
 
@@ -254,7 +275,21 @@ TEST_P(EngineCuda, LogitsMatchCpuModel) {
   ASSERT_TRUE(e) << e.error().message;
   double worst = 0;
   int compared = 0, steps = 0;
-  for (int64_t len : {1, 9, 40}) {
+  // note: prompts of 37 and 100 tokens are prefill steps of M > 16 rows: the table's GEMM entries for the
+  // quantized formats (37 % 4 != 0 also takes cuBLASLt FP8's padded-M path), cuBLAS for bf16.
+  const Format f = m->gpu.linear_format;
+  auto arch = device_arch(0);
+  ASSERT_TRUE(arch) << arch.error().message;
+  for (int64_t len : {37, 100}) {
+    auto kernel = linear_kernel_name(f, *arch, len);
+    ASSERT_TRUE(kernel) << kernel.error().message;
+    EXPECT_FALSE(kernel->starts_with("gemv")) << "M = " << len << " runs " << *kernel << ", not a GEMM";
+  }
+  for (int64_t len : {1, 9, 37, 100}) {
+    auto prefill = linear_kernel_name(f, *arch, len);
+    ASSERT_TRUE(prefill) << prefill.error().message;
+    const double tolerance =
+        *prefill == std::string_view("cublaslt_fp8_b128") ? kLogitToleranceW8A8 : kLogitTolerance;
     const std::vector<int32_t> prompt = random_prompt(rng, len, V);
     GenerateParams p;
     p.max_new_tokens = 12;
@@ -277,7 +312,7 @@ TEST_P(EngineCuda, LogitsMatchCpuModel) {
         scale = std::max(scale, std::abs(static_cast<double>(want[i])));
       }
       worst = std::max(worst, err / scale);
-      EXPECT_LE(err, kLogitTolerance * scale) << "prompt of " << len << ", step " << steps;
+      EXPECT_LE(err, tolerance * scale) << "prompt of " << len << ", step " << steps;
       const int32_t tok = (*out)[0].tokens.at(0).id;
       std::vector<float> sorted = want;
       std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
@@ -293,7 +328,9 @@ TEST_P(EngineCuda, LogitsMatchCpuModel) {
       ASSERT_TRUE(m->qwen->forward(next, kv->sequence(), want.data()));
     }
   }
-  EXPECT_GE(compared, steps / 2) << "too many near-ties to be a test";
+  // note: W8A8 prompt steps have ~16x the logit error, so fewer CPU margins exceed twice it (dense FP8-B128
+  // on the H200: 27 of 48 steps compared)
+  EXPECT_GE(compared, f == Format::kFP8_B128 ? steps / 3 : steps / 2) << "too many near-ties to be a test";
   RecordProperty("worst_relative_logit_error", fmt::format("{:.3g}", worst));
   std::printf("[ engine ] %s: worst relative logit error %.3g over %d steps (%d greedy ids compared)\n",
               GetParam().name, worst, steps, compared);
@@ -301,13 +338,36 @@ TEST_P(EngineCuda, LogitsMatchCpuModel) {
 
 // Different requests in one batch (continuous batching, mixed prefill + decode steps, bucket padding) give
 // the tokens each gives alone.
+// note: FP8-B128 is W8A8 above the GEMV's M range and weight-only below it, so a prompt prefilled alone and
+// the same prompt inside a batched step differ by E4M3 activation rounding when they fall on different sides
+// (the H200 showed it: tokens apart from the first step). Its prompts here all start at that boundary, so
+// each prefill runs W8A8 alone and batched (per-row activation scales: rows independent); decode steps are
+// GEMV on both sides.
 TEST_P(EngineCuda, BatchEqualsOneAtATime) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   std::mt19937_64 rng(seed_ ^ 0x5eed);
-  const int64_t V = m_->cpu.config.vocab_size;
+  const bool fp8 = m_->gpu.linear_format == Format::kFP8_B128;
+  const int64_t shift = fp8 ? first_gemm_m(Format::kFP8_B128) : 0;
+  // note: an FP8-B128 MoE expert's M is its share of the step's tokens, on either side of the boundary alone
+  // or batched under top-2 routing; with every expert selected each expert gets every token, so the FP8 MoE
+  // cases run an all-experts checkpoint (the top-2 grouping is held batch == alone by the other formats).
+  Models* m = m_.get();
+  std::unique_ptr<Models> all_experts;
+  if (fp8 && GetParam().kind != Kind::kDense) {
+    const std::string dir = temp_dir(std::string(GetParam().name) + "_batch_all_experts");
+    write_checkpoint(dir, GetParam().kind, seed_, /*top_k=*/8);
+    auto loaded = load_both(dir, GetParam().quant);
+    std::filesystem::remove_all(dir);
+    ASSERT_TRUE(loaded) << loaded.error().message;
+    all_experts = std::move(*loaded);
+    m = all_experts.get();
+  }
+  const int64_t V = m->cpu.config.vocab_size;
+  CudaRunnerOptions opts = small_options(false);
+  opts.model.max_num_batched_tokens = 512;  // every prompt in the first step, whatever the shift
   std::vector<Request> reqs;
   for (int64_t len : {5, 17, 33, 60, 2}) {
-    Request r{random_prompt(rng, len, V), {}};
+    Request r{random_prompt(rng, len + shift, V), {}};
     r.params.max_new_tokens = 10;
     r.params.ignore_eos = true;
     r.params.sampling.temperature = 0;
@@ -317,13 +377,13 @@ TEST_P(EngineCuda, BatchEqualsOneAtATime) {
   reqs[1].params.seed = rng();
   std::vector<std::vector<SampledToken>> alone;
   for (const Request& r : reqs) {
-    auto e = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(false));
+    auto e = make_cuda_engine(*m->qwen, nullptr, m->gpu.store, opts);
     ASSERT_TRUE(e) << e.error().message;
     auto out = run_engine(*e, {r});
     ASSERT_TRUE(out) << out.error().message;
     alone.push_back((*out)[0]);
   }
-  auto e = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(false));
+  auto e = make_cuda_engine(*m->qwen, nullptr, m->gpu.store, opts);
   ASSERT_TRUE(e) << e.error().message;
   auto batch = run_engine(*e, reqs);
   ASSERT_TRUE(batch) << batch.error().message;
@@ -425,7 +485,10 @@ INSTANTIATE_TEST_SUITE_P(Models, EngineCuda,
                                            Case{"moe_stacked_bf16", Kind::kMoeStacked, "bf16"},
                                            Case{"moe_stacked_mxfp8", Kind::kMoeStacked, "mxfp8"},
                                            Case{"moe_stacked_mxfp4", Kind::kMoeStacked, "mxfp4"},
-                                           Case{"moe_experts_mxfp8", Kind::kMoeExperts, "mxfp8"}),
+                                           Case{"moe_experts_mxfp8", Kind::kMoeExperts, "mxfp8"},
+                                           Case{"dense_fp8b128", Kind::kDense, "fp8-b128"},
+                                           Case{"moe_stacked_fp8b128", Kind::kMoeStacked, "fp8-b128"},
+                                           Case{"moe_experts_fp8b128", Kind::kMoeExperts, "fp8-b128"}),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // What the CUDA engine cannot run is refused by name at load.
@@ -438,13 +501,26 @@ TEST(EngineCudaLoad, RefusesUnsupportedByName) {
   auto g = load_model(std::string(src ? src : MXQ_SOURCE_DIR) + "/tests/golden/ckpt/qwen3-dense-bf16", opt);
   ASSERT_FALSE(g);
   EXPECT_NE(g.error().message.find("head_dim 16"), std::string::npos) << g.error().message;
-  const std::string dir = temp_dir("refuse");
-  write_checkpoint(dir, Kind::kDense, fresh_seed());
-  opt.quantization = Format::kFP8_B128;
-  auto f = load_model(dir, opt);
+}
+
+// Quantized projections land in the dispatch table's native layout (refit writes through the probed map),
+// bf16 tensors row-major; FP8-B128 loads (it was refused before the table).
+TEST(EngineCudaLoad, ProjectionsInTheTableLayout) {
+  const std::string dir = temp_dir("layout");
+  write_checkpoint(dir, Kind::kMoeStacked, fresh_seed());
+  for (Format f : {Format::kMXFP8, Format::kMXFP4, Format::kFP8_B128}) {
+    LoadOptions opt;
+    opt.target = cuda_load_target();
+    opt.quantization = f;
+    auto m = load_model(dir, opt);
+    ASSERT_TRUE(m) << traits(f).name << ": " << m.error().message;
+    for (const char* name :
+         {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.experts.gate_up_proj",
+          "model.layers.1.mlp.down_proj.weight"})
+      EXPECT_EQ(m->store.at(name).layout.name, linear_layout_name(f)) << name;
+    EXPECT_EQ(m->store.at("model.layers.0.mlp.gate.weight").format, Format::kBF16);
+  }
   std::filesystem::remove_all(dir);
-  ASSERT_FALSE(f);
-  EXPECT_NE(f.error().message.find("fp8-b128"), std::string::npos) << f.error().message;
 }
 
 }  // namespace

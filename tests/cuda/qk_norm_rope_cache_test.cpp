@@ -1,6 +1,7 @@
 // GPU fused q/k norm + RoPE + paged KV write against cpu/qk_norm_rope_cache (itself head_rms_norm + rope, the
 // CPU forward's steps) on fresh random qkv rows, positions up to 40k, shuffled slots with padding (-1)
-// tokens; q and k within two bf16 half-ulps, v bitwise, untouched slots and rows still poisoned.
+// tokens; q and k within two bf16 half-ulps, v bitwise, untouched slots and rows still poisoned; separate
+// q / k / v inputs bitwise equal to the fused rows.
 #include "cuda/qk_norm_rope_cache.h"
 
 #include <algorithm>
@@ -93,6 +94,32 @@ TEST_P(QkNormRopeCache, MatchesCpuTwin) {
     ASSERT_EQ(bf16_to_f32(gv[i]), v_ref[i]) << "v entry " << i;
   }
   test::expect_close_bf16(gk_w, k_w, test::kBf16Rtol, 1e-4, "k");
+
+  // Separate q / k / v inputs (k_in, v_in: the engine's three projection outputs) read the same heads: the
+  // outputs equal the fused-row run's bit for bit, rows past num_tokens and unmapped slots still poisoned.
+  const int qw = c.q_heads * D, kw = c.kv_heads * D;
+  std::vector<uint16_t> sq, sk, sv;
+  for (int t = 0; t < c.capacity; ++t) {
+    const auto row = qkv.begin() + static_cast<int64_t>(t) * width;
+    sq.insert(sq.end(), row, row + qw);
+    sk.insert(sk.end(), row + qw, row + qw + kw);
+    sv.insert(sv.end(), row + qw + kw, row + width);
+  }
+  auto dsq = test::must(test::upload(sq));
+  auto dsk = test::must(test::upload(sk));
+  auto dsv = test::must(test::upload(sv));
+  auto dq2 = test::must(test::poisoned<uint16_t>(q_cap));
+  auto dk2 = test::must(test::poisoned<uint16_t>(kv_elems));
+  auto dv2 = test::must(test::poisoned<uint16_t>(kv_elems));
+  QkNormRopeArgs s = a;
+  s.qkv = dsq.as<uint16_t>(), s.k_in = dsk.as<uint16_t>(), s.v_in = dsv.as<uint16_t>();
+  s.q_out = dq2.as<uint16_t>(), s.k_cache = dk2.as<uint16_t>(), s.v_cache = dv2.as<uint16_t>();
+  ASSERT_EQ(launch_qk_norm_rope_cache(s, nullptr), cudaSuccess);
+  EXPECT_EQ(test::must(test::download<uint16_t>(dq2, q_cap)), gq) << "q (separate inputs)";
+  EXPECT_EQ(test::must(test::download<uint16_t>(dk2, kv_elems)), gk) << "k cache (separate inputs)";
+  EXPECT_EQ(test::must(test::download<uint16_t>(dv2, kv_elems)), gv) << "v cache (separate inputs)";
+  s.v_in = nullptr;
+  EXPECT_EQ(launch_qk_norm_rope_cache(s, nullptr), cudaErrorInvalidValue) << "k_in without v_in";
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, QkNormRopeCache,
@@ -133,7 +160,9 @@ TEST(QkNormRopeCacheSlots, SlotPastTheCacheIsFlaggedNotWritten) {
                    hq,
                    hkv,
                    D,
-                   1e-6f};
+                   1e-6f,
+                   nullptr,
+                   nullptr};
   ASSERT_EQ(launch_qk_norm_rope_cache(a, nullptr), cudaSuccess);
   EXPECT_EQ(test::must(test::download<int32_t>(dbad, 1))[0], 1);
   const auto gk = test::must(test::download<uint16_t>(dk, static_cast<size_t>(slots_n) * hkv * D));

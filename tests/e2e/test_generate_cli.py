@@ -100,6 +100,16 @@ def test_bench_decode_prints_pp_and_tg_rows():
     assert all(float(r.split("|")[6]) > 0 for r in rows)
 
 
+def test_bench_decode_breakdown_is_refused_on_cpu():
+    # the per-op breakdown profiles the CUDA engine's decode step: on --device cpu it is refused by name
+    args = ["bench", "decode", "--model", GOLDEN / "ckpt" / "qwen3-moe-bf16", "--pp", 8, "--tg", 4, "--reps", 1,
+            "--device", "cpu", "--breakdown"]
+    p = subprocess.run([str(MXQ), *map(str, args)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "--breakdown" in p.stderr and "--device cpu" in p.stderr
+    assert p.stdout == ""
+
+
 def test_stop_takes_one_value_and_leaves_the_prompt_positional():
     # `--stop X PROMPT`: the stop flag takes one value; the next word is the positional prompt.
     p = generate("--stop", "\n\n", "def fibonacci(n):", "--max-new-tokens", 4, "--json")

@@ -1,0 +1,164 @@
+// What the engine takes from the linear dispatch table beside linear() itself (cuda/linear.h):
+//   linear_weights: one expert of a stacked [E, n, k] tensor prepared as a whole is the same native matrix as
+//     that expert prepared alone: y bitwise equal on fresh random planes for every format, M on both sides
+//     of the GEMV / GEMM split; wrong plane sizes and ranks refused naming the tensor;
+//   linear_f32: bf16 weights, f32 output (logits, router logits) against the CPU linear; other formats
+//     refused by name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu/linear.h"
+#include "cuda/linear.h"
+#include "format/codec.h"
+#include "op_test_util.h"
+
+namespace mxq::cuda {
+namespace {
+
+// Random canonical planes of [rows, k] (rows = E·n): non-NaN codes, scales that keep products normal.
+HostPlanes random_planes(std::mt19937_64& rng, Format f, const TensorGeometry& g) {
+  HostPlanes p{std::vector<uint8_t>(static_cast<size_t>(g.values.bytes())),
+               std::vector<uint8_t>(static_cast<size_t>(g.scales.bytes()))};
+  if (f == Format::kBF16) {
+    const auto w = test::random_bf16(rng, p.values.size() / 2);
+    std::memcpy(p.values.data(), w.data(), p.values.size());
+    return p;
+  }
+  for (auto& b : p.values) {
+    do b = static_cast<uint8_t>(rng());
+    while (f != Format::kMXFP4 && (b & 0x7F) == 0x7F);  // note: E4M3 NaN codes are not weights
+  }
+  if (f == Format::kFP8_B128) {
+    for (size_t i = 0; i < p.scales.size(); i += 4) {
+      const float s = std::ldexp(1.0f + static_cast<float>(rng() % 1024) / 1024.0f, -10);
+      std::memcpy(p.scales.data() + i, &s, 4);
+    }
+  } else {
+    for (auto& b : p.scales) b = static_cast<uint8_t>(116 + rng() % 8);
+  }
+  return p;
+}
+
+// Expert e's rows of a canonical plane of `experts` equal row blocks.
+std::vector<uint8_t> expert_rows(const std::vector<uint8_t>& plane, int64_t experts, int64_t e) {
+  const size_t per = plane.size() / static_cast<size_t>(experts);
+  return {plane.begin() + static_cast<int64_t>(per) * e, plane.begin() + static_cast<int64_t>(per) * (e + 1)};
+}
+
+class LinearExperts : public ::testing::TestWithParam<Format> {};
+
+TEST_P(LinearExperts, ExpertViewOfStackedTensorEqualsTheExpertAlone) {
+  const Format f = GetParam();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  auto arch = device_arch(0);
+  ASSERT_TRUE(arch) << arch.error().message;
+  auto ctx = LinearContext::create(*arch);
+  ASSERT_TRUE(ctx) << ctx.error().message;
+  // note: n = 200 is not a multiple of 128 (FP8-B128's scale rows are per 128 rows of one expert), k = 384
+  const int64_t E = 3, n = 200, k = 384;
+  const std::vector<int64_t> stacked_shape = {E, n, k}, one_shape = {n, k};
+  auto gs = tensor_geometry("experts", f, stacked_shape);
+  auto g1 = tensor_geometry("expert", f, one_shape);
+  ASSERT_TRUE(gs && g1);
+  const HostPlanes canonical = random_planes(rng, f, *gs);
+  auto native = linear_prepare(f, *arch, *gs, canonical);
+  ASSERT_TRUE(native) << native.error().message;
+  auto dv = test::must(test::upload(native->values));
+  auto ds = test::must(test::upload(native->scales.empty() ? std::vector<uint8_t>(16) : native->scales));
+  const std::span<const uint8_t> values(dv.as<uint8_t>(), native->values.size()),
+      scales(ds.as<uint8_t>(), native->scales.size());
+  for (int64_t e = 0; e < E; ++e) {
+    auto alone = linear_prepare(
+        f, *arch, *g1,
+        HostPlanes{expert_rows(canonical.values, E, e),
+                   f == Format::kBF16 ? std::vector<uint8_t>{} : expert_rows(canonical.scales, E, e)});
+    ASSERT_TRUE(alone) << alone.error().message;
+    auto av = test::must(test::upload(alone->values));
+    auto as = test::must(test::upload(alone->scales.empty() ? std::vector<uint8_t>(16) : alone->scales));
+    const LinearWeights w1{f, av.as<uint8_t>(), f == Format::kBF16 ? nullptr : as.as<uint8_t>(), n, k};
+    auto we = linear_weights("experts", f, stacked_shape, values, scales, e);
+    ASSERT_TRUE(we) << we.error().message;
+    EXPECT_EQ(we->n, n);
+    EXPECT_EQ(we->k, k);
+    for (int64_t m : {1, 5, 16, 17, 40}) {
+      const auto x = test::random_bf16(rng, static_cast<size_t>(m * k));
+      auto dx = test::must(test::upload(x));
+      auto y1 = test::must(test::poisoned<uint16_t>(static_cast<size_t>(m * n)));
+      auto ye = test::must(test::poisoned<uint16_t>(static_cast<size_t>(m * n)));
+      auto st = linear(**ctx, w1, dx.as<uint16_t>(), m, y1.as<uint16_t>(), nullptr);
+      ASSERT_TRUE(st) << st.error().message;
+      st = linear(**ctx, *we, dx.as<uint16_t>(), m, ye.as<uint16_t>(), nullptr);
+      ASSERT_TRUE(st) << st.error().message;
+      const auto a = test::must(test::download<uint16_t>(y1, static_cast<size_t>(m * n)));
+      const auto b = test::must(test::download<uint16_t>(ye, static_cast<size_t>(m * n)));
+      ASSERT_EQ(a, b) << "expert " << e << ", M = " << m;
+      ASSERT_NE(a[0], 0xFFFF) << "output left unwritten";
+    }
+  }
+  // The whole tensor as one matrix, a missing expert and a short plane are refused naming the tensor.
+  for (const auto& r :
+       {linear_weights("experts", f, stacked_shape, values, scales, -1),
+        linear_weights("experts", f, stacked_shape, values, scales, E),
+        linear_weights("experts", f, stacked_shape, values.first(values.size() - 1), scales, 0),
+        linear_weights("experts", f, one_shape, values, scales, -1)}) {
+    ASSERT_FALSE(r);
+    EXPECT_NE(r.error().message.find("experts"), std::string::npos) << r.error().message;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, LinearExperts,
+                         ::testing::Values(Format::kBF16, Format::kMXFP8, Format::kMXFP4, Format::kFP8_B128),
+                         [](const auto& info) {
+                           std::string name(traits(info.param).name);
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';
+                           return name;
+                         });
+
+TEST(LinearF32, MatchesCpuTwinAndRefusesQuantizedWeights) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  auto arch = device_arch(0);
+  ASSERT_TRUE(arch) << arch.error().message;
+  auto ctx = LinearContext::create(*arch);
+  ASSERT_TRUE(ctx) << ctx.error().message;
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (const Shape s : {Shape{1, 77, 130}, Shape{7, 512, 256}, Shape{40, 1000, 64}}) {
+    SCOPED_TRACE(fmt::format("m {} n {} k {}", s.m, s.n, s.k));
+    const auto w = test::random_bf16(rng, static_cast<size_t>(s.n * s.k));
+    const auto x = test::random_bf16(rng, static_cast<size_t>(s.m * s.k));
+    auto dw = test::must(test::upload(w));
+    auto dx = test::must(test::upload(x));
+    auto dy = test::must(test::poisoned<float>(static_cast<size_t>(s.m * s.n)));
+    const LinearWeights lw{Format::kBF16, dw.as<uint8_t>(), nullptr, s.n, s.k};
+    auto st = linear_f32(**ctx, lw, dx.as<uint16_t>(), s.m, dy.as<float>(), nullptr);
+    ASSERT_TRUE(st) << st.error().message;
+    const auto y = test::must(test::download<float>(dy, static_cast<size_t>(s.m * s.n)));
+    std::vector<float> xf(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xf[i] = bf16_to_f32(x[i]);
+    const WeightView view{Format::kBF16, s.n, s.k, reinterpret_cast<const uint8_t*>(w.data()), nullptr};
+    std::vector<float> yref(y.size());
+    ASSERT_TRUE(mxq::linear(xf.data(), s.m, view, nullptr, yref.data()));
+    const std::vector<double> ref(yref.begin(), yref.end());
+    // note: same bf16 operands, f32 accumulation on both sides: only the summation order differs
+    EXPECT_LE(test::nmse(y, ref), 1e-8) << "NaN means an output was left unwritten";
+  }
+  const uint8_t dummy = 0;
+  const LinearWeights q{Format::kMXFP8, &dummy, &dummy, 64, 64};
+  const auto st = linear_f32(**ctx, q, reinterpret_cast<const uint16_t*>(&dummy), 1,
+                             reinterpret_cast<float*>(const_cast<uint8_t*>(&dummy)), nullptr);
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.error().message.find("mxfp8"), std::string::npos) << st.error().message;
+}
+
+}  // namespace
+}  // namespace mxq::cuda
