@@ -272,16 +272,27 @@ cudaError_t launch_gemv(const uint16_t* x, int m, const uint8_t* values, const u
   const bool tail = k % Fmt::kGroupK != 0;
 #define MXQ_GEMV_LAUNCH(NT, TAIL) \
   gemv_mx_kernel<Fmt, NT, TAIL><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, yb, n, k)
+  // note: 3 and 4 n-tiles (M 17..32) spill here; the streaming kernel serves those M when K % 128 == 0.
   if (m <= 8) {
     if (tail)
       MXQ_GEMV_LAUNCH(1, true);
     else
       MXQ_GEMV_LAUNCH(1, false);
-  } else {
+  } else if (m <= 16) {
     if (tail)
       MXQ_GEMV_LAUNCH(2, true);
     else
       MXQ_GEMV_LAUNCH(2, false);
+  } else if (m <= 24) {
+    if (tail)
+      MXQ_GEMV_LAUNCH(3, true);
+    else
+      MXQ_GEMV_LAUNCH(3, false);
+  } else {
+    if (tail)
+      MXQ_GEMV_LAUNCH(4, true);
+    else
+      MXQ_GEMV_LAUNCH(4, false);
   }
 #undef MXQ_GEMV_LAUNCH
   return cudaGetLastError();

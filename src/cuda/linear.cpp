@@ -44,9 +44,10 @@ constexpr Entry kTable[] = {
     {Format::kMXFP4, Arch::kSm80, 1, kGemvMaxM, Kernel::kGemvMxfp4, "gemv_mxfp4"},
     {Format::kMXFP4, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp4, "gemm_mxfp4"},
     {Format::kMXFP4, Arch::kSm80, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp4, "gemm_mxfp4"},
-    {Format::kFP8_B128, Arch::kSm90a, 1, kGemvMaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
-    {Format::kFP8_B128, Arch::kSm80, 1, kGemvMaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
-    {Format::kFP8_B128, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kCublasLtFp8B128, "cublaslt_fp8_b128"},
+    {Format::kFP8_B128, Arch::kSm90a, 1, kGemvFp8B128MaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
+    {Format::kFP8_B128, Arch::kSm80, 1, kGemvFp8B128MaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
+    {Format::kFP8_B128, Arch::kSm90a, kGemvFp8B128MaxM + 1, kAnyM, Kernel::kCublasLtFp8B128,
+     "cublaslt_fp8_b128"},
 };
 
 Result<const Entry*> find_entry(Format f, Arch arch, int64_t m) {
