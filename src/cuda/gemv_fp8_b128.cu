@@ -10,13 +10,12 @@
 // is needed: quad lane t reads 16 contiguous bytes (elements 16t..16t+15 of the group) and MMA j takes
 // its elements 16t+4j..+3 in k-slots (2t, 2t+1, 2t+8, 2t+9); x is read with the same assignment, and a dot
 // product does not care which k sits in which slot. A 16/32/48-element tail group is read per MMA.
-// Kernels: for K % 64 == 0 (no tail group) the streaming form of gemv_mx_stream.cuh (per-warp cp.async
-// ring of weight bytes and per-group f32 scales, persistent blocks walking tiles, one barrier per tile);
-// else the register-prefetch kernel. The process-wide GemvKernel switch (gemv_mx_launch.h) picks the
-// streaming configuration, or the register kernel everywhere.
+// note: a streaming form (gemv_mx_stream.cuh's cp.async ring) measured 10-75% slower at every M <= 32 on
+// the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed. GemvKernel::kRegister (the
+// process-wide switch of gemv_mx_launch.h) runs the per-group loop at m <= 8, anything else the step body.
 #include "cuda/gemv_fp8_b128_launch.h"
+#include "cuda/gemv_mx_kernel.cuh"
 #include "cuda/gemv_mx_launch.h"
-#include "cuda/gemv_mx_stream.cuh"
 
 namespace mxq::cuda {
 namespace {
@@ -27,7 +26,8 @@ using gemv::kUnroll;
 using gemv::kWarps;
 constexpr int kGroupK = 64;
 
-template <int kNTiles, bool kHasTail>
+// kStep (1 n-tile only): a whole step of kUnroll groups without bounds checks, as one block.
+template <int kNTiles, bool kHasTail, bool kStep>
 __global__ void __launch_bounds__(kThreads, 2)
     gemv_fp8_b128_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
                          const float* __restrict__ ws, int64_t s_row, int64_t s_col,
@@ -94,12 +94,22 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (q0 < nfull) load(q0, wa, wb, sca, scb);
   for (; q0 < nfull; q0 += kStride) {
     if (q0 + kStride < nfull) load(q0 + kStride, na, nb, nsa, nsb);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (q0 + u >= nfull) break;
+    auto group = [&](int u) {
       const uint32_t wa4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w},
                      wb4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
       group_mma(wa4, wb4, static_cast<int64_t>(q0 + u) * kGroupK + 16 * t, 4, 4, sca[u], scb[u]);
+    };
+    // note: a whole step without bounds checks is one block the compiler can interleave (with more than one
+    // n-tile that block spills more).
+    if (kStep && q0 + kUnroll <= nfull) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) group(u);
+    } else {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (q0 + u >= nfull) break;
+        group(u);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) wa[u] = na[u], wb[u] = nb[u], sca[u] = nsa[u], scb[u] = nsb[u];
@@ -142,153 +152,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
 }
 
-
-// Streaming kernel: the ring of gemv_mx_stream.cuh; the scale slot of a group holds the f32 block scale of
-// the lane's row (row block r/128, column block q/2). Requires K % 64 == 0, values 16-byte aligned.
-template <int kNTiles, int kStages, int kU, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
-    gemv_fp8_b128_stream_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
-                                const float* __restrict__ ws, int64_t s_row, int64_t s_col,
-                                __nv_bfloat16* __restrict__ y, int n, int k) {
-  constexpr int kSlots = kStages * kU * 2 * 32;
-  extern __shared__ uint4 ring_all[];
-  __shared__ float red[2][kWarps][kNTiles * 4][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  uint4* wring = ring_all + warp * (kSlots + kSlots / 4);
-  float* sring = reinterpret_cast<float*>(wring + kSlots);
-  const int nfull = k / kGroupK, tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
-  const int ns = nfull > warp * kU ? (nfull - warp * kU + kWarps * kU - 1) / (kWarps * kU) : 0;
-  const int bx0 = static_cast<int>(blockIdx.x), gx = static_cast<int>(gridDim.x);
-  const int my_tiles = bx0 < tiles ? (tiles - bx0 + gx - 1) / gx : 0;
-  const int total = my_tiles * ns;
-  int ip = 0, it = 0, is = 0;
-  auto issue = [&] {
-    if (ip < total) {
-      const int row0 = (bx0 + it * gx) * kRowsPerTile;
-      const int64_t ra = min(row0 + g, n - 1), rb = min(row0 + g + 8, n - 1);
-      const int stage = ip % kStages;
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int q = (is * kWarps + warp) * kU + u;
-        if (q < nfull) {
-          const int slot = ((stage * kU + u) * 2) * 32 + lane;
-          gemv::cp_async16(gemv::smem_addr(wring + slot), wv + ra * k + q * kGroupK + 16 * t);
-          gemv::cp_async16(gemv::smem_addr(wring + slot + 32), wv + rb * k + q * kGroupK + 16 * t);
-          gemv::cp_async4(gemv::smem_addr(sring + slot), ws + (ra / 128) * s_row + (q / 2) * s_col);
-          gemv::cp_async4(gemv::smem_addr(sring + slot + 32), ws + (rb / 128) * s_row + (q / 2) * s_col);
-        }
-      }
-      if (++is == ns) is = 0, ++it;
-      ++ip;
-    }
-    gemv::cp_async_commit();
-  };
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue();
-
-  const __nv_bfloat16* xr[kNTiles];
-  bool xok[kNTiles];
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
-    xok[nt] = nt * 8 + g < m;
-    xr[nt] = x + static_cast<int64_t>(xok[nt] ? nt * 8 + g : 0) * k + 16 * t;
-  }
-  int p = 0;
-  for (int ti = 0; ti < my_tiles; ++ti) {
-    float acc[kNTiles][4] = {};
-    for (int s = 0; s < ns; ++s, ++p) {
-      issue();
-      gemv::cp_async_wait<kStages - 1>();
-      const int stage = p % kStages;
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int q = (s * kWarps + warp) * kU + u;
-        if (q >= nfull) break;
-        const int slot = ((stage * kU + u) * 2) * 32 + lane;
-        const uint4 wa = wring[slot], wb = wring[slot + 32];
-        const float s_a = sring[slot], s_b = sring[slot + 32];
-        const uint32_t wa4[4] = {wa.x, wa.y, wa.z, wa.w}, wb4[4] = {wb.x, wb.y, wb.z, wb.w};
-        uint32_t a[4][4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          a[j][0] = gemv::e4m3x2_to_bf16x2(wa4[j] & 0xFFFFu);
-          a[j][1] = gemv::e4m3x2_to_bf16x2(wb4[j] & 0xFFFFu);
-          a[j][2] = gemv::e4m3x2_to_bf16x2(wa4[j] >> 16);
-          a[j][3] = gemv::e4m3x2_to_bf16x2(wb4[j] >> 16);
-        }
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            uint2 bx = make_uint2(0, 0);
-            if (xok[nt]) bx = __ldg(reinterpret_cast<const uint2*>(xr[nt] + q * kGroupK + 4 * j));
-            gemv::mma_bf16_16816(d, a[j], bx.x, bx.y);
-          }
-          acc[nt][0] = fmaf(d[0], s_a, acc[nt][0]);
-          acc[nt][1] = fmaf(d[1], s_a, acc[nt][1]);
-          acc[nt][2] = fmaf(d[2], s_b, acc[nt][2]);
-          acc[nt][3] = fmaf(d[3], s_b, acc[nt][3]);
-        }
-      }
-    }
-    // Tile end, as gemv_mx_stream_kernel: partial sums to red[ti & 1], one barrier, warp ti % kWarps stores.
-    const int buf = ti & 1;
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) red[buf][warp][nt * 4 + c][lane] = acc[nt][c];
-    __syncthreads();
-    if (warp == ti % kWarps) {
-      const int row0 = (bx0 + ti * gx) * kRowsPerTile;
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          float sum = 0.f;
-#pragma unroll
-          for (int w = 0; w < kWarps; ++w) sum += red[buf][w][nt * 4 + c][lane];
-          const int row = row0 + g + (c >= 2 ? 8 : 0), mi = nt * 8 + 2 * t + (c & 1);
-          if (row < n && mi < m) y[static_cast<int64_t>(mi) * n + row] = __float2bfloat16_rn(sum);
-        }
-    }
-  }
-  gemv::cp_async_wait<0>();
-}
-
-template <int kNTiles, int kStages, int kU, int kMinBlocks>
-cudaError_t launch_stream_nt(const __nv_bfloat16* x, int m, const uint8_t* values, const float* scales,
-                             int64_t s_row, int64_t s_col, __nv_bfloat16* y, int n, int k, cudaStream_t stream) {
-  constexpr int smem = gemv::kStreamSmem<kStages, kU>;
-  auto* kernel = gemv_fp8_b128_stream_kernel<kNTiles, kStages, kU, kMinBlocks>;
-  static const int resident = [&] {
-    int dev = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess)
-      return 0;
-    return sms * per_sm;
-  }();
-  if (resident == 0) return cudaErrorInvalidConfiguration;
-  const int tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
-  kernel<<<static_cast<unsigned>(min(tiles, resident)), kThreads, smem, stream>>>(x, m, values, scales, s_row,
-                                                                                 s_col, y, n, k);
-  return cudaGetLastError();
-}
-
-template <int kStages, int kU, int kMinBlocks>
-cudaError_t launch_stream_cfg(const __nv_bfloat16* x, int m, const uint8_t* values, const float* scales,
-                              int64_t s_row, int64_t s_col, __nv_bfloat16* y, int n, int k, cudaStream_t stream) {
-  if (m <= 8)
-    return launch_stream_nt<1, kStages, kU, kMinBlocks>(x, m, values, scales, s_row, s_col, y, n, k, stream);
-  if (m <= 16)
-    return launch_stream_nt<2, kStages, kU, kMinBlocks>(x, m, values, scales, s_row, s_col, y, n, k, stream);
-  if (m <= 24)
-    return launch_stream_nt<3, kStages, kU, kMinBlocks>(x, m, values, scales, s_row, s_col, y, n, k, stream);
-  return launch_stream_nt<4, kStages, kU, kMinBlocks>(x, m, values, scales, s_row, s_col, y, n, k, stream);
-}
-
 }  // namespace
 
 cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values, const float* scales,
@@ -296,39 +159,30 @@ cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values
                                  cudaStream_t stream) {
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
   auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
-  const GemvKernel kernel = gemv_kernel();
-  if (kernel != GemvKernel::kRegister && k % kGroupK == 0 && reinterpret_cast<uintptr_t>(values) % 16 == 0) {
-    if (kernel == GemvKernel::kStreamS4U2x2)
-      return launch_stream_cfg<4, 2, 2>(xb, m, values, scales, s_row, s_col, yb, n, k, stream);
-    if (kernel == GemvKernel::kStreamS8U2)
-      return launch_stream_cfg<8, 2, 1>(xb, m, values, scales, s_row, s_col, yb, n, k, stream);
-    return launch_stream_cfg<4, 4, 1>(xb, m, values, scales, s_row, s_col, yb, n, k, stream);
-  }
+  const bool step = gemv_kernel() != GemvKernel::kRegister;
   const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
   const bool tail = k % kGroupK != 0;
-#define MXQ_GEMV_LAUNCH(NT, TAIL) \
-  gemv_fp8_b128_kernel<NT, TAIL><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, s_row, s_col, yb, n, k)
-  // note: 3 and 4 n-tiles (M 17..32) spill here; the streaming kernel serves those M when K % 64 == 0.
+#define MXQ_GEMV_LAUNCH(NT, STEP)                                                                      \
+  do {                                                                                                 \
+    if (tail)                                                                                          \
+      gemv_fp8_b128_kernel<NT, true, STEP>                                                             \
+          <<<grid, kThreads, 0, stream>>>(xb, m, values, scales, s_row, s_col, yb, n, k);              \
+    else                                                                                               \
+      gemv_fp8_b128_kernel<NT, false, STEP>                                                            \
+          <<<grid, kThreads, 0, stream>>>(xb, m, values, scales, s_row, s_col, yb, n, k);              \
+  } while (0)
+  // note: 3 and 4 n-tiles (M 17..32, sm_80's table) spill 24-116 bytes (ptxas, sm_90a).
   if (m <= 8) {
-    if (tail)
+    if (step)
       MXQ_GEMV_LAUNCH(1, true);
     else
       MXQ_GEMV_LAUNCH(1, false);
   } else if (m <= 16) {
-    if (tail)
-      MXQ_GEMV_LAUNCH(2, true);
-    else
-      MXQ_GEMV_LAUNCH(2, false);
+    MXQ_GEMV_LAUNCH(2, false);
   } else if (m <= 24) {
-    if (tail)
-      MXQ_GEMV_LAUNCH(3, true);
-    else
-      MXQ_GEMV_LAUNCH(3, false);
+    MXQ_GEMV_LAUNCH(3, false);
   } else {
-    if (tail)
-      MXQ_GEMV_LAUNCH(4, true);
-    else
-      MXQ_GEMV_LAUNCH(4, false);
+    MXQ_GEMV_LAUNCH(4, false);
   }
 #undef MXQ_GEMV_LAUNCH
   return cudaGetLastError();

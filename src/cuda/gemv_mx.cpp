@@ -35,13 +35,13 @@ Status checked_gemv(Format expected, Launcher launch, const uint16_t* x, int64_t
 const char* gemv_kernel_name(GemvKernel k) {
   switch (k) {
     case GemvKernel::kAuto:
-      return "stream_s4u4";
+      return "auto";
     case GemvKernel::kRegister:
       return "register";
-    case GemvKernel::kStreamS4U2x2:
-      return "stream_s4u2x2";
-    case GemvKernel::kStreamS8U2:
-      return "stream_s8u2";
+    case GemvKernel::kRegisterStep:
+      return "register_step";
+    case GemvKernel::kStream:
+      return "stream";
   }
   return "?";
 }

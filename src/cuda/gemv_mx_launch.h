@@ -13,19 +13,20 @@ cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, c
 cudaError_t launch_gemv_mxfp4(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
                               uint16_t* y, int n, int k, cudaStream_t stream);
 
-// Which GEMV kernel the MX launchers run, process-wide. kAuto (the default): the streaming kernel
-// (gemv_mx_stream.cuh, 4 stages of 4 groups, 1 block per SM) where it applies (K % 128 == 0, aligned
-// planes), else the register kernel (gemv_mx_kernel.cuh). The others exist to measure and test each
-// variant from one build (tests, `mxq bench linear --gemv-study`); a streaming variant that does not apply
-// to a call falls back to the register kernel as kAuto does.
+// Which GEMV kernel the launchers run, process-wide. kAuto (the default) is the measured choice
+// (bench/RESULTS.md, GEMV M <= 32): the register kernel (gemv_mx_kernel.cuh) with the branch-free step body
+// at m <= 8, and for MXFP8 at m 25..32 the streaming kernel (gemv_mx_stream.cuh) where it applies
+// (K % 128 == 0, aligned planes). The others force one kernel, to measure and test each from one build
+// (tests, `mxq bench linear --gemv-study`); kStream falls back to the register kernel where it does not
+// apply. The FP8-B128 GEMV reads kRegister (per-group loop) vs anything else (step body at m <= 8).
 enum class GemvKernel : int {
   kAuto = 0,
-  kRegister = 1,      // the register-prefetch kernel for every call
-  kStreamS4U2x2 = 2,  // streaming: 4 stages of 2 groups, 2 blocks per SM
-  kStreamS8U2 = 3,    // streaming: 8 stages of 2 groups, 1 block per SM
+  kRegister = 1,      // register kernel, per-group loop at every m
+  kRegisterStep = 2,  // register kernel, branch-free step body at m <= 8
+  kStream = 3,        // streaming kernel (MX formats) at every m
 };
-inline constexpr GemvKernel kGemvKernels[] = {GemvKernel::kAuto, GemvKernel::kRegister,
-                                              GemvKernel::kStreamS4U2x2, GemvKernel::kStreamS8U2};
+inline constexpr GemvKernel kGemvKernels[] = {GemvKernel::kAuto, GemvKernel::kRegister, GemvKernel::kRegisterStep,
+                                              GemvKernel::kStream};
 const char* gemv_kernel_name(GemvKernel k);
 void set_gemv_kernel(GemvKernel k);
 GemvKernel gemv_kernel();

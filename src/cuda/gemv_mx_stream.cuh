@@ -1,4 +1,4 @@
-// The persistent streaming GEMV (the default for K % 128 == 0): the skeleton of gemv_mx_kernel.cuh (8 warps
+// The persistent streaming GEMV (MXFP8 at M 25..32 when K % 128 == 0; see gemv_mxfp8.cu): the skeleton of gemv_mx_kernel.cuh (8 warps
 // split K of a 16-row tile, mma.sync m16n8k16, the same decode policies and the same native layout,
 // gemv_layout.h), but the weight and scale bytes go through a per-warp shared-memory ring filled by
 // cp.async, and each block walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... (grid = resident blocks).
@@ -222,18 +222,13 @@ inline bool stream_applies(const uint8_t* values, const uint8_t* scales, int k) 
          reinterpret_cast<uintptr_t>(scales) % 4 == 0;
 }
 
-// Streaming GEMV in the configuration `kernel` names (gemv_mx_launch.h); kAuto is 4 stages of 4 groups.
+// Streaming GEMV: 4 stages of 4 groups per warp, 1 block (8 warps) per SM.
+// note: 4 stages of 2 groups at 2 blocks per SM and 8 stages of 2 groups at 1 block were measured too
+// (bench/RESULTS.md, GEMV M <= 32): neither was faster in sum at any M.
 template <class Fmt>
-cudaError_t launch_gemv_stream(GemvKernel kernel, const uint16_t* x, int m, const uint8_t* values,
-                               const uint8_t* scales, uint16_t* y, int n, int k, cudaStream_t stream) {
-  switch (kernel) {
-    case GemvKernel::kStreamS4U2x2:
-      return launch_stream_cfg<Fmt, 4, 2, 2>(x, m, values, scales, y, n, k, stream);
-    case GemvKernel::kStreamS8U2:
-      return launch_stream_cfg<Fmt, 8, 2, 1>(x, m, values, scales, y, n, k, stream);
-    default:
-      return launch_stream_cfg<Fmt, 4, 4, 1>(x, m, values, scales, y, n, k, stream);
-  }
+cudaError_t launch_gemv_stream(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
+                               uint16_t* y, int n, int k, cudaStream_t stream) {
+  return launch_stream_cfg<Fmt, 4, 4, 1>(x, m, values, scales, y, n, k, stream);
 }
 
 }  // namespace mxq::cuda::gemv

@@ -31,6 +31,11 @@ struct Entry {
 };
 
 constexpr int64_t kAnyM = std::numeric_limits<int>::max();
+// note: the MX GEMVs serve M <= 32 on both arches: at M 17..32 they measured 1.4-2.3x faster than gemm_mx
+// on the Qwen3-8B shapes except gate_up (24576 x 4096: 0.9-1.1x). cuBLASLt FP8-B128 measured faster than
+// the FP8-B128 GEMV from M = 17 (up to 2.8x on gate_up at M = 32), so the GEMV keeps M <= 16 on sm_90a and
+// serves M <= 32 on sm_80, which has no cuBLASLt entry (bench/RESULTS.md, GEMV M <= 32).
+constexpr int64_t kFp8GemvMaxMSm90 = 16;
 // note: the closed table (see linear.h); a (format, arch, M) with no entry is refused as missing. gemm_mx
 // picks its wgmma (sm_90a) or mma.sync (sm_80) kernel itself; both read the GEMV's native layout.
 constexpr Entry kTable[] = {
@@ -44,9 +49,9 @@ constexpr Entry kTable[] = {
     {Format::kMXFP4, Arch::kSm80, 1, kGemvMaxM, Kernel::kGemvMxfp4, "gemv_mxfp4"},
     {Format::kMXFP4, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp4, "gemm_mxfp4"},
     {Format::kMXFP4, Arch::kSm80, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp4, "gemm_mxfp4"},
-    {Format::kFP8_B128, Arch::kSm90a, 1, kGemvFp8B128MaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
+    {Format::kFP8_B128, Arch::kSm90a, 1, kFp8GemvMaxMSm90, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
     {Format::kFP8_B128, Arch::kSm80, 1, kGemvFp8B128MaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
-    {Format::kFP8_B128, Arch::kSm90a, kGemvFp8B128MaxM + 1, kAnyM, Kernel::kCublasLtFp8B128,
+    {Format::kFP8_B128, Arch::kSm90a, kFp8GemvMaxMSm90 + 1, kAnyM, Kernel::kCublasLtFp8B128,
      "cublaslt_fp8_b128"},
 };
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cpu/linear.h"
+#include "cuda/gemv_fp8_b128.h"
 #include "cuda/gemv_mx_launch.h"
 #include "cpu/quantize_act.h"
 #include "format/codec.h"
@@ -171,6 +172,60 @@ INSTANTIATE_TEST_SUITE_P(Table, Linear, ::testing::ValuesIn(linear_cases()), [](
     if (ch == '-') ch = '_';
   return name + "_m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" + std::to_string(c.k);
 });
+
+// The FP8-B128 GEMV called directly at M 17..32 (sm_80's table serves those M with it; sm_90a's takes
+// cuBLASLt), ragged N, K with and without a tail group, both loop bodies; against the CPU linear.
+class GemvFp8B128Direct : public ::testing::TestWithParam<LinearCase> {};
+
+TEST_P(GemvFp8B128Direct, MatchesCpuTwin) {
+  const LinearCase c = GetParam();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<int64_t> shape = {c.n, c.k};
+  auto g = tensor_geometry("w", c.format, shape);
+  ASSERT_TRUE(g) << g.error().message;
+  const HostPlanes canonical = random_planes(rng, c.format, c.n, c.k);
+  auto native = linear_prepare(c.format, Arch::kSm80, *g, canonical);
+  ASSERT_TRUE(native) << native.error().message;
+  const std::vector<uint16_t> x = test::random_bf16(rng, static_cast<size_t>(c.m * c.k));
+  std::vector<float> xf(x.size()), yref(static_cast<size_t>(c.m * c.n));
+  for (size_t i = 0; i < x.size(); ++i) xf[i] = bf16_to_f32(x[i]);
+  const WeightView view{c.format, c.n, c.k, canonical.values.data(), canonical.scales.data()};
+  ASSERT_TRUE(mxq::linear(xf.data(), c.m, view, nullptr, yref.data()));
+  const std::vector<double> ref(yref.begin(), yref.end());
+  auto dx = test::upload(x);
+  auto dv = test::upload(native->values);
+  auto ds = test::upload(native->scales);
+  ASSERT_TRUE(dx && dv && ds);
+  for (GemvKernel v : {GemvKernel::kAuto, GemvKernel::kRegister}) {
+    SCOPED_TRACE(gemv_kernel_name(v));
+    auto dy = test::poisoned<uint16_t>(static_cast<size_t>(c.m * c.n));
+    ASSERT_TRUE(dy);
+    set_gemv_kernel(v);
+    const Status st = gemv_fp8_b128(dx->as<uint16_t>(), c.m,
+                                    {dv->as<uint8_t>(), ds->as<float>(), c.n, c.k}, dy->as<uint16_t>(), nullptr);
+    set_gemv_kernel(GemvKernel::kAuto);
+    ASSERT_TRUE(st) << st.error().message;
+    auto y = test::download<uint16_t>(*dy, static_cast<size_t>(c.m * c.n));
+    ASSERT_TRUE(y) << y.error().message;
+    std::vector<float> out(y->size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32((*y)[i]);
+    EXPECT_LE(test::nmse(out, ref), traits(c.format).nmse_tolerance) << "NaN means an output was left unwritten";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemvFp8B128Direct,
+                         ::testing::Values(LinearCase{Format::kFP8_B128, 1, 200, 784},
+                                           LinearCase{Format::kFP8_B128, 5, 1000, 768},
+                                           LinearCase{Format::kFP8_B128, 17, 200, 784},
+                                           LinearCase{Format::kFP8_B128, 24, 1000, 768},
+                                           LinearCase{Format::kFP8_B128, 32, 264, 400},
+                                           LinearCase{Format::kFP8_B128, 32, 2048, 4096}),
+                         [](const auto& info) {
+                           return "m" + std::to_string(info.param.m) + "_n" + std::to_string(info.param.n) +
+                                  "_k" + std::to_string(info.param.k);
+                         });
 
 struct SupportCase {
   const char* what;
