@@ -124,7 +124,8 @@ Result<double> read_ceiling_us(std::mt19937_64& rng, int64_t bytes, cudaStream_t
   for (int variant = 0; variant < 2; ++variant) {
     auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) -> Status {
       const auto& b = (*bufs)[static_cast<size_t>(i) % bufs->size()];
-      MXQ_CUDA_CHECK(cuda::launch_read_ceiling(b.as<uint8_t>(), padded, sink->as<uint32_t>(), variant, stream));
+      MXQ_CUDA_CHECK(
+          cuda::launch_read_ceiling(b.as<uint8_t>(), padded, sink->as<uint32_t>(), variant, stream));
       return {};
     });
     if (!us) return tl::unexpected(us.error());
@@ -142,7 +143,8 @@ Status gemv_study(const RotatedWeights& w, const Shape& s, const std::vector<int
   auto row = [&](int64_t m, const char* kernel, double us) {
     const double gbs = static_cast<double>(w.bytes) / (us * 1e-6) / 1e9;
     fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8.2f} {:>6.0f} {:>5.1f}% {:>5.1f}%\n", s.name,
-               traits(w.format).name, s.n, s.k, m, kernel, us, gbs, 100.0 * gbs / copy_gbs, 100.0 * read_us / us);
+               traits(w.format).name, s.n, s.k, m, kernel, us, gbs, 100.0 * gbs / copy_gbs,
+               100.0 * read_us / us);
   };
   const bool b128 = w.format == Format::kFP8_B128;
   for (int64_t m : ms) {
@@ -153,8 +155,8 @@ Status gemv_study(const RotatedWeights& w, const Shape& s, const std::vector<int
       auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) {
         const cuda::LinearWeights lw = w.at(i);
         if (b128)
-          return cuda::gemv_fp8_b128(xp, m, {lw.values, reinterpret_cast<const float*>(lw.scales), w.n, w.k}, yp,
-                                     stream);
+          return cuda::gemv_fp8_b128(xp, m, {lw.values, reinterpret_cast<const float*>(lw.scales), w.n, w.k},
+                                     yp, stream);
         const cuda::MxGemvWeights gw{w.format, lw.values, lw.scales, w.n, w.k};
         return fp8 ? cuda::gemv_mxfp8(xp, m, gw, yp, stream) : cuda::gemv_mxfp4(xp, m, gw, yp, stream);
       });

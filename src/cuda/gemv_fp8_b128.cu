@@ -12,7 +12,8 @@
 // product does not care which k sits in which slot. A 16/32/48-element tail group is read per MMA.
 // note: a streaming form (gemv_mx_stream.cuh's cp.async ring) measured 10-75% slower at every M <= 32 on
 // the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed. GemvKernel::kRegister (the
-// process-wide switch of gemv_mx_launch.h) runs the per-group loop at m <= 8, anything else the step body.
+// process-wide switch of gemv_mx_launch.h): kRegisterStep runs the step body at m <= 8, anything else the
+// per-group loop.
 #include "cuda/gemv_fp8_b128_launch.h"
 #include "cuda/gemv_mx_kernel.cuh"
 #include "cuda/gemv_mx_launch.h"
@@ -159,17 +160,17 @@ cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values
                                  cudaStream_t stream) {
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
   auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
-  const bool step = gemv_kernel() != GemvKernel::kRegister;
+  const bool step = gemv_kernel() == GemvKernel::kRegisterStep;
   const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
   const bool tail = k % kGroupK != 0;
-#define MXQ_GEMV_LAUNCH(NT, STEP)                                                                      \
-  do {                                                                                                 \
-    if (tail)                                                                                          \
-      gemv_fp8_b128_kernel<NT, true, STEP>                                                             \
-          <<<grid, kThreads, 0, stream>>>(xb, m, values, scales, s_row, s_col, yb, n, k);              \
-    else                                                                                               \
-      gemv_fp8_b128_kernel<NT, false, STEP>                                                            \
-          <<<grid, kThreads, 0, stream>>>(xb, m, values, scales, s_row, s_col, yb, n, k);              \
+#define MXQ_GEMV_LAUNCH(NT, STEP)                                                         \
+  do {                                                                                    \
+    if (tail)                                                                             \
+      gemv_fp8_b128_kernel<NT, true, STEP>                                                \
+          <<<grid, kThreads, 0, stream>>>(xb, m, values, scales, s_row, s_col, yb, n, k); \
+    else                                                                                  \
+      gemv_fp8_b128_kernel<NT, false, STEP>                                               \
+          <<<grid, kThreads, 0, stream>>>(xb, m, values, scales, s_row, s_col, yb, n, k); \
   } while (0)
   // note: 3 and 4 n-tiles (M 17..32, sm_80's table) spill 24-116 bytes (ptxas, sm_90a).
   if (m <= 8) {

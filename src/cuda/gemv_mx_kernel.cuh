@@ -2,8 +2,8 @@
 // Layout contract: gemv_layout.h. Tiles: a block of 8 warps owns 16 weight rows; its warps split K by
 // groups and add up in shared memory. Per group a quad lane loads 16 B of row r and 16 B of row r+8,
 // decodes them to bf16 pairs in registers and feeds mma.sync m16n8k16 (A = weights, B = x^T, one n-tile
-// of 8 activation rows per 8 of M). The MMAs of one 32-element scale block accumulate from zero; the
-// E8M0 scale multiplies that partial in f32.
+// of 8 activation rows per 8 of M, up to 4 for M <= 32). The MMAs of one 32-element scale block accumulate
+// from zero; the E8M0 scale multiplies that partial in f32.
 // note: 1, 2 or 4 warps per tile with longer K slices measured slower on every Qwen3 shape, as did a
 // ping-pong register pipeline (bench/RESULTS.md, runs 3-4): 8 warps split one tile's K.
 #pragma once
@@ -198,7 +198,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // One group u of the current step.
   auto group = [&](int u, int q0, bool large) {
     uint32_t pa[kMmas * 2], pb[kMmas * 2];
-    const uint32_t wa4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w}, wb4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
+    const uint32_t wa4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w},
+                   wb4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       Fmt::decode(wa4[i], pa + i * Fmt::kPairsPerWord);
@@ -212,8 +213,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   for (; q0 < nfull; q0 += kStride) {
     if (q0 + kStride < nfull) load(q0 + kStride, na, nb, nsa, nsb);
-    const int valid = min(kUnroll, nfull - q0);
     if constexpr (kStep) {
+      const int valid = min(kUnroll, nfull - q0);
       // note: one "large" vote per step instead of per group (the large path is exact for every byte), so
       // a whole step without large bytes runs as one branch-free block: the compiler can overlap one group's
       // decode with another's MMAs and x loads (per-group votes and bounds checks split it in 4, SASS).
@@ -240,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     } else {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (u >= valid) break;
+        if (q0 + u >= nfull) break;
         group(u, q0, Fmt::kScaleFold != 0 && __any_sync(0xFFFFFFFFu, Fold::any_large(sca[u], scb[u])));
       }
     }
@@ -301,11 +302,11 @@ cudaError_t launch_gemv(const uint16_t* x, int m, const uint8_t* values, const u
   auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
   const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
   const bool tail = k % Fmt::kGroupK != 0;
-#define MXQ_GEMV_LAUNCH(NT, STEP)                                                                      \
-  do {                                                                                                 \
-    if (tail)                                                                                          \
+#define MXQ_GEMV_LAUNCH(NT, STEP)                                                                           \
+  do {                                                                                                      \
+    if (tail)                                                                                               \
       gemv_mx_kernel<Fmt, NT, true, STEP><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, yb, n, k);  \
-    else                                                                                               \
+    else                                                                                                    \
       gemv_mx_kernel<Fmt, NT, false, STEP><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, yb, n, k); \
   } while (0)
   // note: 3 and 4 n-tiles (M 17..32) spill 130-230 bytes here (ptxas, sm_90a) and still measured as fast as

@@ -1,23 +1,22 @@
-// The persistent streaming GEMV (MXFP8 at M 25..32 when K % 128 == 0; see gemv_mxfp8.cu): the skeleton of gemv_mx_kernel.cuh (8 warps
-// split K of a 16-row tile, mma.sync m16n8k16, the same decode policies and the same native layout,
-// gemv_layout.h), but the weight and scale bytes go through a per-warp shared-memory ring filled by
-// cp.async, and each block walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... (grid = resident blocks).
-// Layout of the ring, per warp: kStages stages of kU groups; slot [stage][u][row a | row b][lane] holds the
-// 16 bytes lane (g, t) reads of group q (bytes q·64 + 16t of rows g and g+8), and a scale slot of the same
-// shape holds the aligned 4-byte scale word that contains the group's kBlocks E8M0 bytes.
-// Every lane reads back only the slots it wrote itself, so cp.async.wait_group is the only synchronisation
-// inside a warp; the block meets once per tile (__syncthreads) to add the 8 warps' partial sums, in a
-// double-buffered shared array so one barrier per tile is enough.
-// note: why a ring: the register kernel keeps at most 2 steps per warp in flight and, at K = 4096, each warp
-// has only 2 steps per tile, so every block issues its loads, waits a full DRAM latency, computes and exits:
-// no steady state. Here the loads of the next tile are issued before this one's reduction, so the DRAM
-// queue stays full across tiles, and the bytes in flight no longer cost registers (which M up to 32, with
-// 4 n-tiles of accumulators, needs).
-// note: why cp.async rather than cp.async.bulk (1-D TMA): a step is 16 rows x kU·64 bytes, 16 separate
-// row segments of 128-256 bytes; bulk copies that small would need 16 issues per stage plus an mbarrier
-// per stage, where 2 cp.async per lane per group cost about what the register loads did, and run on sm_80.
-// Requirements (checked by the launcher, else the register kernel runs): K % 128 == 0 (no short group; the
-// 4-byte scale word of a group is aligned and inside its row), values 16-byte and scales 4-byte aligned.
+// The persistent streaming GEMV (MXFP8 at M 25..32 when K % 128 == 0; see gemv_mxfp8.cu): the skeleton of
+// gemv_mx_kernel.cuh (8 warps split K of a 16-row tile, mma.sync m16n8k16, the same decode policies and the
+// same native layout, gemv_layout.h), but the weight and scale bytes go through a per-warp shared-memory ring
+// filled by cp.async, and each block walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... (grid = resident
+// blocks). Layout of the ring, per warp: kStages stages of kU groups; slot [stage][u][row a | row b][lane]
+// holds the 16 bytes lane (g, t) reads of group q (bytes q·64 + 16t of rows g and g+8), and a scale slot of
+// the same shape holds the aligned 4-byte scale word that contains the group's kBlocks E8M0 bytes. Every lane
+// reads back only the slots it wrote itself, so cp.async.wait_group is the only synchronisation inside a
+// warp; the block meets once per tile (__syncthreads) to add the 8 warps' partial sums, in a double-buffered
+// shared array so one barrier per tile is enough. note: why a ring: the register kernel keeps at most 2 steps
+// per warp in flight and, at K = 4096, each warp has only 2 steps per tile, so every block issues its loads,
+// waits a full DRAM latency, computes and exits: no steady state. Here the loads of the next tile are issued
+// before this one's reduction, so the DRAM queue stays full across tiles, and the bytes in flight no longer
+// cost registers (which M up to 32, with 4 n-tiles of accumulators, needs). note: why cp.async rather than
+// cp.async.bulk (1-D TMA): a step is 16 rows x kU·64 bytes, 16 separate row segments of 128-256 bytes; bulk
+// copies that small would need 16 issues per stage plus an mbarrier per stage, where 2 cp.async per lane per
+// group cost about what the register loads did, and run on sm_80. Requirements (checked by the launcher, else
+// the register kernel runs): K % 128 == 0 (no short group; the 4-byte scale word of a group is aligned and
+// inside its row), values 16-byte and scales 4-byte aligned.
 #pragma once
 
 #include "cuda/gemv_mx_kernel.cuh"
@@ -41,7 +40,7 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // Dynamic shared memory of one block: per warp, kStages x kU x 2 rows x 32 lanes x (16 + 4) bytes.
 template <int kStages, int kU>
-inline constexpr int kStreamSmem = kWarps * kStages * kU * 2 * 32 * (16 + 4);
+inline constexpr int kStreamSmem = kWarps* kStages* kU * 2 * 32 * (16 + 4);
 
 template <class Fmt, int kNTiles, int kStages, int kU, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
@@ -201,18 +200,22 @@ cudaError_t launch_stream_nt(const __nv_bfloat16* x, int m, const uint8_t* value
   }();
   if (resident == 0) return cudaErrorInvalidConfiguration;
   const int tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
-  kernel<<<static_cast<unsigned>(min(tiles, resident)), kThreads, smem, stream>>>(x, m, values, scales, y, n, k);
+  kernel<<<static_cast<unsigned>(min(tiles, resident)), kThreads, smem, stream>>>(x, m, values, scales, y, n,
+                                                                                  k);
   return cudaGetLastError();
 }
 
 template <class Fmt, int kStages, int kU, int kMinBlocks>
-cudaError_t launch_stream_cfg(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y,
-                              int n, int k, cudaStream_t stream) {
+cudaError_t launch_stream_cfg(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
+                              uint16_t* y, int n, int k, cudaStream_t stream) {
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
   auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
-  if (m <= 8) return launch_stream_nt<Fmt, 1, kStages, kU, kMinBlocks>(xb, m, values, scales, yb, n, k, stream);
-  if (m <= 16) return launch_stream_nt<Fmt, 2, kStages, kU, kMinBlocks>(xb, m, values, scales, yb, n, k, stream);
-  if (m <= 24) return launch_stream_nt<Fmt, 3, kStages, kU, kMinBlocks>(xb, m, values, scales, yb, n, k, stream);
+  if (m <= 8)
+    return launch_stream_nt<Fmt, 1, kStages, kU, kMinBlocks>(xb, m, values, scales, yb, n, k, stream);
+  if (m <= 16)
+    return launch_stream_nt<Fmt, 2, kStages, kU, kMinBlocks>(xb, m, values, scales, yb, n, k, stream);
+  if (m <= 24)
+    return launch_stream_nt<Fmt, 3, kStages, kU, kMinBlocks>(xb, m, values, scales, yb, n, k, stream);
   return launch_stream_nt<Fmt, 4, kStages, kU, kMinBlocks>(xb, m, values, scales, yb, n, k, stream);
 }
 

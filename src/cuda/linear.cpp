@@ -31,11 +31,13 @@ struct Entry {
 };
 
 constexpr int64_t kAnyM = std::numeric_limits<int>::max();
-// note: the MX GEMVs serve M <= 32 on both arches: at M 17..32 they measured 1.4-2.3x faster than gemm_mx
-// on the Qwen3-8B shapes except gate_up (24576 x 4096: 0.9-1.1x). cuBLASLt FP8-B128 measured faster than
-// the FP8-B128 GEMV from M = 17 (up to 2.8x on gate_up at M = 32), so the GEMV keeps M <= 16 on sm_90a and
-// serves M <= 32 on sm_80, which has no cuBLASLt entry (bench/RESULTS.md, GEMV M <= 32).
-constexpr int64_t kFp8GemvMaxMSm90 = 16;
+// note: the MX GEMVs serve M <= 32 on both arches: at M 24 and 32 they measured 1.5-2.3x faster in sum
+// than gemm_mx on the Qwen3-8B shapes (gate_up alone: gemm_mx 7% faster at M = 32). cuBLASLt FP8-B128
+// (M padded to 4) measured faster than the FP8-B128 GEMV in sum from M = 16 on (90.9 vs 120.7 µs at M = 16,
+// a tie at M = 8 where the GEMV wins q/o and qkv), so sm_90a's GEMV stops at M = 8 (its 2-n-tile kernel
+// serves M 9..16 at the M = 16 cost); sm_80, which has no cuBLASLt entry, takes the GEMV to M = 32
+// (bench/RESULTS.md, "GEMV M <= 32").
+constexpr int64_t kFp8GemvMaxMSm90 = 8;
 // note: the closed table (see linear.h); a (format, arch, M) with no entry is refused as missing. gemm_mx
 // picks its wgmma (sm_90a) or mma.sync (sm_80) kernel itself; both read the GEMV's native layout.
 constexpr Entry kTable[] = {

@@ -5,9 +5,8 @@
 // the per-shape target that includes the launch and ramp costs (mxq bench linear).
 // Layout: p is a device buffer of `bytes` bytes, 16-byte aligned; the tail below 16 bytes is not read.
 // Arch: sm_80+.
-#include "cuda/read_ceiling.h"
-
 #include "cuda/gemv_mx_kernel.cuh"
+#include "cuda/read_ceiling.h"
 
 namespace mxq::cuda {
 namespace {
@@ -15,8 +14,8 @@ namespace {
 constexpr int kThreads = 512;
 
 template <int kUnroll>
-__global__ void __launch_bounds__(kThreads) read_ceiling_kernel(const uint8_t* __restrict__ p, int64_t n16,
-                                                                uint32_t* __restrict__ sink) {
+__global__ void __launch_bounds__(kThreads)
+    read_ceiling_kernel(const uint8_t* __restrict__ p, int64_t n16, uint32_t* __restrict__ sink) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   uint32_t acc = 0;
@@ -49,7 +48,8 @@ cudaError_t launch_read_ceiling(const uint8_t* p, int64_t bytes, uint32_t* sink,
   const int64_t n16 = bytes / 16;
   // note: variant 0: 4 loads in flight per thread, 4 blocks (2048 threads) per SM; 1: 8 loads, 2 blocks.
   const int unroll = variant == 0 ? 4 : 8, per_sm = variant == 0 ? 4 : 2;
-  const int64_t want = (n16 + static_cast<int64_t>(kThreads) * unroll - 1) / (static_cast<int64_t>(kThreads) * unroll);
+  const int64_t want =
+      (n16 + static_cast<int64_t>(kThreads) * unroll - 1) / (static_cast<int64_t>(kThreads) * unroll);
   const unsigned grid = static_cast<unsigned>(want < sms * per_sm ? (want < 1 ? 1 : want) : sms * per_sm);
   if (variant == 0)
     read_ceiling_kernel<4><<<grid, kThreads, 0, stream>>>(p, n16, sink);

@@ -190,15 +190,16 @@ TEST_P(GemvMxExact, EveryCodeAndScaleEdge) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, GemvMxExact,
-                         ::testing::Values(ExactCase{Format::kMXFP8, 64, 1}, ExactCase{Format::kMXFP8, 256, 1},
-                                           ExactCase{Format::kMXFP8, 256, 32}, ExactCase{Format::kMXFP8, 64, 17},
-                                           ExactCase{Format::kMXFP4, 128, 1}, ExactCase{Format::kMXFP4, 256, 1},
-                                           ExactCase{Format::kMXFP4, 256, 32}),
-                         [](const auto& info) {
-                           return std::string(traits(info.param.format).name) + "_k" +
-                                  std::to_string(info.param.k) + "_m" + std::to_string(info.param.m);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Formats, GemvMxExact,
+    ::testing::Values(ExactCase{Format::kMXFP8, 64, 1}, ExactCase{Format::kMXFP8, 256, 1},
+                      ExactCase{Format::kMXFP8, 256, 32}, ExactCase{Format::kMXFP8, 64, 17},
+                      ExactCase{Format::kMXFP4, 128, 1}, ExactCase{Format::kMXFP4, 256, 1},
+                      ExactCase{Format::kMXFP4, 256, 32}),
+    [](const auto& info) {
+      return std::string(traits(info.param.format).name) + "_k" + std::to_string(info.param.k) + "_m" +
+             std::to_string(info.param.m);
+    });
 
 struct RefusalCase {
   const char* what;
