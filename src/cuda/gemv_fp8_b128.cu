@@ -11,9 +11,9 @@
 // its elements 16t+4j..+3 in k-slots (2t, 2t+1, 2t+8, 2t+9); x is read with the same assignment, and a dot
 // product does not care which k sits in which slot. A 16/32/48-element tail group is read per MMA.
 // note: a streaming form (gemv_mx_stream.cuh's cp.async ring) measured 10-75% slower at every M <= 32 on
-// the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed. GemvKernel::kRegister (the
-// process-wide switch of gemv_mx_launch.h): kRegisterStep runs the step body at m <= 8, anything else the
-// per-group loop.
+// the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed. The process-wide GemvKernel switch
+// (gemv_mx_launch.h): kRegisterStep runs the step body at m <= 8, anything else the per-group loop.
+// M 17..32 (3, 4 n-tiles) serves sm_80's table; sm_90a's takes cuBLASLt from M = 9 (cuda/linear.cpp).
 #include "cuda/gemv_fp8_b128_launch.h"
 #include "cuda/gemv_mx_kernel.cuh"
 #include "cuda/gemv_mx_launch.h"

@@ -294,8 +294,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 // Template dispatch on (n-tiles, tail); arguments were checked by gemv_mx.cpp. `step`: the branch-free step
-// body at one n-tile (m <= 8).
-template <class Fmt>
+// body at one n-tile (m <= 8). kMaxNTiles: the largest n-tile count instantiated (the caller keeps
+// m <= 8 · kMaxNTiles).
+template <class Fmt, int kMaxNTiles = 4>
 cudaError_t launch_gemv(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y,
                         int n, int k, bool step, cudaStream_t stream) {
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
@@ -316,12 +317,13 @@ cudaError_t launch_gemv(const uint16_t* x, int m, const uint8_t* values, const u
       MXQ_GEMV_LAUNCH(1, true);
     else
       MXQ_GEMV_LAUNCH(1, false);
-  } else if (m <= 16) {
-    MXQ_GEMV_LAUNCH(2, false);
-  } else if (m <= 24) {
-    MXQ_GEMV_LAUNCH(3, false);
-  } else {
-    MXQ_GEMV_LAUNCH(4, false);
+  } else if constexpr (kMaxNTiles > 1) {
+    if (m <= 16)
+      MXQ_GEMV_LAUNCH(2, false);
+    else if (m <= 24)
+      MXQ_GEMV_LAUNCH(3, false);
+    else
+      MXQ_GEMV_LAUNCH(4, false);
   }
 #undef MXQ_GEMV_LAUNCH
   return cudaGetLastError();

@@ -1,22 +1,29 @@
-// The persistent streaming GEMV (MXFP8 at M 25..32 when K % 128 == 0; see gemv_mxfp8.cu): the skeleton of
+// The persistent streaming GEMV (GemvKernel::kStream, gemv_mx_launch.h; not the default): the skeleton of
 // gemv_mx_kernel.cuh (8 warps split K of a 16-row tile, mma.sync m16n8k16, the same decode policies and the
 // same native layout, gemv_layout.h), but the weight and scale bytes go through a per-warp shared-memory ring
 // filled by cp.async, and each block walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... (grid = resident
-// blocks). Layout of the ring, per warp: kStages stages of kU groups; slot [stage][u][row a | row b][lane]
-// holds the 16 bytes lane (g, t) reads of group q (bytes q·64 + 16t of rows g and g+8), and a scale slot of
-// the same shape holds the aligned 4-byte scale word that contains the group's kBlocks E8M0 bytes. Every lane
-// reads back only the slots it wrote itself, so cp.async.wait_group is the only synchronisation inside a
-// warp; the block meets once per tile (__syncthreads) to add the 8 warps' partial sums, in a double-buffered
-// shared array so one barrier per tile is enough. note: why a ring: the register kernel keeps at most 2 steps
-// per warp in flight and, at K = 4096, each warp has only 2 steps per tile, so every block issues its loads,
-// waits a full DRAM latency, computes and exits: no steady state. Here the loads of the next tile are issued
-// before this one's reduction, so the DRAM queue stays full across tiles, and the bytes in flight no longer
-// cost registers (which M up to 32, with 4 n-tiles of accumulators, needs). note: why cp.async rather than
-// cp.async.bulk (1-D TMA): a step is 16 rows x kU·64 bytes, 16 separate row segments of 128-256 bytes; bulk
-// copies that small would need 16 issues per stage plus an mbarrier per stage, where 2 cp.async per lane per
-// group cost about what the register loads did, and run on sm_80. Requirements (checked by the launcher, else
-// the register kernel runs): K % 128 == 0 (no short group; the 4-byte scale word of a group is aligned and
-// inside its row), values 16-byte and scales 4-byte aligned.
+// blocks).
+//
+// Layout of the ring, per warp: kStages stages of kU groups; slot [stage][u][row a | row b][lane] holds the
+// 16 bytes lane (g, t) reads of group q (bytes q·64 + 16t of rows g and g+8), and a scale slot of the same
+// shape holds the aligned 4-byte scale word that contains the group's kBlocks E8M0 bytes. Every lane reads
+// back only the slots it wrote itself, so cp.async.wait_group is the only synchronisation inside a warp; the
+// block meets once per tile (__syncthreads) to add the 8 warps' partial sums, in a double-buffered shared
+// array so one barrier per tile is enough.
+//
+// Requirements (checked by the launcher, else the register kernel runs): K % 128 == 0 (no short group; the
+// 4-byte scale word of a group is aligned and inside its row), values 16-byte and scales 4-byte aligned.
+//
+// note: why a ring: the register kernel keeps at most 2 steps per warp in flight and, at K = 4096, each warp
+// has only 2 steps per tile, so every block issues its loads, waits a full DRAM latency, computes and exits.
+// Here the loads of the next tile are issued before this one's reduction, and the bytes in flight cost no
+// registers. Measured (bench/RESULTS.md, GEMV M <= 32): 1.3-1.7x slower than the register kernel at M <= 16
+// (one 8-warp block per SM instead of two, ~20% more instructions per group for the ring), 8% faster in sum
+// for MXFP8 at M = 32 (where the register kernel spills). So the limit is issue and latency in the compute
+// body, not bytes in flight.
+// note: why cp.async rather than cp.async.bulk (1-D TMA): a step is 16 rows x kU·64 bytes, 16 separate row
+// segments of 128-256 bytes; bulk copies that small would need 16 issues per stage plus an mbarrier per
+// stage, where 2 cp.async per lane per group cost about what the register loads did, and run on sm_80.
 #pragma once
 
 #include "cuda/gemv_mx_kernel.cuh"
@@ -121,7 +128,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
           Fmt::decode(wa4[i], pa + i * Fmt::kPairsPerWord);
           Fmt::decode(wb4[i], pb + i * Fmt::kPairsPerWord);
         }
-        // note: after the shift, bytes above the group's kBlocks are zero for MXFP8 (never "large").
+        // note: for MXFP8 at even q the word's upper bytes are the next group's scales: they can only send
+        // the vote to the large path, which is exact for every byte.
         const bool large = Fmt::kScaleFold != 0 && __any_sync(0xFFFFFFFFu, Fold::any_large(sca, scb));
         const int kx = q * Fmt::kGroupK;
 #pragma unroll
