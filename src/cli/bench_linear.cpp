@@ -22,9 +22,13 @@
 
 #include "cli/bench_cuda.h"
 #include "cuda/check.h"
+#include "cuda/gemm_mx.h"
+#include "cuda/gemv_fp8_b128.h"
 #include "cuda/gemv_mx.h"
+#include "cuda/gemv_mx_launch.h"
 #include "cuda/linear.h"
 #include "cuda/quantize_launch.h"
+#include "cuda/read_ceiling.h"
 #endif
 
 namespace mxq::cli {
@@ -78,6 +82,7 @@ struct Run {
   std::vector<Format> formats;
   std::vector<int64_t> ms;
   bool quantize = true;
+  bool gemv_study = false;
 };
 
 // Rotated device copies of one layer's native weights, and the LinearWeights of copy i.
@@ -108,6 +113,69 @@ Result<RotatedWeights> rotated(std::mt19937_64& rng, Format f, int64_t n, int64_
   return w;
 }
 
+// The read-only ceiling at this byte count (cuda/read_ceiling.h): median µs of one launch reading `bytes`
+// once, over rotated copies as the kernels' weights are, the faster of the kernel's two variants.
+Result<double> read_ceiling_us(std::mt19937_64& rng, int64_t bytes, cudaStream_t stream) {
+  const int64_t padded = (bytes + 15) / 16 * 16;
+  auto bufs = replicate(random_codes(rng, static_cast<size_t>(padded), false), copies_for(padded));
+  auto sink = DeviceBuffer::alloc(sizeof(uint32_t));
+  if (!bufs || !sink) return fail("read ceiling: device allocation failed ({} bytes)", padded);
+  double best = 0;
+  for (int variant = 0; variant < 2; ++variant) {
+    auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) -> Status {
+      const auto& b = (*bufs)[static_cast<size_t>(i) % bufs->size()];
+      MXQ_CUDA_CHECK(
+          cuda::launch_read_ceiling(b.as<uint8_t>(), padded, sink->as<uint32_t>(), variant, stream));
+      return {};
+    });
+    if (!us) return tl::unexpected(us.error());
+    if (variant == 0 || *us < best) best = *us;
+  }
+  return best;
+}
+
+// --gemv-study: every GEMV kernel variant (gemv_mx_launch.h; the FP8-B128 GEMV takes the same switch) at
+// M <= 32 called directly, and gemm_mx at the same M > 16 (MX formats), against the copy and read-only
+// ceilings; one row each.
+Status gemv_study(const RotatedWeights& w, const Shape& s, const std::vector<int64_t>& ms, const uint16_t* xp,
+                  uint16_t* yp, double copy_gbs, double read_us, cudaStream_t stream) {
+  const bool fp8 = w.format == Format::kMXFP8;
+  auto row = [&](int64_t m, const char* kernel, double us) {
+    const double gbs = static_cast<double>(w.bytes) / (us * 1e-6) / 1e9;
+    fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8.2f} {:>6.0f} {:>5.1f}% {:>5.1f}%\n", s.name,
+               traits(w.format).name, s.n, s.k, m, kernel, us, gbs, 100.0 * gbs / copy_gbs,
+               100.0 * read_us / us);
+  };
+  const bool b128 = w.format == Format::kFP8_B128;
+  for (int64_t m : ms) {
+    if (m > (b128 ? cuda::kGemvFp8B128MaxM : cuda::kGemvMaxM)) continue;
+    for (cuda::GemvKernel v : cuda::kGemvKernels) {
+      if (b128 && v == cuda::GemvKernel::kStream) continue;  // note: no streaming FP8-B128 kernel
+      cuda::set_gemv_kernel(v);
+      auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) {
+        const cuda::LinearWeights lw = w.at(i);
+        if (b128)
+          return cuda::gemv_fp8_b128(xp, m, {lw.values, reinterpret_cast<const float*>(lw.scales), w.n, w.k},
+                                     yp, stream);
+        const cuda::MxGemvWeights gw{w.format, lw.values, lw.scales, w.n, w.k};
+        return fp8 ? cuda::gemv_mxfp8(xp, m, gw, yp, stream) : cuda::gemv_mxfp4(xp, m, gw, yp, stream);
+      });
+      cuda::set_gemv_kernel(cuda::GemvKernel::kAuto);
+      if (!us) return tl::unexpected(us.error());
+      row(m, cuda::gemv_kernel_name(v), *us);
+    }
+    if (m <= 16 || b128) continue;  // note: FP8-B128's peer at M > 16, cuBLASLt, is the main rows' Lt fp8
+    auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) {
+      const cuda::LinearWeights lw = w.at(i);
+      const cuda::MxGemvWeights gw{w.format, lw.values, lw.scales, w.n, w.k};
+      return fp8 ? cuda::gemm_mxfp8(xp, m, gw, yp, stream) : cuda::gemm_mxfp4(xp, m, gw, yp, stream);
+    });
+    if (!us) return tl::unexpected(us.error());
+    row(m, fp8 ? "gemm_mxfp8" : "gemm_mxfp4", *us);
+  }
+  return {};
+}
+
 Status run_bench(const Run& run) {
   cudaStream_t stream;
   MXQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -130,10 +198,13 @@ Status run_bench(const Run& run) {
              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, cuda::arch_name(*arch), *copy_gbs);
   fmt::print(
       "GB/s = weight bytes (values + scales) / time; %bf16 = cuBLAS bf16 time / time; Lt fp8 = cuBLASLt\n"
-      "FP8-B128 incl. the 1x128 activation quantize; weights rotated past L2, CUDA-graph event medians\n");
-  fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8} {:>7} {:>6} {:>6} {:>6} {:>8} {:>8}\n", "shape",
-             "format", "N", "K", "M", "kernel", "us", "TFLOP/s", "GB/s", "%copy", "%bf16", "bf16 us",
-             "Lt fp8");
+      "FP8-B128 incl. the 1x128 activation quantize; weights rotated past L2, CUDA-graph event medians;\n"
+      "read us = one launch of a read-only kernel over the same weight bytes, %read = read us / us\n");
+  fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8} {:>7} {:>6} {:>6} {:>6} {:>8} {:>8} {:>7} {:>6}\n",
+             "shape", "format", "N", "K", "M", "kernel", "us", "TFLOP/s", "GB/s", "%copy", "%bf16", "bf16 us",
+             "Lt fp8", "read us", "%read");
+  if (run.gemv_study)
+    fmt::print("study rows (after each format's rows): shape format N K M variant us GB/s %copy %read\n");
   std::mt19937_64 rng(20261129);
   for (const Shape& s : kShapes) {
     auto x = replicate(random_bf16_bytes(rng, static_cast<size_t>(max_m * s.k)), 1);
@@ -169,6 +240,8 @@ Status run_bench(const Run& run) {
     for (Format f : run.formats) {
       Result<RotatedWeights> w = f == Format::kFP8_B128 ? std::move(wfp8) : rotated(rng, f, s.n, s.k, *arch);
       if (!w) return tl::unexpected(w.error());
+      auto read_us = read_ceiling_us(rng, w->bytes, stream);
+      if (!read_us) return tl::unexpected(read_us.error());
       std::string refused, refusal;
       for (size_t mi = 0; mi < run.ms.size(); ++mi) {
         const int64_t m = run.ms[mi];
@@ -187,10 +260,13 @@ Status run_bench(const Run& run) {
         const double gbs = static_cast<double>(w->bytes) / (*us * 1e-6) / 1e9;
         fmt::print(
             "{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8.2f} {:>7.1f} {:>6.0f} {:>5.1f}% {:>5.0f}% {:>8.2f} "
-            "{:>8.2f}\n",
+            "{:>8.2f} {:>7.2f} {:>5.1f}%\n",
             s.name, traits(f).name, s.n, s.k, m, *kernel, *us, 2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12, gbs,
-            100.0 * gbs / *copy_gbs, 100.0 * bf16_us[mi] / *us, bf16_us[mi], lt_us[mi]);
+            100.0 * gbs / *copy_gbs, 100.0 * bf16_us[mi] / *us, bf16_us[mi], lt_us[mi], *read_us,
+            100.0 * *read_us / *us);
       }
+      if (run.gemv_study)
+        if (Status st = gemv_study(*w, s, run.ms, xp, yp, *copy_gbs, *read_us, stream); !st) return st;
       if (!refused.empty())
         fmt::print("{:<22} {:>8} {:>5} {:>5} M={} refused: {}\n", s.name, traits(f).name, s.n, s.k, refused,
                    refusal.substr(0, refusal.find(" (arch")));
@@ -253,11 +329,14 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
       std::make_shared<std::vector<std::string>>(std::vector<std::string>{"mxfp8", "mxfp4", "fp8-b128"});
   auto ms = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{1, 8, 32, 128, 512, 4096});
   auto no_quantize = std::make_shared<bool>(false);
+  auto study = std::make_shared<bool>(false);
   cmd->add_option("--formats", *formats, "weight formats, comma-separated (mxfp8, mxfp4, fp8-b128)")
       ->delimiter(',');
   cmd->add_option("--m", *ms, "activation rows, comma-separated (1..8192)")->delimiter(',');
   cmd->add_flag("--no-quantize", *no_quantize, "skip the quantize-kernel table");
-  cmd->callback([formats, ms, no_quantize, &exit_code] {
+  cmd->add_flag("--gemv-study", *study,
+                "after each format's rows, every GEMV kernel variant at M <= 32 and gemm_mx at M 17..32");
+  cmd->callback([formats, ms, no_quantize, study, &exit_code] {
 #if defined(MXQ_HAVE_CUDA)
     Run run;
     for (const std::string& name : *formats) {
@@ -283,6 +362,7 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
     }
     run.ms = *ms;
     run.quantize = !*no_quantize;
+    run.gemv_study = *study;
     if (Status st = run_bench(run); !st) {
       spdlog::error("bench linear: {}", st.error().message);
       exit_code = 1;

@@ -1,6 +1,6 @@
-// Weight-only GEMM for prefill (M > 16, any M >= 1 accepted): y[M,N] = x[M,K] · W[N,K]^T with x, y bf16 and
-// W in MXFP8 or MXFP4, read in the same native layout as the GEMV (prepare_gemv_values, gemv_layout.h), so
-// one weight buffer serves both and the dispatch picks the kernel by M.
+// Weight-only GEMM for prefill (M > 32 in the linear table, any M >= 1 accepted): y[M,N] = x[M,K] · W[N,K]^T
+// with x, y bf16 and W in MXFP8 or MXFP4, read in the same native layout as the GEMV (prepare_gemv_values,
+// gemv_layout.h), so one weight buffer serves both and the dispatch picks the kernel by M.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,4 +1,4 @@
-// W8A16 FP8-B128 GEMV for decode, y[M,N] = x[M,K] · W[N,K]^T, M = 1..16, x and y bf16.
+// W8A16 FP8-B128 GEMV for decode, y[M,N] = x[M,K] · W[N,K]^T, M = 1..32, x and y bf16.
 // Layout contract (the one cuBLASLt's large-M path reads too, so one weight copy serves every M):
 //   values: [N, K] E4M3 row-major (the canonical plane as stored); K % 16 == 0, any N >= 1;
 //   scales: f32, one per 128x128 block, block (nb, kb) at scales[nb · s_row + kb · s_col] (the native
@@ -10,8 +10,13 @@
 // is needed: quad lane t reads 16 contiguous bytes (elements 16t..16t+15 of the group) and MMA j takes
 // its elements 16t+4j..+3 in k-slots (2t, 2t+1, 2t+8, 2t+9); x is read with the same assignment, and a dot
 // product does not care which k sits in which slot. A 16/32/48-element tail group is read per MMA.
+// note: a streaming form (gemv_mx_stream.cuh's cp.async ring) measured 10-75% slower at every M <= 32 on
+// the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed. The process-wide GemvKernel switch
+// (gemv_mx_launch.h): kRegisterStep runs the step body at m <= 8, anything else the per-group loop.
+// M 17..32 (3, 4 n-tiles) serves sm_80's table; sm_90a's takes cuBLASLt from M = 9 (cuda/linear.cpp).
 #include "cuda/gemv_fp8_b128_launch.h"
 #include "cuda/gemv_mx_kernel.cuh"
+#include "cuda/gemv_mx_launch.h"
 
 namespace mxq::cuda {
 namespace {
@@ -22,7 +27,8 @@ using gemv::kUnroll;
 using gemv::kWarps;
 constexpr int kGroupK = 64;
 
-template <int kNTiles, bool kHasTail>
+// kStep (1 n-tile only): a whole step of kUnroll groups without bounds checks, as one block.
+template <int kNTiles, bool kHasTail, bool kStep>
 __global__ void __launch_bounds__(kThreads, 2)
     gemv_fp8_b128_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
                          const float* __restrict__ ws, int64_t s_row, int64_t s_col,
@@ -89,12 +95,22 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (q0 < nfull) load(q0, wa, wb, sca, scb);
   for (; q0 < nfull; q0 += kStride) {
     if (q0 + kStride < nfull) load(q0 + kStride, na, nb, nsa, nsb);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (q0 + u >= nfull) break;
+    auto group = [&](int u) {
       const uint32_t wa4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w},
                      wb4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
       group_mma(wa4, wb4, static_cast<int64_t>(q0 + u) * kGroupK + 16 * t, 4, 4, sca[u], scb[u]);
+    };
+    // note: a whole step without bounds checks is one block the compiler can interleave (with more than one
+    // n-tile that block spills more).
+    if (kStep && q0 + kUnroll <= nfull) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) group(u);
+    } else {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (q0 + u >= nfull) break;
+        group(u);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) wa[u] = na[u], wb[u] = nb[u], sca[u] = nsa[u], scb[u] = nsb[u];
@@ -144,20 +160,30 @@ cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values
                                  cudaStream_t stream) {
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
   auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
+  const bool step = gemv_kernel() == GemvKernel::kRegisterStep;
   const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
   const bool tail = k % kGroupK != 0;
-#define MXQ_GEMV_LAUNCH(NT, TAIL) \
-  gemv_fp8_b128_kernel<NT, TAIL><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, s_row, s_col, yb, n, k)
+#define MXQ_GEMV_LAUNCH(NT, STEP)                                                         \
+  do {                                                                                    \
+    if (tail)                                                                             \
+      gemv_fp8_b128_kernel<NT, true, STEP>                                                \
+          <<<grid, kThreads, 0, stream>>>(xb, m, values, scales, s_row, s_col, yb, n, k); \
+    else                                                                                  \
+      gemv_fp8_b128_kernel<NT, false, STEP>                                               \
+          <<<grid, kThreads, 0, stream>>>(xb, m, values, scales, s_row, s_col, yb, n, k); \
+  } while (0)
+  // note: 3 and 4 n-tiles (M 17..32, sm_80's table) spill 24-116 bytes (ptxas, sm_90a).
   if (m <= 8) {
-    if (tail)
+    if (step)
       MXQ_GEMV_LAUNCH(1, true);
     else
       MXQ_GEMV_LAUNCH(1, false);
+  } else if (m <= 16) {
+    MXQ_GEMV_LAUNCH(2, false);
+  } else if (m <= 24) {
+    MXQ_GEMV_LAUNCH(3, false);
   } else {
-    if (tail)
-      MXQ_GEMV_LAUNCH(2, true);
-    else
-      MXQ_GEMV_LAUNCH(2, false);
+    MXQ_GEMV_LAUNCH(4, false);
   }
 #undef MXQ_GEMV_LAUNCH
   return cudaGetLastError();

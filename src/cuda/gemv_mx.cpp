@@ -1,5 +1,6 @@
 #include "cuda/gemv_mx.h"
 
+#include <atomic>
 #include <climits>
 
 #include "cuda/check.h"
@@ -7,6 +8,8 @@
 
 namespace mxq::cuda {
 namespace {
+
+std::atomic<GemvKernel> g_kernel{GemvKernel::kAuto};
 
 using Launcher = cudaError_t (*)(const uint16_t*, int, const uint8_t*, const uint8_t*, uint16_t*, int, int,
                                  cudaStream_t);
@@ -28,6 +31,22 @@ Status checked_gemv(Format expected, Launcher launch, const uint16_t* x, int64_t
 }
 
 }  // namespace
+
+const char* gemv_kernel_name(GemvKernel k) {
+  switch (k) {
+    case GemvKernel::kAuto:
+      return "auto";
+    case GemvKernel::kRegister:
+      return "register";
+    case GemvKernel::kRegisterStep:
+      return "register_step";
+    case GemvKernel::kStream:
+      return "stream";
+  }
+  return "?";
+}
+void set_gemv_kernel(GemvKernel k) { g_kernel.store(k); }
+GemvKernel gemv_kernel() { return g_kernel.load(std::memory_order_relaxed); }
 
 Status gemv_mxfp8(const uint16_t* x, int64_t m, const MxGemvWeights& w, uint16_t* y, cudaStream_t stream) {
   return checked_gemv(Format::kMXFP8, launch_gemv_mxfp8, x, m, w, y, stream);

@@ -2,8 +2,8 @@
 // Layout contract: gemv_layout.h. Tiles: a block of 8 warps owns 16 weight rows; its warps split K by
 // groups and add up in shared memory. Per group a quad lane loads 16 B of row r and 16 B of row r+8,
 // decodes them to bf16 pairs in registers and feeds mma.sync m16n8k16 (A = weights, B = x^T, one n-tile
-// of 8 activation rows per 8 of M). The MMAs of one 32-element scale block accumulate from zero; the
-// E8M0 scale multiplies that partial in f32.
+// of 8 activation rows per 8 of M, up to 4 for M <= 32). The MMAs of one 32-element scale block accumulate
+// from zero; the E8M0 scale multiplies that partial in f32.
 // note: 1, 2 or 4 warps per tile with longer K slices measured slower on every Qwen3 shape, as did a
 // ping-pong register pipeline (bench/RESULTS.md, runs 3-4): 8 warps split one tile's K.
 #pragma once
@@ -119,7 +119,8 @@ __device__ __forceinline__ uint32_t load_scales(const uint8_t* p) {
 // slot order (MMA j: pair 2j feeds slots 2t..2t+1, pair 2j+1 feeds 2t+8..2t+9); kRowBytesNum/Den: row bytes
 // per element; load_tail(p) reads the 4 elements a lane owns of one MMA in a short group; kScaleFold: decoded
 // values are the true ones times 2^-kScaleFold (0: exact values), undone in the scale multiply.
-template <class Fmt, int kNTiles, bool kHasTail>
+// kStep (1 n-tile only): a whole step of kUnroll groups as one branch-free block (see the loop).
+template <class Fmt, int kNTiles, bool kHasTail, bool kStep>
 __global__ void __launch_bounds__(kThreads, 2)
     gemv_mx_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
                    const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k) {
@@ -194,25 +195,55 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   int q0 = warp * kUnroll;
   if (q0 < nfull) load(q0, wa, wb, sca, scb);
+  // One group u of the current step.
+  auto group = [&](int u, int q0, bool large) {
+    uint32_t pa[kMmas * 2], pb[kMmas * 2];
+    const uint32_t wa4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w},
+                   wb4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      Fmt::decode(wa4[i], pa + i * Fmt::kPairsPerWord);
+      Fmt::decode(wb4[i], pb + i * Fmt::kPairsPerWord);
+    }
+    const int kx = (q0 + u) * Fmt::kGroupK;
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b)
+      block_mma(pa + 4 * b, pb + 4 * b, kx + 32 * b, (sca[u] >> (8 * b)) & 0xFF, (scb[u] >> (8 * b)) & 0xFF,
+                large);
+  };
   for (; q0 < nfull; q0 += kStride) {
     if (q0 + kStride < nfull) load(q0 + kStride, na, nb, nsa, nsb);
+    if constexpr (kStep) {
+      const int valid = min(kUnroll, nfull - q0);
+      // note: one "large" vote per step instead of per group (the large path is exact for every byte), so
+      // a whole step without large bytes runs as one branch-free block: the compiler can overlap one group's
+      // decode with another's MMAs and x loads (per-group votes and bounds checks split it in 4, SASS).
+      // Only for one n-tile: with more, the merged block spills (ptxas, sm_90a: 64-96 B more at 2 n-tiles);
+      // at one n-tile it costs 0 (MXFP8), 8 (MXFP4) spill bytes. kStep = false: the per-group loop.
+      bool large = false;
+      if constexpr (Fmt::kScaleFold != 0) {
+        bool any = false;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (q0 + u >= nfull) break;
-      uint32_t pa[kMmas * 2], pb[kMmas * 2];
-      const uint32_t wa4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w},
-                     wb4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        Fmt::decode(wa4[i], pa + i * Fmt::kPairsPerWord);
-        Fmt::decode(wb4[i], pb + i * Fmt::kPairsPerWord);
+        for (int u = 0; u < kUnroll; ++u)
+          if (u < valid) any = any || Fold::any_large(sca[u], scb[u]);
+        large = __any_sync(0xFFFFFFFFu, any);
       }
-      const int kx = (q0 + u) * Fmt::kGroupK;
-      const bool large = Fmt::kScaleFold != 0 && __any_sync(0xFFFFFFFFu, Fold::any_large(sca[u], scb[u]));
+      if (valid == kUnroll && !large) {
 #pragma unroll
-      for (int b = 0; b < kBlocks; ++b)
-        block_mma(pa + 4 * b, pb + 4 * b, kx + 32 * b, (sca[u] >> (8 * b)) & 0xFF, (scb[u] >> (8 * b)) & 0xFF,
-                  large);
+        for (int u = 0; u < kUnroll; ++u) group(u, q0, false);
+      } else {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (u >= valid) break;
+          group(u, q0, large);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (q0 + u >= nfull) break;
+        group(u, q0, Fmt::kScaleFold != 0 && __any_sync(0xFFFFFFFFu, Fold::any_large(sca[u], scb[u])));
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) wa[u] = na[u], wb[u] = nb[u], sca[u] = nsa[u], scb[u] = nsb[u];
@@ -262,26 +293,37 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
 }
 
-// Template dispatch on (n-tiles, tail); arguments were checked by gemv_mx.cpp.
-template <class Fmt>
+// Template dispatch on (n-tiles, tail); arguments were checked by gemv_mx.cpp. `step`: the branch-free step
+// body at one n-tile (m <= 8). kMaxNTiles: the largest n-tile count instantiated (the caller keeps
+// m <= 8 · kMaxNTiles).
+template <class Fmt, int kMaxNTiles = 4>
 cudaError_t launch_gemv(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y,
-                        int n, int k, cudaStream_t stream) {
+                        int n, int k, bool step, cudaStream_t stream) {
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
   auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
   const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
   const bool tail = k % Fmt::kGroupK != 0;
-#define MXQ_GEMV_LAUNCH(NT, TAIL) \
-  gemv_mx_kernel<Fmt, NT, TAIL><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, yb, n, k)
+#define MXQ_GEMV_LAUNCH(NT, STEP)                                                                           \
+  do {                                                                                                      \
+    if (tail)                                                                                               \
+      gemv_mx_kernel<Fmt, NT, true, STEP><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, yb, n, k);  \
+    else                                                                                                    \
+      gemv_mx_kernel<Fmt, NT, false, STEP><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, yb, n, k); \
+  } while (0)
+  // note: 3 and 4 n-tiles (M 17..32) spill 130-230 bytes here (ptxas, sm_90a) and still measured as fast as
+  // the streaming kernel at M = 24 (bench/RESULTS.md, GEMV M <= 32).
   if (m <= 8) {
-    if (tail)
+    if (step)
       MXQ_GEMV_LAUNCH(1, true);
     else
       MXQ_GEMV_LAUNCH(1, false);
-  } else {
-    if (tail)
-      MXQ_GEMV_LAUNCH(2, true);
-    else
+  } else if constexpr (kMaxNTiles > 1) {
+    if (m <= 16)
       MXQ_GEMV_LAUNCH(2, false);
+    else if (m <= 24)
+      MXQ_GEMV_LAUNCH(3, false);
+    else
+      MXQ_GEMV_LAUNCH(4, false);
   }
 #undef MXQ_GEMV_LAUNCH
   return cudaGetLastError();

@@ -1,10 +1,12 @@
-// W8A16 MXFP8 GEMV for decode, y[M,N] = x[M,K] · W[N,K]^T, M = 1..16.
+// W8A16 MXFP8 GEMV for decode, y[M,N] = x[M,K] · W[N,K]^T, M = 1..32.
 // Layout contract (gemv_layout.h, written by prepare_gemv_values):
 //   values: [N, K] E4M3, each row a byte permutation of the canonical row in groups of 64 (tail 32):
 //           canonical k0 + 16j + 4t + e → native k0 + 4J·t + 4j + e (J = 4, or 2 for a 32-wide tail group);
 //   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
 // Arch: sm_80+ (mma.sync bf16, prmt). The "cvt" decode uses cvt.rn.f16x2.e4m3x2 on sm_89+, bit moves before.
-// Decode ("bits", default for m <= 8): each E4M3 byte s.eeee.mmm becomes the bf16 bits s at 15, eeee.mmm
+// Kernels (gemv_mx_launch.h, GemvKernel::kAuto): the register kernel (gemv_mx_kernel.cuh, per-group loop)
+// with "bits" for m <= 8 and "cvt" for m > 8; the streaming kernel (gemv_mx_stream.cuh, "bits") on request.
+// Decode ("bits"): each E4M3 byte s.eeee.mmm becomes the bf16 bits s at 15, eeee.mmm
 // at 10..4, i.e. the value · 2^-120 exactly (codes 1..7 land on bf16 subnormals, which mma.sync keeps); the
 // 2^120 is folded into the E8M0 scale multiply (FoldedScale). Three integer ops per bf16x2 pair.
 // Decode ("cvt", the previous one; all m with MXQ_GEMV_DECODE=cvt, to compare both from one build): E4M3
@@ -13,7 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda/gemv_mx_kernel.cuh"
+#include "cuda/gemv_mx_stream.cuh"
 
 namespace mxq::cuda {
 namespace {
@@ -58,8 +60,16 @@ cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, c
   }();
   // note: m > 8 (two n-tiles) keeps the cvt decode: there the bits decode measured 5-6% slower on every
   // Qwen3-8B shape (bench/RESULTS.md, run 8), while it wins at m = 1 and m = 8.
-  if (use_cvt || m > 8) return gemv::launch_gemv<Mxfp8Decode>(x, m, values, scales, y, n, k, stream);
-  return gemv::launch_gemv<Mxfp8BitsDecode>(x, m, values, scales, y, n, k, stream);
+  const GemvKernel kernel = gemv_kernel();
+  // note: the streaming kernel measured 8% faster in sum at M = 32 on the Qwen3-8B shapes, 6% slower at
+  // M = 24 and 25-40% slower at M <= 16 (bench/RESULTS.md, GEMV M <= 32); its multi-tile path has not
+  // been checked on a GPU yet (only timed), so the default stays the register kernel at every M.
+  const bool use_stream = kernel == GemvKernel::kStream;
+  if (!use_cvt && use_stream && gemv::stream_applies(values, scales, k))
+    return gemv::launch_gemv_stream<Mxfp8BitsDecode>(x, m, values, scales, y, n, k, stream);
+  const bool step = kernel == GemvKernel::kRegisterStep;
+  if (use_cvt || m > 8) return gemv::launch_gemv<Mxfp8Decode>(x, m, values, scales, y, n, k, step, stream);
+  return gemv::launch_gemv<Mxfp8BitsDecode, 1>(x, m, values, scales, y, n, k, step, stream);
 }
 
 }  // namespace mxq::cuda

@@ -32,6 +32,13 @@ struct Entry {
 };
 
 constexpr int64_t kAnyM = std::numeric_limits<int>::max();
+// note: the MX GEMVs serve M <= 32 on both arches: at M 24 and 32 they measured 1.5-2.3x faster in sum
+// than gemm_mx on the Qwen3-8B shapes (gate_up alone: gemm_mx 7% faster at M = 32). cuBLASLt FP8-B128
+// (M padded to 4) measured faster than the FP8-B128 GEMV in sum from M = 16 on (90.9 vs 120.7 µs at M = 16,
+// a tie at M = 8 where the GEMV wins q/o and qkv), so sm_90a's GEMV stops at M = 8 (its 2-n-tile kernel
+// serves M 9..16 at the M = 16 cost); sm_80, which has no cuBLASLt entry, takes the GEMV to M = 32
+// (bench/RESULTS.md, "GEMV M <= 32").
+constexpr int64_t kFp8GemvMaxMSm90 = 8;
 // note: the closed table (see linear.h); a (format, arch, M) with no entry is refused as missing. gemm_mx
 // picks its wgmma (sm_90a) or mma.sync (sm_80) kernel itself; both read the GEMV's native layout.
 constexpr Entry kTable[] = {
@@ -45,9 +52,10 @@ constexpr Entry kTable[] = {
     {Format::kMXFP4, Arch::kSm80, 1, kGemvMaxM, Kernel::kGemvMxfp4, "gemv_mxfp4"},
     {Format::kMXFP4, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp4, "gemm_mxfp4"},
     {Format::kMXFP4, Arch::kSm80, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp4, "gemm_mxfp4"},
-    {Format::kFP8_B128, Arch::kSm90a, 1, kGemvMaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
-    {Format::kFP8_B128, Arch::kSm80, 1, kGemvMaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
-    {Format::kFP8_B128, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kCublasLtFp8B128, "cublaslt_fp8_b128"},
+    {Format::kFP8_B128, Arch::kSm90a, 1, kFp8GemvMaxMSm90, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
+    {Format::kFP8_B128, Arch::kSm80, 1, kGemvFp8B128MaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
+    {Format::kFP8_B128, Arch::kSm90a, kFp8GemvMaxMSm90 + 1, kAnyM, Kernel::kCublasLtFp8B128,
+     "cublaslt_fp8_b128"},
 };
 
 Result<const Entry*> find_entry(Format f, Arch arch, int64_t m) {

@@ -2,10 +2,11 @@
 // device, W in its format and native layout. Keyed by (format, arch, M range):
 //   format    arch          M       kernel
 //   bf16      sm_90a, sm_80 1..     cuBLAS GEMM (bf16 in/out, f32 accumulate)
-//   mxfp8/4   sm_90a, sm_80 1..16   gemv_mx (weight-only, gemv_mx.h)
-//   mxfp8/4   sm_90a, sm_80 17..    gemm_mx (wgmma on sm_90a, mma.sync on sm_80; same native layout)
-//   fp8-b128  sm_90a, sm_80 1..16   gemv_fp8_b128 (weight-only)
-//   fp8-b128  sm_90a        17..    cuBLASLt block-scaled FP8 (activations quantized per 1x128)
+//   mxfp8/4   sm_90a, sm_80 1..32   gemv_mx (weight-only, gemv_mx.h)
+//   mxfp8/4   sm_90a, sm_80 33..    gemm_mx (wgmma on sm_90a, mma.sync on sm_80; same native layout)
+//   fp8-b128  sm_90a        1..8    gemv_fp8_b128 (weight-only)
+//   fp8-b128  sm_80         1..32   gemv_fp8_b128
+//   fp8-b128  sm_90a        9..     cuBLASLt block-scaled FP8 (activations quantized per 1x128)
 // Anything else is a missing entry: check_linear_supported refuses it at load naming format, arch and
 // tensor; linear() refuses it the same way if asked anyway.
 #pragma once

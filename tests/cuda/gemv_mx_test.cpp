@@ -1,5 +1,7 @@
 // GPU GEMV (MXFP8 / MXFP4 weight-only) against an f64 reference built from codec.h's exact decoders, on fresh
-// random codes, scales and activations at ragged N, K with and without a short layout group, and M = 1..16.
+// random codes, scales and activations at ragged N, K with and without a short layout group, and M = 1..32.
+// Every case runs each kernel variant of gemv_mx_launch.h (register kernel, streaming configurations; a
+// streaming variant falls back to the register kernel where K % 128 != 0, as the default does).
 #include "cuda/gemv_mx.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "cuda/gemv_layout.h"
+#include "cuda/gemv_mx_launch.h"
 #include "format/codec.h"
 #include "gpu_test_util.h"
 
@@ -63,34 +66,49 @@ TEST_P(GemvMx, MatchesF64ReferenceOnDequantizedWeights) {
   auto dx = test::upload(x);
   auto dv = test::upload(native);
   auto ds = test::upload(scales);
-  auto dy = test::poisoned<uint16_t>(static_cast<size_t>(c.m * c.n));
-  ASSERT_TRUE(dx && dv && ds && dy);
+  ASSERT_TRUE(dx && dv && ds);
   const MxGemvWeights wt{c.format, dv->as<uint8_t>(), ds->as<uint8_t>(), c.n, c.k};
-  const Status st = fp8 ? gemv_mxfp8(dx->as<uint16_t>(), c.m, wt, dy->as<uint16_t>(), nullptr)
-                        : gemv_mxfp4(dx->as<uint16_t>(), c.m, wt, dy->as<uint16_t>(), nullptr);
-  ASSERT_TRUE(st) << st.error().message;
-  auto y = test::download<uint16_t>(*dy, static_cast<size_t>(c.m * c.n));
-  ASSERT_TRUE(y) << y.error().message;
-  std::vector<float> out(y->size());
-  for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32((*y)[i]);
-  const double err = test::nmse(out, ref);
-  EXPECT_LE(err, traits(c.format).nmse_tolerance) << "NaN means an output was left unwritten";
+  for (GemvKernel kernel : kGemvKernels) {
+    SCOPED_TRACE(std::string("kernel ") + gemv_kernel_name(kernel));
+    auto dy = test::poisoned<uint16_t>(static_cast<size_t>(c.m * c.n));
+    ASSERT_TRUE(dy);
+    set_gemv_kernel(kernel);
+    const Status st = fp8 ? gemv_mxfp8(dx->as<uint16_t>(), c.m, wt, dy->as<uint16_t>(), nullptr)
+                          : gemv_mxfp4(dx->as<uint16_t>(), c.m, wt, dy->as<uint16_t>(), nullptr);
+    set_gemv_kernel(GemvKernel::kAuto);
+    ASSERT_TRUE(st) << st.error().message;
+    auto y = test::download<uint16_t>(*dy, static_cast<size_t>(c.m * c.n));
+    ASSERT_TRUE(y) << y.error().message;
+    std::vector<float> out(y->size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32((*y)[i]);
+    const double err = test::nmse(out, ref);
+    EXPECT_LE(err, traits(c.format).nmse_tolerance) << "NaN means an output was left unwritten";
+  }
 }
 
 std::vector<GemvCase> gemv_cases() {
   std::vector<GemvCase> cases;
   for (Format f : {Format::kMXFP8, Format::kMXFP4}) {
-    for (int64_t m = 1; m <= 16; ++m) cases.push_back({f, m, 75, 320});  // 320: an MXFP4 tail group of 64
+    for (int64_t m = 1; m <= 32; ++m) {
+      cases.push_back({f, m, 75, 320});  // 320: an MXFP4 tail group of 64 (register kernel)
+      cases.push_back({f, m, 75, 384});  // streaming kernel
+    }
     // K: one block, the MXFP8 tail (96), every MXFP4 tail (160, 224, 4128), Qwen3 K sizes; N ragged.
-    for (int64_t k : {32, 96, 160, 224, 4096, 4128}) cases.push_back({f, 3, 33, k});
+    // K % 128 == 0 (128, 640, 768, 4096) streams; 640 and 768 leave some of the 8 warps without groups.
+    for (int64_t k : {32, 96, 128, 160, 224, 640, 768, 4096, 4128}) cases.push_back({f, 3, 33, k});
     cases.push_back({f, 1, 1, 64});
     cases.push_back({f, 1, 4096, 4096});
     cases.push_back({f, 8, 1000, 12288});
     cases.push_back({f, 16, 257, 2048});
+    cases.push_back({f, 32, 1000, 12288});
+    cases.push_back({f, 24, 2049, 768});
     // Large ragged N with tails: the grid runs past one resident wave.
     cases.push_back({f, 3, 6144, 256});
     cases.push_back({f, 9, 12288, 160});
     cases.push_back({f, 1, 24577, 96});
+    // More tiles than resident blocks: each streaming block walks several tiles, its ring crossing them.
+    cases.push_back({f, 5, 24577, 256});
+    cases.push_back({f, 32, 6151, 512});
   }
   return cases;
 }
@@ -101,20 +119,29 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvMx, ::testing::ValuesIn(gemv_cases()), [](c
          std::to_string(c.k);
 });
 
-// Every non-NaN code against every E8M0 range edge, bit-exact: row r holds code r / kScales in all K = one
-// group elements with scale byte kScaleBytes[r % kScales], x = 1, so y = K · code · 2^(b-127) exactly (or
-// inf). Rows of one 16-row tile mix small and large scale bytes.
+// Every non-NaN code against every E8M0 range edge, bit-exact: row r holds code r / kScales in all K
+// elements with scale byte kScaleBytes[r % kScales], every x = 1, so y = K · code · 2^(b-127) exactly (or
+// inf) in every activation row. Rows of one 16-row tile mix small and large scale bytes. K = one group
+// (register kernel) and K = 256 (streaming kernel); M = 1 and M = 32 (4 n-tiles); every kernel variant.
 // Catches a decode that drops subnormal codes (E4M3 0x01..0x07 decode to bf16 subnormals in the folded
 // path), a wrong sign or table entry, and a folded scale that overflows or flushes for small or large bytes.
 constexpr uint8_t kScaleBytes[] = {0, 1, 7, 100, 127, 134, 135, 136, 200, 254};
 constexpr int64_t kScales = std::size(kScaleBytes);
 
-class GemvMxExact : public ::testing::TestWithParam<Format> {};
+struct ExactCase {
+  Format format;
+  int64_t k, m;
+};
+void PrintTo(const ExactCase& c, std::ostream* os) {
+  *os << traits(c.format).name << " k=" << c.k << " m=" << c.m;
+}
+
+class GemvMxExact : public ::testing::TestWithParam<ExactCase> {};
 
 TEST_P(GemvMxExact, EveryCodeAndScaleEdge) {
-  const Format f = GetParam();
+  const auto [f, k, m] = GetParam();
   const bool fp8 = f == Format::kMXFP8;
-  const int64_t codes = fp8 ? 256 : 16, k = fp8 ? 64 : 128;
+  const int64_t codes = fp8 ? 256 : 16;
   const int64_t n = codes * kScales;
   std::vector<uint8_t> values(static_cast<size_t>(values_bytes(f, n, k))), scales;
   std::vector<double> ref(static_cast<size_t>(n));
@@ -129,32 +156,50 @@ TEST_P(GemvMxExact, EveryCodeAndScaleEdge) {
     const double v = fp8 ? e4m3_to_f32(code) : e2m1_to_f32(code);
     ref[static_cast<size_t>(r)] = static_cast<double>(k) * v * e8m0_to_f32(b);
   }
-  const std::vector<uint16_t> x(static_cast<size_t>(k), 0x3F80);  // bf16 1.0
+  const std::vector<uint16_t> x(static_cast<size_t>(m * k), 0x3F80);  // bf16 1.0
   std::vector<uint8_t> native(values.size());
   ASSERT_TRUE(prepare_gemv_values(f, values.data(), native.data(), n, k));
   auto dx = test::upload(x);
   auto dv = test::upload(native);
   auto ds = test::upload(scales);
-  auto dy = test::poisoned<uint16_t>(static_cast<size_t>(n));
-  ASSERT_TRUE(dx && dv && ds && dy);
+  ASSERT_TRUE(dx && dv && ds);
   const MxGemvWeights wt{f, dv->as<uint8_t>(), ds->as<uint8_t>(), n, k};
-  const Status st = fp8 ? gemv_mxfp8(dx->as<uint16_t>(), 1, wt, dy->as<uint16_t>(), nullptr)
-                        : gemv_mxfp4(dx->as<uint16_t>(), 1, wt, dy->as<uint16_t>(), nullptr);
-  ASSERT_TRUE(st) << st.error().message;
-  auto y = test::download<uint16_t>(*dy, static_cast<size_t>(n));
-  ASSERT_TRUE(y) << y.error().message;
-  for (int64_t r = 0; r < n; ++r) {
-    // note: K · code · 2^(b-127) has at most 4 significant bits, so it is a bf16 (subnormal down to 2^-133)
-    // or overflows to inf; -0 codes may come back +0, which == accepts.
-    const float want = static_cast<float>(ref[static_cast<size_t>(r)]);
-    EXPECT_EQ(bf16_to_f32((*y)[static_cast<size_t>(r)]), want)
-        << "code 0x" << std::hex << r / kScales << std::dec << " scale byte "
-        << int{kScaleBytes[r % kScales]};
+  for (GemvKernel kernel : kGemvKernels) {
+    SCOPED_TRACE(std::string("kernel ") + gemv_kernel_name(kernel));
+    auto dy = test::poisoned<uint16_t>(static_cast<size_t>(m * n));
+    ASSERT_TRUE(dy);
+    set_gemv_kernel(kernel);
+    const Status st = fp8 ? gemv_mxfp8(dx->as<uint16_t>(), m, wt, dy->as<uint16_t>(), nullptr)
+                          : gemv_mxfp4(dx->as<uint16_t>(), m, wt, dy->as<uint16_t>(), nullptr);
+    set_gemv_kernel(GemvKernel::kAuto);
+    ASSERT_TRUE(st) << st.error().message;
+    auto y = test::download<uint16_t>(*dy, static_cast<size_t>(m * n));
+    ASSERT_TRUE(y) << y.error().message;
+    int bad = 0;
+    for (int64_t mi = 0; mi < m; ++mi)
+      for (int64_t r = 0; r < n; ++r) {
+        // note: K · code · 2^(b-127) has at most 4 significant bits (K a power of two), so it is a bf16
+        // (subnormal down to 2^-133) or overflows to inf; -0 codes may come back +0, which == accepts.
+        const float want = static_cast<float>(ref[static_cast<size_t>(r)]);
+        const float got = bf16_to_f32((*y)[static_cast<size_t>(mi * n + r)]);
+        if (got == want || bad++ >= 8) continue;
+        ADD_FAILURE() << "row " << mi << ": code 0x" << std::hex << r / kScales << std::dec << " scale byte "
+                      << int{kScaleBytes[r % kScales]} << ": got " << got << ", want " << want;
+      }
+    EXPECT_EQ(bad, 0);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, GemvMxExact, ::testing::Values(Format::kMXFP8, Format::kMXFP4),
-                         [](const auto& info) { return std::string(traits(info.param).name); });
+INSTANTIATE_TEST_SUITE_P(
+    Formats, GemvMxExact,
+    ::testing::Values(ExactCase{Format::kMXFP8, 64, 1}, ExactCase{Format::kMXFP8, 256, 1},
+                      ExactCase{Format::kMXFP8, 256, 32}, ExactCase{Format::kMXFP8, 64, 17},
+                      ExactCase{Format::kMXFP4, 128, 1}, ExactCase{Format::kMXFP4, 256, 1},
+                      ExactCase{Format::kMXFP4, 256, 32}),
+    [](const auto& info) {
+      return std::string(traits(info.param.format).name) + "_k" + std::to_string(info.param.k) + "_m" +
+             std::to_string(info.param.m);
+    });
 
 struct RefusalCase {
   const char* what;
@@ -178,7 +223,7 @@ TEST_P(GemvMxRefuses, ByName) {  // covers N-13
 
 INSTANTIATE_TEST_SUITE_P(Cases, GemvMxRefuses,
                          ::testing::Values(RefusalCase{"m0", 0, 64, Format::kMXFP8, "m = 0"},
-                                           RefusalCase{"m17", 17, 64, Format::kMXFP8, "m = 17"},
+                                           RefusalCase{"m33", 33, 64, Format::kMXFP8, "m = 33"},
                                            RefusalCase{"k48", 1, 48, Format::kMXFP8, "[8, 48]"},
                                            RefusalCase{"wrong_format", 1, 64, Format::kMXFP4,
                                                        "weights are mxfp4"}),
