@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "base/error.h"
@@ -132,5 +133,28 @@ inline Result<std::vector<cuda::DeviceBuffer>> replicate(const std::vector<uint8
   }
   return out;
 }
+
+// A weight shape of the benches: y[M, n] = x[M, k] · W[n, k]^T.
+struct BenchShape {
+  const char* name;
+  int64_t n, k;
+};
+// note: Qwen3-8B (hidden 4096, 32 q / 8 kv heads of 128, intermediate 12288) and Qwen3-30B-A3B experts
+// (hidden 2048, moe_intermediate 768).
+inline constexpr BenchShape kQwen3Shapes[] = {
+    {"8B q/o_proj", 4096, 4096},
+    {"8B qkv_proj", 6144, 4096},
+    {"8B gate_up", 24576, 4096},
+    {"8B down_proj", 4096, 12288},
+    {"30B-A3B expert gate_up", 1536, 2048},
+    {"30B-A3B expert down", 2048, 768},
+};
+
+// The GPU quantizers' table over `shapes` (bench_quantize_cuda.cpp): bf16 input (and f32 with `with_f32`)
+// to every format and rule, against `copy_gbs`.
+Status gpu_quantize_table(cudaStream_t stream, double copy_gbs, std::span<const BenchShape> shapes,
+                          bool with_f32);
+// `mxq bench quantize --device cuda`: that table over the Qwen3 shapes, plus [rows, cols] when rows > 0.
+Status run_bench_quantize_cuda(int64_t rows, int64_t cols);
 
 }  // namespace mxq::cli

@@ -38,20 +38,8 @@ namespace {
 
 using cuda::DeviceBuffer;
 
-struct Shape {
-  const char* name;
-  int64_t n, k;
-};
-// note: Qwen3-8B (hidden 4096, 32 q / 8 kv heads of 128, intermediate 12288) and Qwen3-30B-A3B experts
-// (hidden 2048, moe_intermediate 768).
-constexpr Shape kShapes[] = {
-    {"8B q/o_proj", 4096, 4096},
-    {"8B qkv_proj", 6144, 4096},
-    {"8B gate_up", 24576, 4096},
-    {"8B down_proj", 4096, 12288},
-    {"30B-A3B expert gate_up", 1536, 2048},
-    {"30B-A3B expert down", 2048, 768},
-};
+using Shape = BenchShape;
+constexpr auto& kShapes = kQwen3Shapes;
 constexpr int kLaunchesPerGraph = 20, kReps = 15;
 
 // Native planes of a random weight: codes (no E4M3 NaN) and scales of a plausible size, laid out by
@@ -272,49 +260,8 @@ Status run_bench(const Run& run) {
                    refusal.substr(0, refusal.find(" (arch")));
     }
   }
-  if (run.quantize) {
-    fmt::print("\nquantize bf16 -> format (bytes = bf16 read + values + scales written)\n");
-    fmt::print("{:<24} {:>8} {:>6} {:>6} {:>8} {:>8} {:>7}\n", "shape", "format", "N", "K", "us", "GB/s",
-               "%copy");
-    for (const Shape& s : kShapes) {
-      const int64_t in_bytes = s.n * s.k * 2;
-      const int copies = copies_for(in_bytes);
-      auto xin = replicate(random_bf16_bytes(rng, static_cast<size_t>(s.n * s.k)), copies);
-      if (!xin) return tl::unexpected(xin.error());
-      for (Format f : {Format::kMXFP8, Format::kMXFP4, Format::kFP8_B128}) {
-        const int64_t vbytes = values_bytes(f, s.n, s.k), sbytes = scales_bytes(f, s.n, s.k);
-        std::vector<DeviceBuffer> vout, sout;
-        for (int i = 0; i < copies; ++i) {
-          auto v = DeviceBuffer::alloc(static_cast<size_t>(vbytes));
-          auto sc = DeviceBuffer::alloc(static_cast<size_t>(sbytes));
-          if (!v || !sc) return fail("bench quantize: device allocation failed for {}", s.name);
-          vout.push_back(std::move(*v)), sout.push_back(std::move(*sc));
-        }
-        // note: the raw launchers, as quantize_bf16 synchronises to read its NaN check back (graphs cannot).
-        auto bad = DeviceBuffer::alloc(sizeof(unsigned long long));
-        if (!bad) return tl::unexpected(bad.error());
-        auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) -> Status {
-          const size_t c = static_cast<size_t>(i % copies);
-          const uint16_t* xi = (*xin)[c].as<uint16_t>();
-          auto* flag = bad->as<unsigned long long>();
-          if (f == Format::kMXFP8)
-            MXQ_CUDA_CHECK(cuda::launch_quantize_mxfp8_ceil(xi, s.n, s.k, vout[c].as<uint8_t>(),
-                                                            sout[c].as<uint8_t>(), flag, stream));
-          else if (f == Format::kMXFP4)
-            MXQ_CUDA_CHECK(cuda::launch_quantize_mxfp4_ct(xi, s.n, s.k, vout[c].as<uint8_t>(),
-                                                          sout[c].as<uint8_t>(), flag, stream));
-          else
-            MXQ_CUDA_CHECK(cuda::launch_quantize_fp8_b128(xi, s.n, s.k, vout[c].as<uint8_t>(),
-                                                          sout[c].as<float>(), flag, stream));
-          return {};
-        });
-        if (!us) return tl::unexpected(us.error());
-        const double gbs = (in_bytes + vbytes + sbytes) / (*us * 1e-6) / 1e9;
-        fmt::print("{:<24} {:>8} {:>6} {:>6} {:>8.2f} {:>8.0f} {:>6.1f}%\n", s.name, traits(f).name, s.n, s.k,
-                   *us, gbs, 100.0 * gbs / *copy_gbs);
-      }
-    }
-  }
+  if (run.quantize)
+    if (Status st = gpu_quantize_table(stream, *copy_gbs, kQwen3Shapes, false); !st) return st;
   cudaStreamDestroy(stream);
   return {};
 }

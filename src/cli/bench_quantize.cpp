@@ -16,6 +16,10 @@
 #include "format/codec.h"
 #include "format/quantize.h"
 
+#if defined(MXQ_HAVE_CUDA)
+#include "cli/bench_cuda.h"
+#endif
+
 namespace mxq::cli {
 namespace {
 
@@ -25,6 +29,7 @@ struct Options {
   int64_t cols = 4096;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int reps = 3;
+  bool shape_given = false;  // --rows or --cols on the command line (CUDA: one more row in the table)
 };
 
 struct Case {
@@ -108,8 +113,25 @@ Status quantize_threaded(const Case& c, Format src, const std::vector<uint8_t>& 
 }
 
 int run_bench(const Options& o) {
+  if (o.device == "cuda") {
+#if defined(MXQ_HAVE_CUDA)
+    if (o.shape_given && (o.rows <= 0 || o.cols <= 0 || o.cols % 32 != 0)) {
+      fmt::print(stderr, "mxq bench quantize: need rows > 0, cols > 0 with cols % 32 == 0 (got {} x {})\n",
+                 o.rows, o.cols);
+      return kExitBadInput;
+    }
+    if (Status st = run_bench_quantize_cuda(o.shape_given ? o.rows : 0, o.cols); !st) {
+      fmt::print(stderr, "mxq bench quantize: {}\n", st.error().message);
+      return 1;
+    }
+    return 0;
+#else
+    fmt::print(stderr, "mxq bench quantize: --device cuda: this mxq was built without CUDA\n");
+    return 1;
+#endif
+  }
   if (o.device != "cpu") {
-    fmt::print(stderr, "mxq bench quantize: device '{}' is not supported (expected cpu)\n", o.device);
+    fmt::print(stderr, "mxq bench quantize: device '{}' is not supported (expected cpu or cuda)\n", o.device);
     return kExitBadInput;
   }
   if (o.rows <= 0 || o.cols <= 0 || o.cols % 32 != 0 || o.threads <= 0 || o.reps <= 0) {
@@ -157,14 +179,18 @@ int run_bench(const Options& o) {
 
 void add_bench_quantize(CLI::App& bench, int& exit_code) {
   auto opts = std::make_shared<Options>();
-  auto* cmd =
-      bench.add_subcommand("quantize", "CPU block quantizer throughput (MXFP8 rules, MXFP4, FP8-B128)");
-  cmd->add_option("--device", opts->device, "Device to run on (cpu)");
-  cmd->add_option("--rows", opts->rows, "Rows N of the [N, K] input")->capture_default_str();
-  cmd->add_option("--cols", opts->cols, "Columns K (a multiple of 32)")->capture_default_str();
+  auto* cmd = bench.add_subcommand(
+      "quantize", "block quantizer throughput (MXFP8 rules, MXFP4, FP8-B128) on the CPU or the GPU");
+  cmd->add_option("--device", opts->device,
+                  "cpu (this machine's quantizers) or cuda (the GPU quantizers over Qwen3 shapes)");
+  auto* rows = cmd->add_option("--rows", opts->rows, "Rows N of the [N, K] input")->capture_default_str();
+  auto* cols = cmd->add_option("--cols", opts->cols, "Columns K (a multiple of 32)")->capture_default_str();
   cmd->add_option("--threads", opts->threads, "Threads for the multi-threaded run")->capture_default_str();
   cmd->add_option("--reps", opts->reps, "Repetitions; the best time is reported")->capture_default_str();
-  cmd->callback([opts, &exit_code] { exit_code = run_bench(*opts); });
+  cmd->callback([opts, rows, cols, &exit_code] {
+    opts->shape_given = rows->count() > 0 || cols->count() > 0;
+    exit_code = run_bench(*opts);
+  });
 }
 
 }  // namespace mxq::cli

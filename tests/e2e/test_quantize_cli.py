@@ -4,6 +4,7 @@ import filecmp
 import json
 import os
 import shutil
+import subprocess
 
 import ml_dtypes
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 np.float8_e4m3fn = ml_dtypes.float8_e4m3fn
 from safetensors.numpy import load_file  # noqa: E402
 
-from conftest import CKPT
+from conftest import CKPT, MXQ
 
 DENSE = CKPT / "qwen3-dense-bf16"
 MOE = CKPT / "qwen3-moe-bf16"
@@ -168,3 +169,18 @@ def test_refuses_quantized_input_and_existing_output(mxq, tmp_path):
     assert p.returncode == 2 and "exists" in p.stderr, p.stderr
     p = mxq("quantize", "--to", "nvfp4", DENSE, tmp_path / "x", check=False)
     assert p.returncode == 2 and "nvfp4" in p.stderr
+
+
+def test_bench_quantize_device_is_checked():
+    # --device takes cpu or cuda; anything else is refused by name before any work (exit 2, nothing printed)
+    p = subprocess.run([str(MXQ), "bench", "quantize", "--device", "tpu", "--reps", "1"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "'tpu'" in p.stderr and "cpu or cuda" in p.stderr
+    assert p.stdout == ""
+    # a small CPU run prints one row per format / rule / input dtype, with a positive rate
+    p = subprocess.run([str(MXQ), "bench", "quantize", "--rows", "128", "--cols", "256", "--threads", "1",
+                        "--reps", "1"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = [r.split() for r in p.stdout.splitlines() if r.split() and r.split()[0] in ("mxfp8", "mxfp4", "fp8-b128")]
+    assert len(rows) == 12 and all(float(r[4]) > 0 for r in rows)
