@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <map>
 
 #include "cpu/rope.h"
 #include "cuda/attention_prefill.h"
@@ -53,8 +54,12 @@ LoadTarget cuda_load_target() {
   // note: the table's arch of the current device, looked up at the first quantized tensor (the memory is made
   // first, so the device exists by then)
   auto arch = std::make_shared<std::optional<Arch>>();
-  t.layout = [arch](const std::string& name, Format f,
-                    const std::vector<int64_t>& shape) -> Result<std::optional<Layout>> {
+  // note: probing runs the prepare on full-size index planes, ~1 s for a 50 MB projection; a layout depends
+  // only on (format, shape), so each is probed once per load (Qwen3-8B: 5 shapes, not 252 tensors, which
+  // took minutes).
+  auto probed = std::make_shared<std::map<std::pair<Format, std::vector<int64_t>>, Layout>>();
+  t.layout = [arch, probed](const std::string& name, Format f,
+                            const std::vector<int64_t>& shape) -> Result<std::optional<Layout>> {
     if (ends_with(name, ".bias"))
       return fail("{}: attention_bias is not supported by the CUDA engine (no bias add)", name);
     if ((ends_with(name, "q_norm.weight") || ends_with(name, "k_norm.weight")) && shape[0] != 64 &&
@@ -75,11 +80,14 @@ LoadTarget cuda_load_target() {
           if (!a) return fail_in(name, a.error());
           *arch = *a;
         }
+        if (auto hit = probed->find({f, shape}); hit != probed->end())
+          return std::optional<Layout>(hit->second);
         auto g = tensor_geometry(name, f, shape);
         if (!g) return tl::unexpected(g.error());
         auto l = probe_layout(name, linear_layout_name(f), f, shape,
                               [&](const HostPlanes& in) { return linear_prepare(f, **arch, *g, in); });
         if (!l) return tl::unexpected(l.error());
+        probed->emplace(std::pair{f, shape}, *l);
         return std::optional<Layout>(std::move(*l));
       }
       default:
