@@ -12,7 +12,7 @@
 // product does not care which k sits in which slot. A 16/32/48-element tail group is read per MMA.
 // note: a streaming form (gemv_mx_stream.cuh's cp.async ring) measured 10-75% slower at every M <= 32 on
 // the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed. The process-wide GemvKernel switch
-// (gemv_mx_launch.h): kRegisterStep runs the step body at m <= 8, anything else the per-group loop.
+// (gemv_mx_launch.h): kRegister runs the per-group loop, anything else (kAuto too) the step body at m <= 8.
 // M 17..32 (3, 4 n-tiles) serves sm_80's table; sm_90a's takes cuBLASLt from M = 9 (cuda/linear.cpp).
 #include "cuda/gemv_fp8_b128_launch.h"
 #include "cuda/gemv_mx_kernel.cuh"
@@ -160,7 +160,9 @@ cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values
                                  cudaStream_t stream) {
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
   auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
-  const bool step = gemv_kernel() == GemvKernel::kRegisterStep;
+  // note: everything but kRegister takes the step body (m <= 8): 6-10% faster than the per-group loop at
+  // M = 1 and 8 on every Qwen3-8B shape on the H200 (bench/RESULTS.md, session 3 final run).
+  const bool step = gemv_kernel() != GemvKernel::kRegister;
   const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
   const bool tail = k % kGroupK != 0;
 #define MXQ_GEMV_LAUNCH(NT, STEP)                                                         \

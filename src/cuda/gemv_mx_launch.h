@@ -14,15 +14,17 @@ cudaError_t launch_gemv_mxfp4(const uint16_t* x, int m, const uint8_t* values, c
                               uint16_t* y, int n, int k, cudaStream_t stream);
 
 // Which GEMV kernel the launchers run, process-wide. kAuto (the default): the register kernel
-// (gemv_mx_kernel.cuh) with its per-group loop, measured and checked on the H200 (bench/RESULTS.md, GEMV
-// M <= 32). The others force one kernel, to measure and test each from one build (tests, `mxq bench linear
-// --gemv-study`): kRegisterStep, the branch-free step body at m <= 8 (never timed yet); kStream, the
+// (gemv_mx_kernel.cuh), with the branch-free step body at m <= 8 for MXFP8 and FP8-B128 and the per-group
+// loop for MXFP4 (the step body measured 2-12% faster for the first two and 1-25% slower for MXFP4 on the
+// H200, bench/RESULTS.md). The others force one kernel, to measure and test each from one build (tests,
+// `mxq bench linear --gemv-study`): kRegister, the per-group loop at every m; kRegisterStep, the step body
+// at m <= 8; kStream, the
 // streaming kernel (gemv_mx_stream.cuh; 8% faster than kAuto in sum for MXFP8 at M = 32, slower below
 // M = 24), which falls back to the register kernel where it does not apply (K % 128 != 0, unaligned planes).
-// The FP8-B128 GEMV reads kRegisterStep (step body at m <= 8) vs anything else (per-group loop).
+// The FP8-B128 GEMV reads kRegister (per-group loop) vs anything else (step body at m <= 8).
 enum class GemvKernel : int {
   kAuto = 0,
-  kRegister = 1,      // register kernel, per-group loop at every m (= kAuto)
+  kRegister = 1,      // register kernel, per-group loop at every m (= kAuto for MXFP4)
   kRegisterStep = 2,  // register kernel, branch-free step body at m <= 8
   kStream = 3,        // streaming kernel (MX formats) at every m
 };

@@ -4,7 +4,7 @@
 //           canonical k0 + 16j + 4t + e → native k0 + 4J·t + 4j + e (J = 4, or 2 for a 32-wide tail group);
 //   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
 // Arch: sm_80+ (mma.sync bf16, prmt). The "cvt" decode uses cvt.rn.f16x2.e4m3x2 on sm_89+, bit moves before.
-// Kernels (gemv_mx_launch.h, GemvKernel::kAuto): the register kernel (gemv_mx_kernel.cuh, per-group loop)
+// Kernels (gemv_mx_launch.h, GemvKernel::kAuto): the register kernel (gemv_mx_kernel.cuh; step body at m <= 8)
 // with "bits" for m <= 8 and "cvt" for m > 8; the streaming kernel (gemv_mx_stream.cuh, "bits") on request.
 // Decode ("bits"): each E4M3 byte s.eeee.mmm becomes the bf16 bits s at 15, eeee.mmm
 // at 10..4, i.e. the value · 2^-120 exactly (codes 1..7 land on bf16 subnormals, which mma.sync keeps); the
@@ -67,7 +67,9 @@ cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, c
   const bool use_stream = kernel == GemvKernel::kStream;
   if (!use_cvt && use_stream && gemv::stream_applies(values, scales, k))
     return gemv::launch_gemv_stream<Mxfp8BitsDecode>(x, m, values, scales, y, n, k, stream);
-  const bool step = kernel == GemvKernel::kRegisterStep;
+  // note: kAuto takes the step body (m <= 8): on the H200 it measured 2-12% faster than the per-group loop
+  // at M = 1 and 1-8% at M = 8 on every Qwen3-8B shape (bench/RESULTS.md, session 3 final run).
+  const bool step = kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kAuto;
   if (use_cvt || m > 8) return gemv::launch_gemv<Mxfp8Decode>(x, m, values, scales, y, n, k, step, stream);
   return gemv::launch_gemv<Mxfp8BitsDecode, 1>(x, m, values, scales, y, n, k, step, stream);
 }
