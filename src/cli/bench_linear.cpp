@@ -138,7 +138,6 @@ Status gemv_study(const RotatedWeights& w, const Shape& s, const std::vector<int
   for (int64_t m : ms) {
     if (m > (b128 ? cuda::kGemvFp8B128MaxM : cuda::kGemvMaxM)) continue;
     for (cuda::GemvKernel v : cuda::kGemvKernels) {
-      if (b128 && v == cuda::GemvKernel::kStream) continue;  // note: no streaming FP8-B128 kernel
       cuda::set_gemv_kernel(v);
       auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) {
         const cuda::LinearWeights lw = w.at(i);

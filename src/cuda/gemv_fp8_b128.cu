@@ -10,7 +10,7 @@
 // is needed: quad lane t reads 16 contiguous bytes (elements 16t..16t+15 of the group) and MMA j takes
 // its elements 16t+4j..+3 in k-slots (2t, 2t+1, 2t+8, 2t+9); x is read with the same assignment, and a dot
 // product does not care which k sits in which slot. A 16/32/48-element tail group is read per MMA.
-// note: a streaming form (gemv_mx_stream.cuh's cp.async ring) measured 10-75% slower at every M <= 32 on
+// note: a streaming form (a per-warp cp.async shared-memory ring) measured 10-75% slower at every M <= 32 on
 // the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed. The process-wide GemvKernel switch
 // (gemv_mx_launch.h): kRegister runs the per-group loop, anything else (kAuto too) the step body at m <= 8.
 // M 17..32 (3, 4 n-tiles) serves sm_80's table; sm_90a's takes cuBLASLt from M = 9 (cuda/linear.cpp).

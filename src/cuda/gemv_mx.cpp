@@ -40,8 +40,6 @@ const char* gemv_kernel_name(GemvKernel k) {
       return "register";
     case GemvKernel::kRegisterStep:
       return "register_step";
-    case GemvKernel::kStream:
-      return "stream";
   }
   return "?";
 }

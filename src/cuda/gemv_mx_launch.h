@@ -18,18 +18,15 @@ cudaError_t launch_gemv_mxfp4(const uint16_t* x, int m, const uint8_t* values, c
 // loop for MXFP4 (the step body measured 2-12% faster for the first two and 1-25% slower for MXFP4 on the
 // H200, bench/RESULTS.md). The others force one kernel, to measure and test each from one build (tests,
 // `mxq bench linear --gemv-study`): kRegister, the per-group loop at every m; kRegisterStep, the step body
-// at m <= 8; kStream, the
-// streaming kernel (gemv_mx_stream.cuh; 8% faster than kAuto in sum for MXFP8 at M = 32, slower below
-// M = 24), which falls back to the register kernel where it does not apply (K % 128 != 0, unaligned planes).
+// at m <= 8.
 // The FP8-B128 GEMV reads kRegister (per-group loop) vs anything else (step body at m <= 8).
 enum class GemvKernel : int {
   kAuto = 0,
   kRegister = 1,      // register kernel, per-group loop at every m (= kAuto for MXFP4)
   kRegisterStep = 2,  // register kernel, branch-free step body at m <= 8
-  kStream = 3,        // streaming kernel (MX formats) at every m
 };
 inline constexpr GemvKernel kGemvKernels[] = {GemvKernel::kAuto, GemvKernel::kRegister,
-                                              GemvKernel::kRegisterStep, GemvKernel::kStream};
+                                              GemvKernel::kRegisterStep};
 const char* gemv_kernel_name(GemvKernel k);
 void set_gemv_kernel(GemvKernel k);
 GemvKernel gemv_kernel();

@@ -4,12 +4,13 @@
 //           the canonical row in groups of 128 elements (tail 32, 64 or 96): canonical element
 //           k0 + 16j + 4t + e → native k0 + 4J·t + 4j + e (J = 8, or tail/16); bytes move whole;
 //   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
-// Kernels: the register kernel (gemv_mx_kernel.cuh); the streaming one (gemv_mx_stream.cuh) on request only.
-// Arch: sm_80+ (mma.sync bf16, cp.async). Decode: nibble bits placed as bf16 bits (code << 6, sign << 12) are
+// Kernel: the register kernel (gemv_mx_kernel.cuh), per-group loop (kRegisterStep forces the step body).
+// Arch: sm_80+ (mma.sync bf16). Decode: nibble bits placed as bf16 bits (code << 6, sign << 12) are
 // the value · 2^-126 (code 1 = 0.5 becomes a bf16 subnormal); one bf16x2 multiply by 2^126 makes them exact.
 // note: a two-step prmt table decode (magnitude → selector byte with the sign in bit 6 → bf16 bytes; exact,
 // 15 instead of 18 ops per word) measured 5% slower in sum on the H200 (bench/RESULTS.md, run 8).
-#include "cuda/gemv_mx_stream.cuh"
+
+#include "cuda/gemv_mx_kernel.cuh"
 
 namespace mxq::cuda {
 namespace {
@@ -38,10 +39,6 @@ struct Mxfp4Decode {
 cudaError_t launch_gemv_mxfp4(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
                               uint16_t* y, int n, int k, cudaStream_t stream) {
   const GemvKernel kernel = gemv_kernel();
-  // note: the streaming kernel measured within 2% of the register kernel in sum at M = 24 and 32 and
-  // 20-35% slower at M <= 16 on the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32): register by default.
-  if (kernel == GemvKernel::kStream && gemv::stream_applies(values, scales, k))
-    return gemv::launch_gemv_stream<Mxfp4Decode>(x, m, values, scales, y, n, k, stream);
   return gemv::launch_gemv<Mxfp4Decode>(x, m, values, scales, y, n, k, kernel == GemvKernel::kRegisterStep,
                                         stream);
 }

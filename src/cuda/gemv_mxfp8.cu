@@ -4,8 +4,10 @@
 //           canonical k0 + 16j + 4t + e → native k0 + 4J·t + 4j + e (J = 4, or 2 for a 32-wide tail group);
 //   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
 // Arch: sm_80+ (mma.sync bf16, prmt). The "cvt" decode uses cvt.rn.f16x2.e4m3x2 on sm_89+, bit moves before.
-// Kernels (gemv_mx_launch.h, GemvKernel::kAuto): the register kernel (gemv_mx_kernel.cuh; step body at m <= 8)
-// with "bits" for m <= 8 and "cvt" for m > 8; the streaming kernel (gemv_mx_stream.cuh, "bits") on request.
+// Kernels (gemv_mx_launch.h, GemvKernel::kAuto): the register kernel (gemv_mx_kernel.cuh; step body at m <=
+// 8) with "bits" for m <= 8 and "cvt" for m > 8. note: a streaming kernel (persistent blocks fed by a
+// per-warp cp.async shared-memory ring) measured 25-75% slower at M <= 16 and 8% faster only at M = 32 on the
+// Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed.
 // Decode ("bits"): each E4M3 byte s.eeee.mmm becomes the bf16 bits s at 15, eeee.mmm
 // at 10..4, i.e. the value · 2^-120 exactly (codes 1..7 land on bf16 subnormals, which mma.sync keeps); the
 // 2^120 is folded into the E8M0 scale multiply (FoldedScale). Three integer ops per bf16x2 pair.
@@ -15,7 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda/gemv_mx_stream.cuh"
+#include "cuda/gemv_mx_kernel.cuh"
 
 namespace mxq::cuda {
 namespace {
@@ -61,12 +63,6 @@ cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, c
   // note: m > 8 (two n-tiles) keeps the cvt decode: there the bits decode measured 5-6% slower on every
   // Qwen3-8B shape (bench/RESULTS.md, run 8), while it wins at m = 1 and m = 8.
   const GemvKernel kernel = gemv_kernel();
-  // note: the streaming kernel measured 8% faster in sum at M = 32 on the Qwen3-8B shapes, 6% slower at
-  // M = 24 and 25-40% slower at M <= 16 (bench/RESULTS.md, GEMV M <= 32); its multi-tile path has not
-  // been checked on a GPU yet (only timed), so the default stays the register kernel at every M.
-  const bool use_stream = kernel == GemvKernel::kStream;
-  if (!use_cvt && use_stream && gemv::stream_applies(values, scales, k))
-    return gemv::launch_gemv_stream<Mxfp8BitsDecode>(x, m, values, scales, y, n, k, stream);
   // note: kAuto takes the step body (m <= 8): on the H200 it measured 2-12% faster than the per-group loop
   // at M = 1 and 1-8% at M = 8 on every Qwen3-8B shape (bench/RESULTS.md, session 3 final run).
   const bool step = kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kAuto;

@@ -69,33 +69,10 @@ __device__ __forceinline__ uint4 quad_transpose(uint4 m, int lane) {
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-template <int R>
-struct UnitT;
-template <>
-struct UnitT<1> {
-  using T = uint8_t;
-};
-template <>
-struct UnitT<2> {
-  using T = uint16_t;
-};
-template <>
-struct UnitT<4> {
-  using T = uint32_t;
-};
-template <>
-struct UnitT<8> {
-  using T = uint2;
-};
-template <>
-struct UnitT<16> {
-  using T = uint4;
-};
-
 // One 16-byte canonical unit of a separable plane through its `cols` table, row base `nrow`, column c.
 template <int R, bool kWrite>
 __device__ __forceinline__ void move_parts(const DevicePlane& p, uint8_t* nrow, int64_t c, uint4& v) {
-  using T = typename UnitT<R>::T;
+  using T = typename Unit<R>::T;
   T* parts = reinterpret_cast<T*>(&v);
   const int32_t* cols = p.cols + c / R;
 #pragma unroll

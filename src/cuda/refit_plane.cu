@@ -11,32 +11,10 @@
 #include <cstdint>
 
 #include "cuda/refit_launch.h"
+#include "cuda/refit_plane.cuh"
 
 namespace mxq::cuda {
 namespace {
-
-template <int R>
-struct Unit;
-template <>
-struct Unit<1> {
-  using T = uint8_t;
-};
-template <>
-struct Unit<2> {
-  using T = uint16_t;
-};
-template <>
-struct Unit<4> {
-  using T = uint32_t;
-};
-template <>
-struct Unit<8> {
-  using T = uint2;
-};
-template <>
-struct Unit<16> {
-  using T = uint4;
-};
 
 constexpr int kThreads = 256;
 
@@ -93,7 +71,8 @@ template <bool kWrite>
 cudaError_t launch(const DevicePlane& p, uint8_t* canonical, cudaStream_t stream) {
   if (p.bytes() == 0) return cudaSuccess;
   int r = p.run;
-  // note: the canonical side may be any device pointer (a delta's bytes, an undo log): cut R to its alignment.
+  // note: the canonical side may be any device pointer (a delta's bytes, an undo log): cut R to its
+  // alignment.
   while (r > 1 && reinterpret_cast<uintptr_t>(canonical) % static_cast<uintptr_t>(r) != 0) r /= 2;
   if (p.row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(canonical) % 16 == 0) {
     const dim3 grid16(static_cast<unsigned>((p.row_bytes / 16 + kThreads - 1) / kThreads),

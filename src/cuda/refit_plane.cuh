@@ -2,11 +2,37 @@
 // little-endian word, through the layout's tables. Used by the scatter and the XXH3 checksum kernels.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 #include "cuda/refit_launch.h"
 
 namespace mxq::cuda {
+
+// The unsigned type of R bytes (R = 1, 2, 4, 8, 16): one load or store moves a run of a separable plane.
+template <int R>
+struct Unit;
+template <>
+struct Unit<1> {
+  using T = uint8_t;
+};
+template <>
+struct Unit<2> {
+  using T = uint16_t;
+};
+template <>
+struct Unit<4> {
+  using T = uint32_t;
+};
+template <>
+struct Unit<8> {
+  using T = uint2;
+};
+template <>
+struct Unit<16> {
+  using T = uint4;
+};
 
 // (row, column) of canonical byte q; 32-bit division when it fits (the common case, and much cheaper).
 __device__ __forceinline__ void row_col(const DevicePlane& p, uint64_t q, int64_t& r, int64_t& c) {
