@@ -132,25 +132,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
 
-  // Cross-warp sum: red[warp][value][lane], then warp 0 adds and stores.
-  __shared__ float red[kWarps][kNTiles * 4][32];
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) red[warp][nt * 4 + c][lane] = acc[nt][c];
-  __syncthreads();
-  if (warp != 0) return;
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += red[w][nt * 4 + c][lane];
-      // c0, c1: row g, activations 2t, 2t+1; c2, c3: row g+8.
-      const int row = row0 + g + (c >= 2 ? 8 : 0), mi = nt * 8 + 2 * t + (c & 1);
-      if (row < n && mi < m) y[static_cast<int64_t>(mi) * n + row] = __float2bfloat16_rn(s);
-    }
+  gemv::store_tile_sums<kNTiles>(acc, warp, lane, row0, m, y, n);
 }
 
 }  // namespace

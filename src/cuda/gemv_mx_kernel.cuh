@@ -115,6 +115,32 @@ __device__ __forceinline__ uint32_t load_scales(const uint8_t* p) {
   }
 }
 
+// The tile's epilogue, shared by the MX and FP8-B128 GEMVs: each warp's partial sums of its K slice, acc
+// (mma.sync C fragments: c0, c1 row g, activations 2t, 2t+1; c2, c3 row g+8), are added across the block's
+// warps in shared memory, and warp 0 stores y rows < m, columns < n as bf16. Every thread must call it.
+template <int kNTiles>
+__device__ __forceinline__ void store_tile_sums(const float (&acc)[kNTiles][4], int warp, int lane, int row0,
+                                                int m, __nv_bfloat16* __restrict__ y, int n) {
+  const int g = lane >> 2, t = lane & 3;
+  __shared__ float red[kWarps][kNTiles * 4][32];
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) red[warp][nt * 4 + c][lane] = acc[nt][c];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) s += red[w][nt * 4 + c][lane];
+      const int row = row0 + g + (c >= 2 ? 8 : 0), mi = nt * 8 + 2 * t + (c & 1);
+      if (row < n && mi < m) y[static_cast<int64_t>(mi) * n + row] = __float2bfloat16_rn(s);
+    }
+}
+
 // Policy (Fmt): kGroupK elements per group; kPairsPerWord bf16x2 pairs decoded from one 32-bit word, in MMA
 // slot order (MMA j: pair 2j feeds slots 2t..2t+1, pair 2j+1 feeds 2t+8..2t+9); kRowBytesNum/Den: row bytes
 // per element; load_tail(p) reads the 4 elements a lane owns of one MMA in a short group; kScaleFold: decoded
@@ -272,25 +298,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
 
-  // Cross-warp sum: red[warp][value][lane], then warp 0 adds and stores.
-  __shared__ float red[kWarps][kNTiles * 4][32];
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) red[warp][nt * 4 + c][lane] = acc[nt][c];
-  __syncthreads();
-  if (warp != 0) return;
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += red[w][nt * 4 + c][lane];
-      // c0, c1: row g, activations 2t, 2t+1; c2, c3: row g+8.
-      const int row = row0 + g + (c >= 2 ? 8 : 0), mi = nt * 8 + 2 * t + (c & 1);
-      if (row < n && mi < m) y[static_cast<int64_t>(mi) * n + row] = __float2bfloat16_rn(s);
-    }
+  store_tile_sums<kNTiles>(acc, warp, lane, row0, m, y, n);
 }
 
 // Template dispatch on (n-tiles, tail); arguments were checked by gemv_mx.cpp. `step`: the branch-free step
