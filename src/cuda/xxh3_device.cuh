@@ -54,7 +54,7 @@ MXQ_XXH_HD const uint8_t* secret() {
 #endif
 }
 
-MXQ_XXH_HD uint64_t le64(const uint8_t* p) {
+MXQ_XXH_HD constexpr uint64_t le64(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = v << 8 | p[i];
   return v;
@@ -68,11 +68,7 @@ MXQ_XXH_HD uint64_t secret64(int offset) { return le64(secret() + offset); }
 // note: __constant__ reads at lane-dependent addresses are serialised one address at a time (the ADU pipe);
 // secret64 at such offsets made the batched refit kernel ADU-bound (ncu on the H200: ADU 80% busy, 7.6 ms
 // for 7.16 GB). The words live in global memory instead and go through the L1 like any divergent load.
-constexpr uint64_t secret_le64(int offset) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = v << 8 | kSecret[offset + i];
-  return v;
-}
+constexpr uint64_t secret_le64(int offset) { return le64(kSecret + offset); }
 #if defined(__CUDACC__)
 #define MXQ_XXH3_W(j) secret_le64(8 * (j))
 static __device__ const uint64_t kSecretWordsDevice[kSecretBytes / 8] = {
