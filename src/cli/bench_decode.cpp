@@ -25,6 +25,7 @@
 #if MXQ_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "cuda/pdl.h"
 #include "engine/cuda_runner.h"
 #include "model/qwen3_cuda.h"
 #include "model/step_profile_cuda.h"
@@ -41,6 +42,7 @@ struct DecodeOptions {
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
   bool breakdown = false;  // CUDA: per-op profile of one decode step per batch size
+  bool no_pdl = false;     // CUDA: plain launches instead of programmatic dependent launch (cuda/pdl.h)
 };
 
 double now_s() {
@@ -280,7 +282,10 @@ int run_decode(const DecodeOptions& o) {
     load.quantization = *f;
   }
 #if MXQ_HAVE_CUDA
-  if (o.device == "cuda") return run_decode_cuda(o, dir, std::move(load));
+  if (o.device == "cuda") {
+    cuda::set_pdl(!o.no_pdl);
+    return run_decode_cuda(o, dir, std::move(load));
+  }
 #endif
   auto m = load_model(dir, load);
   if (!m) return bad(m.error().message);
@@ -350,6 +355,7 @@ void add_bench_decode(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   cmd->add_flag("--enforce-eager", o->enforce_eager, "CUDA: no CUDA graphs");
   cmd->add_flag("--breakdown", o->breakdown, "CUDA: per-op time of one decode step per batch (CUDA events)");
+  cmd->add_flag("--no-pdl", o->no_pdl, "CUDA: launch decode kernels without programmatic dependent launch");
   cmd->add_option("--model", o->model, "Checkpoint directory (default: models/default as MXFP8)");
   cmd->add_option("--quantization", o->quantization, "none, mxfp8, mxfp4, fp8-b128");
   cmd->add_option("--pp", o->pp, "Prompt tokens")->capture_default_str();

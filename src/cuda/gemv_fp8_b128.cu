@@ -93,6 +93,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   int q0 = warp * kUnroll;
   if (q0 < nfull) load(q0, wa, wb, sca, scb);
+  // note: under PDL the first step's weights are in flight before the wait (as gemv_mx_kernel.cuh).
+  gemv::prefetch_step_l2(va, vb, q0 + kStride, nfull, t);
+  pdl::enter();
   for (; q0 < nfull; q0 += kStride) {
     if (q0 + kStride < nfull) load(q0 + kStride, na, nb, nsa, nsb);
     auto group = [&](int u) {
@@ -147,15 +150,9 @@ cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values
   const bool step = gemv_kernel() != GemvKernel::kRegister;
   const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
   const bool tail = k % kGroupK != 0;
-#define MXQ_GEMV_LAUNCH(NT, STEP)                                                         \
-  do {                                                                                    \
-    if (tail)                                                                             \
-      gemv_fp8_b128_kernel<NT, true, STEP>                                                \
-          <<<grid, kThreads, 0, stream>>>(xb, m, values, scales, s_row, s_col, yb, n, k); \
-    else                                                                                  \
-      gemv_fp8_b128_kernel<NT, false, STEP>                                               \
-          <<<grid, kThreads, 0, stream>>>(xb, m, values, scales, s_row, s_col, yb, n, k); \
-  } while (0)
+#define MXQ_GEMV_LAUNCH(NT, STEP)                                                                     \
+  return launch_pdl(tail ? gemv_fp8_b128_kernel<NT, true, STEP> : gemv_fp8_b128_kernel<NT, false, STEP>, \
+                    grid, dim3(kThreads), 0, stream, xb, m, values, scales, s_row, s_col, yb, n, k)
   // note: 3 and 4 n-tiles (M 17..32, sm_80's table) spill 24-116 bytes (ptxas, sm_90a).
   if (m <= 8) {
     if (step)
@@ -166,11 +163,9 @@ cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values
     MXQ_GEMV_LAUNCH(2, false);
   } else if (m <= 24) {
     MXQ_GEMV_LAUNCH(3, false);
-  } else {
-    MXQ_GEMV_LAUNCH(4, false);
   }
+  MXQ_GEMV_LAUNCH(4, false);
 #undef MXQ_GEMV_LAUNCH
-  return cudaGetLastError();
 }
 
 }  // namespace mxq::cuda

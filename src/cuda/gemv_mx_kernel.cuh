@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "cuda/gemv_mx_launch.h"
+#include "cuda/pdl.cuh"
 
 namespace mxq::cuda::gemv {
 
@@ -112,6 +113,17 @@ __device__ __forceinline__ uint32_t load_scales(const uint8_t* p) {
 #pragma unroll
     for (int i = 0; i < kCount; ++i) r |= static_cast<uint32_t>(__ldg(p + i)) << (8 * i);
     return r;
+  }
+}
+
+// Asks L2 for the 16-byte chunks lane t of rows a, b would load for the kUnroll groups from q0 (64-byte
+// groups; a no-op past nfull).
+__device__ __forceinline__ void prefetch_step_l2(const uint8_t* va, const uint8_t* vb, int q0, int nfull, int t) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (q0 + u >= nfull) break;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(va + (q0 + u) * 64 + 16 * t));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + (q0 + u) * 64 + 16 * t));
   }
 }
 
@@ -221,6 +233,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   int q0 = warp * kUnroll;
   if (q0 < nfull) load(q0, wa, wb, sca, scb);
+  // note: under PDL (pdl.h) the first step's weights are in flight, and the next step's are asked into L2,
+  // while the kernel before this one still writes x; nothing the step writes is touched before this point.
+  prefetch_step_l2(va, vb, q0 + kStride, nfull, t);
+  pdl::enter();
   // One group u of the current step.
   auto group = [&](int u, int q0, bool large) {
     uint32_t pa[kMmas * 2], pb[kMmas * 2];
@@ -311,13 +327,9 @@ cudaError_t launch_gemv(const uint16_t* x, int m, const uint8_t* values, const u
   auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
   const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
   const bool tail = k % Fmt::kGroupK != 0;
-#define MXQ_GEMV_LAUNCH(NT, STEP)                                                                           \
-  do {                                                                                                      \
-    if (tail)                                                                                               \
-      gemv_mx_kernel<Fmt, NT, true, STEP><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, yb, n, k);  \
-    else                                                                                                    \
-      gemv_mx_kernel<Fmt, NT, false, STEP><<<grid, kThreads, 0, stream>>>(xb, m, values, scales, yb, n, k); \
-  } while (0)
+#define MXQ_GEMV_LAUNCH(NT, STEP)                                                                          \
+  return launch_pdl(tail ? gemv_mx_kernel<Fmt, NT, true, STEP> : gemv_mx_kernel<Fmt, NT, false, STEP>, grid, \
+                    dim3(kThreads), 0, stream, xb, m, values, scales, yb, n, k)
   // note: 3 and 4 n-tiles (M 17..32) spill 130-230 bytes here (ptxas, sm_90a) and still measured as fast as
   // the streaming kernel at M = 24 (bench/RESULTS.md, GEMV M <= 32).
   if (m <= 8) {
@@ -334,7 +346,7 @@ cudaError_t launch_gemv(const uint16_t* x, int m, const uint8_t* values, const u
       MXQ_GEMV_LAUNCH(4, false);
   }
 #undef MXQ_GEMV_LAUNCH
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;  // m > 8 · kMaxNTiles: a caller's bug
 }
 
 }  // namespace mxq::cuda::gemv

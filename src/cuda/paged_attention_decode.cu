@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda/paged_attention_decode.h"
+#include "cuda/pdl.cuh"
 
 namespace mxq::cuda {
 namespace {
@@ -44,6 +45,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float probs[G][kPart];
   __shared__ float row_max[G], row_sum[G];
   __shared__ float red[NT][D];
+  pdl::enter();
   const int s = blockIdx.z, part = blockIdx.x;
   const int kvh = blockIdx.y / head_splits, split = blockIdx.y % head_splits;
   const int len = a.seq_lens[s];
@@ -175,6 +177,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int D>
 __global__ void __launch_bounds__(kThreads) decode_merge_kernel(const PagedDecodeArgs a, int num_parts) {
+  pdl::enter();
   const int h = blockIdx.x, s = blockIdx.y;
   const int64_t sh = static_cast<int64_t>(s) * a.q_heads + h;
   const int len = a.seq_lens[s];
@@ -206,19 +209,14 @@ cudaError_t launch_d(const PagedDecodeArgs& a, cudaStream_t stream) {
   const int np = partitions(a.max_blocks, a.block_size);
   const dim3 grid(static_cast<unsigned>(np), static_cast<unsigned>(a.kv_heads * splits),
                   static_cast<unsigned>(a.max_seqs));
-  if (per_cta <= 1)
-    decode_partition_kernel<D, 1><<<grid, kThreads, 0, stream>>>(a, splits, np);
-  else if (per_cta <= 2)
-    decode_partition_kernel<D, 2><<<grid, kThreads, 0, stream>>>(a, splits, np);
-  else if (per_cta <= 4)
-    decode_partition_kernel<D, 4><<<grid, kThreads, 0, stream>>>(a, splits, np);
-  else
-    decode_partition_kernel<D, 8><<<grid, kThreads, 0, stream>>>(a, splits, np);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  decode_merge_kernel<D>
-      <<<dim3(static_cast<unsigned>(a.q_heads), static_cast<unsigned>(a.max_seqs)), kThreads, 0, stream>>>(
-          a, np);
-  return cudaGetLastError();
+  auto* part = per_cta <= 1   ? decode_partition_kernel<D, 1>
+               : per_cta <= 2 ? decode_partition_kernel<D, 2>
+               : per_cta <= 4 ? decode_partition_kernel<D, 4>
+                              : decode_partition_kernel<D, 8>;
+  if (const cudaError_t e = launch_pdl(part, grid, dim3(kThreads), 0, stream, a, splits, np); e != cudaSuccess)
+    return e;
+  return launch_pdl(decode_merge_kernel<D>, dim3(static_cast<unsigned>(a.q_heads), static_cast<unsigned>(a.max_seqs)),
+                    dim3(kThreads), 0, stream, a, np);
 }
 
 }  // namespace

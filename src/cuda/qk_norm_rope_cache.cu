@@ -16,6 +16,7 @@
 #include <climits>
 
 #include "cuda/qk_norm_rope_cache.h"
+#include "cuda/pdl.cuh"
 
 namespace mxq::cuda {
 namespace {
@@ -27,6 +28,7 @@ template <int D>
 __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_cache_kernel(const QkNormRopeArgs a) {
   constexpr int E =
       D / 32;  // elements per lane: lane l holds [l * E, l * E + E); lane l ^ 16 the partner half
+  pdl::enter();
   const int64_t t = blockIdx.x;
   if (a.num_tokens && t >= *a.num_tokens) return;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -107,11 +109,8 @@ cudaError_t launch_qk_norm_rope_cache(const QkNormRopeArgs& a, cudaStream_t stre
     return cudaErrorInvalidValue;
   if (a.max_tokens == 0) return cudaSuccess;
   const unsigned grid = static_cast<unsigned>(a.max_tokens);
-  if (a.head_dim == 64)
-    qk_norm_rope_cache_kernel<64><<<grid, kWarps * 32, 0, stream>>>(a);
-  else
-    qk_norm_rope_cache_kernel<128><<<grid, kWarps * 32, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_pdl(a.head_dim == 64 ? qk_norm_rope_cache_kernel<64> : qk_norm_rope_cache_kernel<128>,
+                    dim3(grid), dim3(kWarps * 32), 0, stream, a);
 }
 
 }  // namespace mxq::cuda

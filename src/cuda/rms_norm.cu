@@ -12,6 +12,7 @@
 #include <climits>
 
 #include "cuda/rms_norm.h"
+#include "cuda/pdl.cuh"
 
 namespace mxq::cuda {
 namespace {
@@ -80,6 +81,7 @@ template <class In>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const In* __restrict__ x, const uint16_t* __restrict__ w, float eps, int64_t dim,
                     const int32_t* __restrict__ num_tokens, uint16_t* __restrict__ out) {
+  pdl::enter();
   const int64_t t = blockIdx.x;
   if (num_tokens && t >= *num_tokens) return;
   const In* row = x + t * dim;
@@ -97,6 +99,7 @@ __global__ void __launch_bounds__(kThreads)
     add_rms_norm_kernel(const uint16_t* __restrict__ x, float* residual, const uint16_t* __restrict__ w,
                         float eps, int64_t dim, const int32_t* __restrict__ num_tokens,
                         uint16_t* __restrict__ out) {
+  pdl::enter();
   const int64_t t = blockIdx.x;
   if (num_tokens && t >= *num_tokens) return;
   float* res = residual + t * dim;
@@ -128,9 +131,8 @@ cudaError_t launch_rms_norm_f32(const float* x, const uint16_t* w, float eps, in
                                 cudaStream_t stream) {
   if (bad_shape(dim, max_tokens) || !x || !w || !out) return cudaErrorInvalidValue;
   if (max_tokens == 0) return cudaSuccess;
-  rms_norm_kernel<float>
-      <<<static_cast<unsigned>(max_tokens), kThreads, 0, stream>>>(x, w, eps, dim, num_tokens, out);
-  return cudaGetLastError();
+  return launch_pdl(rms_norm_kernel<float>, dim3(static_cast<unsigned>(max_tokens)), dim3(kThreads), 0, stream, x, w,
+                    eps, dim, num_tokens, out);
 }
 
 cudaError_t launch_rms_norm_bf16(const uint16_t* x, const uint16_t* w, float eps, int64_t dim,
@@ -138,9 +140,8 @@ cudaError_t launch_rms_norm_bf16(const uint16_t* x, const uint16_t* w, float eps
                                  cudaStream_t stream) {
   if (bad_shape(dim, max_tokens) || !x || !w || !out) return cudaErrorInvalidValue;
   if (max_tokens == 0) return cudaSuccess;
-  rms_norm_kernel<uint16_t>
-      <<<static_cast<unsigned>(max_tokens), kThreads, 0, stream>>>(x, w, eps, dim, num_tokens, out);
-  return cudaGetLastError();
+  return launch_pdl(rms_norm_kernel<uint16_t>, dim3(static_cast<unsigned>(max_tokens)), dim3(kThreads), 0, stream, x, w,
+                    eps, dim, num_tokens, out);
 }
 
 cudaError_t launch_add_rms_norm(const uint16_t* x, float* residual, const uint16_t* w, float eps, int64_t dim,
@@ -148,9 +149,8 @@ cudaError_t launch_add_rms_norm(const uint16_t* x, float* residual, const uint16
                                 cudaStream_t stream) {
   if (bad_shape(dim, max_tokens) || !x || !residual || !w || !out) return cudaErrorInvalidValue;
   if (max_tokens == 0) return cudaSuccess;
-  add_rms_norm_kernel<<<static_cast<unsigned>(max_tokens), kThreads, 0, stream>>>(x, residual, w, eps, dim,
-                                                                                  num_tokens, out);
-  return cudaGetLastError();
+  return launch_pdl(add_rms_norm_kernel, dim3(static_cast<unsigned>(max_tokens)), dim3(kThreads), 0, stream, x,
+                    residual, w, eps, dim, num_tokens, out);
 }
 
 }  // namespace mxq::cuda

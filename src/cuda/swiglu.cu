@@ -10,6 +10,7 @@
 #include <climits>
 
 #include "cuda/swiglu.h"
+#include "cuda/pdl.cuh"
 
 namespace mxq::cuda {
 namespace {
@@ -28,6 +29,7 @@ __device__ __forceinline__ uint32_t silu_mul2(uint32_t g, uint32_t u) {
 __global__ void __launch_bounds__(kThreads)
     swiglu_kernel(const uint16_t* __restrict__ gate, const uint16_t* __restrict__ up, int64_t stride,
                   int64_t width, const int32_t* __restrict__ num_tokens, uint16_t* __restrict__ out) {
+  pdl::enter();
   const int64_t t = blockIdx.x;
   if (num_tokens && t >= *num_tokens) return;
   const int64_t c = (static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x) * 8;
@@ -45,8 +47,7 @@ cudaError_t launch(const uint16_t* gate, const uint16_t* up, int64_t stride, int
   if (max_tokens == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(max_tokens),
                   static_cast<unsigned>((width / 8 + kThreads - 1) / kThreads));
-  swiglu_kernel<<<grid, kThreads, 0, stream>>>(gate, up, stride, width, num_tokens, out);
-  return cudaGetLastError();
+  return launch_pdl(swiglu_kernel, grid, dim3(kThreads), 0, stream, gate, up, stride, width, num_tokens, out);
 }
 
 }  // namespace

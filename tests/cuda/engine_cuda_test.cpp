@@ -21,6 +21,7 @@
 
 #include "cpu/softmax.h"
 #include "cuda/linear.h"
+#include "cuda/pdl.h"
 #include "engine/cuda_runner.h"
 #include "engine/kv_cache.h"
 #include "format/codec.h"
@@ -421,6 +422,39 @@ TEST_P(EngineCuda, GraphReplayEqualsEager) {
     EXPECT_GE(graph->runner->graphs_captured(), 1);
     EXPECT_GE(graph->runner->graph_replays(), 10);
   }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_EQ((*a)[i].size(), (*b)[i].size());
+    for (size_t t = 0; t < (*a)[i].size(); ++t) {
+      EXPECT_EQ((*a)[i][t].id, (*b)[i][t].id) << "request " << i << " token " << t;
+      EXPECT_EQ((*a)[i][t].logprob, (*b)[i][t].logprob) << "request " << i << " token " << t;
+    }
+  }
+}
+
+// Programmatic dependent launch (cuda/pdl.h) changes when kernels start, never what they compute: graph
+// replays with PDL equal eager steps with plain launches, bit for bit.
+TEST_P(EngineCuda, PdlEqualsPlainLaunch) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  std::mt19937_64 rng(seed_ ^ 0x9d1);
+  const int64_t V = m_->cpu.config.vocab_size;
+  std::vector<Request> reqs;
+  for (int64_t len : {5, 33}) {
+    Request r{random_prompt(rng, len, V), {}};
+    r.params.max_new_tokens = 12;
+    r.params.ignore_eos = true;
+    r.params.sampling = SamplingParams{0.8f, 0, 0.9f, 0.0f, 0};
+    r.params.seed = rng();
+    reqs.push_back(r);
+  }
+  cuda::set_pdl(false);
+  auto plain = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(true));
+  ASSERT_TRUE(plain);
+  auto a = run_engine(*plain, reqs);
+  cuda::set_pdl(true);
+  auto pdl = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(false));
+  ASSERT_TRUE(pdl);
+  auto b = run_engine(*pdl, reqs);
+  ASSERT_TRUE(a && b);
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_EQ((*a)[i].size(), (*b)[i].size());
     for (size_t t = 0; t < (*a)[i].size(); ++t) {
