@@ -32,7 +32,7 @@ template <int kNTiles, bool kHasTail, bool kStep>
 __global__ void __launch_bounds__(kThreads, 2)
     gemv_fp8_b128_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
                          const float* __restrict__ ws, int64_t s_row, int64_t s_col,
-                         __nv_bfloat16* __restrict__ y, int n, int k, int l2_row_bytes) {
+                         __nv_bfloat16* __restrict__ y, int n, int k) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int row0 = blockIdx.x * kRowsPerTile;
   // note: rows past n read row n-1 (valid memory) and are never stored.
@@ -94,7 +94,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   int q0 = warp * kUnroll;
   if (q0 < nfull) load(q0, wa, wb, sca, scb);
   // note: under PDL the first step's weights are in flight before the wait (as gemv_mx_kernel.cuh).
-  gemv::prefetch_rows_l2(wv, k, row0, n, l2_row_bytes);
   pdl::enter();
   for (; q0 < nfull; q0 += kStride) {
     if (q0 + kStride < nfull) load(q0 + kStride, na, nb, nsa, nsb);
@@ -150,10 +149,9 @@ cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values
   const bool step = gemv_kernel() != GemvKernel::kRegister;
   const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
   const bool tail = k % kGroupK != 0;
-  const int l2_row_bytes = gemv::pdl_prefetch_row_bytes(k);
 #define MXQ_GEMV_LAUNCH(NT, STEP)                                                                     \
   return launch_pdl(tail ? gemv_fp8_b128_kernel<NT, true, STEP> : gemv_fp8_b128_kernel<NT, false, STEP>, \
-                    grid, dim3(kThreads), 0, stream, xb, m, values, scales, s_row, s_col, yb, n, k, l2_row_bytes)
+                    grid, dim3(kThreads), 0, stream, xb, m, values, scales, s_row, s_col, yb, n, k)
   // note: 3 and 4 n-tiles (M 17..32, sm_80's table) spill 24-116 bytes (ptxas, sm_90a).
   if (m <= 8) {
     if (step)

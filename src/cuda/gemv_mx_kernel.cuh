@@ -116,26 +116,6 @@ __device__ __forceinline__ uint32_t load_scales(const uint8_t* p) {
   }
 }
 
-// Under PDL (pdl.h) a GEMV starts while the small op before it still runs, and DRAM would idle until x is
-// ready: so each tile first asks L2 for the first `row_bytes` bytes (a multiple of 16, 0 = none) of each of
-// its 16 weight rows with one bulk prefetch per row (sm_90; no-op before), the bytes its warps stream first.
-// note: the launchers ask for up to 4 KiB per row (64 KiB per tile, 17 MB for one wave of 264 tiles: a third
-// of the H200's L2) and only under PDL.
-__device__ __forceinline__ void prefetch_rows_l2(const uint8_t* w, int64_t row_stride, int row0, int n,
-                                                 int row_bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const int r = row0 + static_cast<int>(threadIdx.x);
-  if (row_bytes > 0 && threadIdx.x < kRowsPerTile && r < n)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + r * row_stride), "r"(row_bytes)
-                 : "memory");
-#endif
-}
-
-// Bytes per row the launchers prefetch under PDL: the first 4 KiB of a row of `row_bytes` (16-byte multiple).
-inline int pdl_prefetch_row_bytes(int64_t row_bytes) {
-  return pdl_active() ? static_cast<int>(row_bytes < 4096 ? row_bytes & ~int64_t{15} : 4096) : 0;
-}
-
 // The tile's epilogue, shared by the MX and FP8-B128 GEMVs: each warp's partial sums of its K slice, acc
 // (mma.sync C fragments: c0, c1 row g, activations 2t, 2t+1; c2, c3 row g+8), are added across the block's
 // warps in shared memory, and warp 0 stores y rows < m, columns < n as bf16. Every thread must call it.
@@ -170,7 +150,7 @@ __device__ __forceinline__ void store_tile_sums(const float (&acc)[kNTiles][4], 
 template <class Fmt, int kNTiles, bool kHasTail, bool kStep>
 __global__ void __launch_bounds__(kThreads, 2)
     gemv_mx_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
-                   const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k, int l2_row_bytes) {
+                   const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k) {
   constexpr int kMmas = Fmt::kGroupK / 16, kBlocks = Fmt::kGroupK / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int row0 = blockIdx.x * kRowsPerTile;
@@ -242,9 +222,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   int q0 = warp * kUnroll;
   if (q0 < nfull) load(q0, wa, wb, sca, scb);
-  // note: under PDL (pdl.h) the first step's weights are in flight, and the tile's first rows' bytes asked
-  // into L2, while the kernel before this one still writes x; nothing the step writes is touched before.
-  prefetch_rows_l2(wv, row_bytes, row0, n, l2_row_bytes);
+  // note: under PDL (pdl.h) the first step's weights are in flight while the kernel before this one still
+  // writes x; nothing the step writes is touched before this point. A bulk L2 prefetch of each tile's first
+  // 4 KiB per row here, and a per-lane L2 prefetch of the next step, measured no faster in the 36-layer
+  // Qwen3-8B decode (bench/RESULTS.md, session 4) and were dropped.
   pdl::enter();
   // One group u of the current step.
   auto group = [&](int u, int q0, bool large) {
@@ -336,10 +317,9 @@ cudaError_t launch_gemv(const uint16_t* x, int m, const uint8_t* values, const u
   auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
   const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
   const bool tail = k % Fmt::kGroupK != 0;
-  const int l2_row_bytes = pdl_prefetch_row_bytes(static_cast<int64_t>(k) * Fmt::kRowBytesNum / Fmt::kRowBytesDen);
 #define MXQ_GEMV_LAUNCH(NT, STEP)                                                                          \
   return launch_pdl(tail ? gemv_mx_kernel<Fmt, NT, true, STEP> : gemv_mx_kernel<Fmt, NT, false, STEP>, grid, \
-                    dim3(kThreads), 0, stream, xb, m, values, scales, yb, n, k, l2_row_bytes)
+                    dim3(kThreads), 0, stream, xb, m, values, scales, yb, n, k)
   // note: 3 and 4 n-tiles (M 17..32) spill 130-230 bytes here (ptxas, sm_90a) and still measured as fast as
   // the streaming kernel at M = 24 (bench/RESULTS.md, GEMV M <= 32).
   if (m <= 8) {
