@@ -20,6 +20,7 @@
 #include "cuda/gemv_mx_launch.h"
 #include "format/codec.h"
 #include "gpu_test_util.h"
+#include "op_test_util.h"
 #include "layout/probe.h"
 
 namespace mxq::cuda {
@@ -33,32 +34,8 @@ void PrintTo(const LinearCase& c, std::ostream* os) {
   *os << traits(c.format).name << " m=" << c.m << " n=" << c.n << " k=" << c.k;
 }
 
-// Random canonical planes: non-NaN codes, scales in a range that keeps products normal.
 HostPlanes random_planes(std::mt19937_64& rng, Format f, int64_t n, int64_t k) {
-  HostPlanes p;
-  if (f == Format::kBF16) {
-    const auto w = test::random_bf16(rng, static_cast<size_t>(n * k));
-    p.values.resize(w.size() * 2);
-    std::memcpy(p.values.data(), w.data(), p.values.size());
-    return p;
-  }
-  p.values.resize(static_cast<size_t>(values_bytes(f, n, k)));
-  p.scales.resize(static_cast<size_t>(scales_bytes(f, n, k)));
-  const bool e4m3 = f != Format::kMXFP4;
-  for (auto& b : p.values) {
-    do b = static_cast<uint8_t>(rng());
-    while (e4m3 && (b & 0x7F) == 0x7F);  // note: E4M3 NaN codes are not weights
-  }
-  if (f == Format::kFP8_B128) {
-    for (size_t i = 0; i < p.scales.size(); i += 4) {
-      const float s =
-          std::ldexp(1.0f + static_cast<float>(rng() % 1024) / 1024.0f, -12 + static_cast<int>(rng() % 6));
-      std::memcpy(p.scales.data() + i, &s, 4);
-    }
-  } else {
-    for (auto& b : p.scales) b = static_cast<uint8_t>(116 + rng() % 8);
-  }
-  return p;
+  return test::random_planes(rng, f, values_bytes(f, n, k), scales_bytes(f, n, k));
 }
 
 class Linear : public ::testing::TestWithParam<LinearCase> {};

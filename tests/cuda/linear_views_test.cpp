@@ -19,28 +19,9 @@
 namespace mxq::cuda {
 namespace {
 
-// Random canonical planes of [rows, k] (rows = E·n): non-NaN codes, scales that keep products normal.
+// Random canonical planes of [rows, k] (rows = E·n); FP8-B128 scales (1 + u) · 2^-10.
 HostPlanes random_planes(std::mt19937_64& rng, Format f, const TensorGeometry& g) {
-  HostPlanes p{std::vector<uint8_t>(static_cast<size_t>(g.values.bytes())),
-               std::vector<uint8_t>(static_cast<size_t>(g.scales.bytes()))};
-  if (f == Format::kBF16) {
-    const auto w = test::random_bf16(rng, p.values.size() / 2);
-    std::memcpy(p.values.data(), w.data(), p.values.size());
-    return p;
-  }
-  for (auto& b : p.values) {
-    do b = static_cast<uint8_t>(rng());
-    while (f != Format::kMXFP4 && (b & 0x7F) == 0x7F);  // note: E4M3 NaN codes are not weights
-  }
-  if (f == Format::kFP8_B128) {
-    for (size_t i = 0; i < p.scales.size(); i += 4) {
-      const float s = std::ldexp(1.0f + static_cast<float>(rng() % 1024) / 1024.0f, -10);
-      std::memcpy(p.scales.data() + i, &s, 4);
-    }
-  } else {
-    for (auto& b : p.scales) b = static_cast<uint8_t>(116 + rng() % 8);
-  }
-  return p;
+  return test::random_planes(rng, f, g.values.bytes(), g.scales.bytes(), -10, 1);
 }
 
 // Expert e's rows of a canonical plane of `experts` equal row blocks.

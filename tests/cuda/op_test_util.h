@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "format/codec.h"
 #include "gpu_test_util.h"
+#include "layout/probe.h"
 
 namespace mxq::cuda::test {
 
@@ -32,6 +34,33 @@ inline std::vector<float> to_f32(const std::vector<uint16_t>& bf16) {
   std::vector<float> f(bf16.size());
   for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_f32(bf16[i]);
   return f;
+}
+
+// Random canonical weight planes of values_bytes / scales_bytes for format f: non-NaN codes; MX scales
+// 2^-11..2^-4 and FP8-B128 scales (1 + u) · 2^e, e in [exp_lo, exp_lo + exp_count), so products stay normal.
+inline HostPlanes random_planes(std::mt19937_64& rng, Format f, int64_t values_bytes, int64_t scales_bytes,
+                                int exp_lo = -12, int exp_count = 6) {
+  HostPlanes p{std::vector<uint8_t>(static_cast<size_t>(values_bytes)),
+               std::vector<uint8_t>(static_cast<size_t>(scales_bytes))};
+  if (f == Format::kBF16) {
+    const auto w = random_bf16(rng, p.values.size() / 2);
+    std::memcpy(p.values.data(), w.data(), p.values.size());
+    return p;
+  }
+  for (auto& b : p.values) {
+    do b = static_cast<uint8_t>(rng());
+    while (f != Format::kMXFP4 && (b & 0x7F) == 0x7F);  // note: E4M3 NaN codes are not weights
+  }
+  if (f == Format::kFP8_B128) {
+    for (size_t i = 0; i < p.scales.size(); i += 4) {
+      const float s = std::ldexp(1.0f + static_cast<float>(rng() % 1024) / 1024.0f,
+                                 exp_lo + static_cast<int>(rng() % static_cast<uint64_t>(exp_count)));
+      std::memcpy(p.scales.data() + i, &s, 4);
+    }
+  } else {
+    for (auto& b : p.scales) b = static_cast<uint8_t>(116 + rng() % 8);
+  }
+  return p;
 }
 
 // Result or fail the test.
