@@ -112,4 +112,27 @@ __device__ __forceinline__ float load_mx_block(const uint16_t* x, int64_t i, uin
   return amax;
 }
 
+// The FP8-B128 tile epilogue shared by quantize_fp8_b128.cu (bf16) and quantize_src.cu (f16 / f32): the
+// thread's amax and finiteness are combined over the block (kThreads threads, one 128x128 tile), the first
+// tile with a non-finite input is recorded in bad_block, thread 0 writes the tile's f32 scale, and every
+// thread gets the factor 448 / amax its values are multiplied by.
+template <int kThreads>
+__device__ __forceinline__ float fp8_b128_tile_factor(float amax, bool finite, int64_t cols,
+                                                      unsigned long long* bad_block, float* scales) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  __shared__ float warp_max[kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+  const int any_bad = __syncthreads_or(!finite);
+  amax = warp_max[0];
+#pragma unroll
+  for (int i = 1; i < kThreads / 32; ++i) amax = fmaxf(amax, warp_max[i]);
+  const int64_t scale_cols = (cols + 127) / 128;
+  const int64_t block_index = static_cast<int64_t>(blockIdx.y) * scale_cols + blockIdx.x;
+  if (any_bad && threadIdx.x == 0) atomicMin(bad_block, static_cast<unsigned long long>(block_index));
+  const float amax_c = fmaxf(amax, 1e-4f);  // note: 1e-4 floor as DeepSeek's reference quantizer
+  if (threadIdx.x == 0) scales[block_index] = amax_c / 448.0f;
+  return 448.0f / amax_c;
+}
+
 }  // namespace mxq::cuda::quant

@@ -47,22 +47,7 @@ __global__ void __launch_bounds__(kThreads)
       amax = fmaxf(amax, fabsf(v));
     }
   }
-  // Block-wide max: warp shuffle, then one value per warp in shared memory.
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-  __shared__ float warp_max[kThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
-  const int any_bad = __syncthreads_or(!finite);
-  amax = warp_max[0];
-#pragma unroll
-  for (int i = 1; i < kThreads / 32; ++i) amax = fmaxf(amax, warp_max[i]);
-  const int64_t scale_cols = (cols + kTile - 1) / kTile;
-  const int64_t block_index = static_cast<int64_t>(blockIdx.y) * scale_cols + blockIdx.x;
-  if (any_bad && threadIdx.x == 0) atomicMin(bad_block, static_cast<unsigned long long>(block_index));
-
-  const float amax_c = fmaxf(amax, 1e-4f);  // note: 1e-4 floor as DeepSeek's reference quantizer
-  const float factor = 448.0f / amax_c;
-  if (threadIdx.x == 0) scales[block_index] = amax_c / 448.0f;
+  const float factor = quant::fp8_b128_tile_factor<kThreads>(amax, finite, cols, bad_block, scales);
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     const int64_t r = r0 + tr + 16 * p;
