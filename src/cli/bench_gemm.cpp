@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <random>
+#include <span>
 
 #include "cli/bench_cuda.h"
 #include "cuda/check.h"
@@ -31,17 +32,6 @@ namespace {
 
 using cuda::DeviceBuffer;
 
-struct Shape {
-  const char* name;
-  int64_t n, k;
-};
-// note: Qwen3-8B: hidden 4096, 32 q / 8 kv heads of 128, intermediate 12288 (gate and up fused).
-constexpr Shape kShapes[] = {
-    {"8B q/o_proj", 4096, 4096},
-    {"8B qkv_proj", 6144, 4096},
-    {"8B gate_up", 24576, 4096},
-    {"8B down_proj", 4096, 12288},
-};
 constexpr int kLaunchesPerGraph = 10, kReps = 9;
 
 Status run_bench(const std::vector<Format>& formats, const std::vector<int64_t>& ms) {
@@ -62,7 +52,8 @@ Status run_bench(const std::vector<Format>& formats, const std::vector<int64_t>&
              "M", "us", "TFLOP/s", "cuBLAS us", "TFLOP/s", "%cuBLAS");
   const int64_t max_m = *std::max_element(ms.begin(), ms.end());
   std::mt19937_64 rng(20261129);
-  for (const Shape& s : kShapes) {
+  // note: the Qwen3-8B rows of the shared table (the 30B-A3B expert shapes are GEMV-sized)
+  for (const BenchShape& s : std::span(kQwen3Shapes).first(4)) {
     const int64_t bf16_bytes = s.n * s.k * 2;
     const int bf16_copies = copies_for(bf16_bytes);
     auto wbf = replicate(random_bf16_bytes(rng, static_cast<size_t>(s.n * s.k)), bf16_copies);
