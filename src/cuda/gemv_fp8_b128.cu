@@ -27,14 +27,15 @@ using gemv::kUnroll;
 using gemv::kWarps;
 constexpr int kGroupK = 64;
 
-// kStep (1 n-tile only): a whole step of kUnroll groups without bounds checks, as one block.
-template <int kNTiles, bool kHasTail, bool kStep>
-__global__ void __launch_bounds__(kThreads, 2)
-    gemv_fp8_b128_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
-                         const float* __restrict__ ws, int64_t s_row, int64_t s_col,
-                         __nv_bfloat16* __restrict__ y, int n, int k) {
+// kStep (1 n-tile only): a whole step of kUnroll groups without bounds checks, as one block. The tile body
+// of one block (weight rows row0..row0+15); kGather: x row i at x + (x_rows[i] / x_div)·k (gemv_grouped.cuh).
+template <int kNTiles, bool kHasTail, bool kStep, bool kGather = false>
+__device__ __forceinline__ void gemv_fp8_b128_tile(const __nv_bfloat16* __restrict__ x, int m,
+                                                   const int32_t* __restrict__ x_rows, int x_div,
+                                                   const uint8_t* __restrict__ wv, const float* __restrict__ ws,
+                                                   int64_t s_row, int64_t s_col, __nv_bfloat16* __restrict__ y,
+                                                   int n, int k, int row0) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int row0 = blockIdx.x * kRowsPerTile;
   // note: rows past n read row n-1 (valid memory) and are never stored.
   const int64_t ra = min(row0 + g, n - 1), rb = min(row0 + g + 8, n - 1);
   const uint8_t* va = wv + ra * k;
@@ -46,7 +47,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
     xok[nt] = nt * 8 + g < m;
-    xr[nt] = x + static_cast<int64_t>(xok[nt] ? nt * 8 + g : 0) * k;
+    const int xi = xok[nt] ? nt * 8 + g : 0;
+    xr[nt] = x + static_cast<int64_t>(kGather ? x_rows[xi] / x_div : xi) * k;
   }
   float acc[kNTiles][4] = {};
 
@@ -137,21 +139,33 @@ __global__ void __launch_bounds__(kThreads, 2)
   gemv::store_tile_sums<kNTiles>(acc, warp, lane, row0, m, y, n);
 }
 
+// Every part of p in one launch (gemv_mx_launch.h, GemvParts), as gemv_mx_kernel.
+template <int kNTiles, bool kHasTail, bool kStep>
+__global__ void __launch_bounds__(kThreads, 2)
+    gemv_fp8_b128_kernel(const __nv_bfloat16* __restrict__ x, int m, const GemvParts p, int k) {
+  int row0;
+  const int q = gemv::gemv_part_of_block(p, static_cast<int>(blockIdx.x), row0);
+  gemv_fp8_b128_tile<kNTiles, kHasTail, kStep>(x, m, nullptr, 1, p.values[q],
+                                               reinterpret_cast<const float*>(p.scales[q]), p.s_row[q],
+                                               p.s_col[q], reinterpret_cast<__nv_bfloat16*>(p.y[q]), p.n[q],
+                                               k, row0);
+}
+
 }  // namespace
 
-cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values, const float* scales,
-                                 int64_t s_row, int64_t s_col, uint16_t* y, int n, int k,
-                                 cudaStream_t stream) {
+cudaError_t launch_gemv_parts_fp8_b128(const uint16_t* x, int m, const GemvParts& p, int k,
+                                       cudaStream_t stream) {
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
-  auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
   // note: everything but kRegister takes the step body (m <= 8): 6-10% faster than the per-group loop at
   // M = 1 and 8 on every Qwen3-8B shape on the H200 (bench/RESULTS.md, session 3 final run).
   const bool step = gemv_kernel() != GemvKernel::kRegister;
-  const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
+  int tiles = 0;
+  for (int q = 0; q < p.count; ++q) tiles += (p.n[q] + kRowsPerTile - 1) / kRowsPerTile;
+  const dim3 grid(static_cast<unsigned>(tiles));
   const bool tail = k % kGroupK != 0;
 #define MXQ_GEMV_LAUNCH(NT, STEP)                                                                     \
   return launch_pdl(tail ? gemv_fp8_b128_kernel<NT, true, STEP> : gemv_fp8_b128_kernel<NT, false, STEP>, \
-                    grid, dim3(kThreads), 0, stream, xb, m, values, scales, s_row, s_col, yb, n, k)
+                    grid, dim3(kThreads), 0, stream, xb, m, p, k)
   // note: 3 and 4 n-tiles (M 17..32, sm_80's table) spill 24-116 bytes (ptxas, sm_90a).
   if (m <= 8) {
     if (step)
@@ -165,6 +179,15 @@ cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values
   }
   MXQ_GEMV_LAUNCH(4, false);
 #undef MXQ_GEMV_LAUNCH
+}
+
+cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values, const float* scales,
+                                 int64_t s_row, int64_t s_col, uint16_t* y, int n, int k,
+                                 cudaStream_t stream) {
+  GemvParts p;
+  p.values[0] = values, p.scales[0] = reinterpret_cast<const uint8_t*>(scales), p.y[0] = y, p.n[0] = n;
+  p.s_row[0] = s_row, p.s_col[0] = s_col, p.count = 1;
+  return launch_gemv_parts_fp8_b128(x, m, p, k, stream);
 }
 
 }  // namespace mxq::cuda

@@ -147,13 +147,15 @@ __device__ __forceinline__ void store_tile_sums(const float (&acc)[kNTiles][4], 
 // per element; load_tail(p) reads the 4 elements a lane owns of one MMA in a short group; kScaleFold: decoded
 // values are the true ones times 2^-kScaleFold (0: exact values), undone in the scale multiply.
 // kStep (1 n-tile only): a whole step of kUnroll groups as one branch-free block (see the loop).
-template <class Fmt, int kNTiles, bool kHasTail, bool kStep>
-__global__ void __launch_bounds__(kThreads, 2)
-    gemv_mx_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
-                   const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k) {
+// The tile body of one block: weight rows row0..row0+15 against activation rows 0..m-1 (x row i at
+// x + i·k, or with kGather at x + (x_rows[i] / x_div)·k: the grouped MoE entry, gemv_grouped.cuh).
+template <class Fmt, int kNTiles, bool kHasTail, bool kStep, bool kGather = false>
+__device__ __forceinline__ void gemv_mx_tile(const __nv_bfloat16* __restrict__ x, int m,
+                                             const int32_t* __restrict__ x_rows, int x_div,
+                                             const uint8_t* __restrict__ wv, const uint8_t* __restrict__ ws,
+                                             __nv_bfloat16* __restrict__ y, int n, int k, int row0) {
   constexpr int kMmas = Fmt::kGroupK / 16, kBlocks = Fmt::kGroupK / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int row0 = blockIdx.x * kRowsPerTile;
   // note: rows past n read row n-1 (valid memory) and are never stored.
   const int64_t ra = min(row0 + g, n - 1), rb = min(row0 + g + 8, n - 1);
   const int64_t row_bytes = static_cast<int64_t>(k) * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
@@ -167,7 +169,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
     xok[nt] = nt * 8 + g < m;
-    xr[nt] = x + static_cast<int64_t>(xok[nt] ? nt * 8 + g : 0) * k + 4 * t;
+    const int xi = xok[nt] ? nt * 8 + g : 0;
+    xr[nt] = x + static_cast<int64_t>(kGather ? x_rows[xi] / x_div : xi) * k + 4 * t;
   }
   float acc[kNTiles][4] = {};
 
@@ -307,19 +310,43 @@ __global__ void __launch_bounds__(kThreads, 2)
   store_tile_sums<kNTiles>(acc, warp, lane, row0, m, y, n);
 }
 
-// Template dispatch on (n-tiles, tail); arguments were checked by gemv_mx.cpp. `step`: the branch-free step
-// body at one n-tile (m <= 8). kMaxNTiles: the largest n-tile count instantiated (the caller keeps
-// m <= 8 · kMaxNTiles).
+// Which GEMV part grid block b serves and its first weight row: parts are laid out one after another on the
+// grid, each in ceil(n_p / 16) row tiles. Returns the part index.
+__device__ __forceinline__ int gemv_part_of_block(const GemvParts& p, int b, int& row0) {
+  int q = 0;
+#pragma unroll
+  for (int i = 0; i < kMaxGemvParts - 1; ++i) {
+    const int tiles = (p.n[q] + kRowsPerTile - 1) / kRowsPerTile;
+    if (q + 1 < p.count && b >= tiles) b -= tiles, ++q;
+  }
+  row0 = b * kRowsPerTile;
+  return q;
+}
+
+// One launch for every part of p (one projection, or q/k/v or gate/up of the same x): each block runs the
+// tile body on its part's weights, so each part's y equals its own launch's bit for bit.
+template <class Fmt, int kNTiles, bool kHasTail, bool kStep>
+__global__ void __launch_bounds__(kThreads, 2)
+    gemv_mx_kernel(const __nv_bfloat16* __restrict__ x, int m, const GemvParts p, int k) {
+  int row0;
+  const int q = gemv_part_of_block(p, static_cast<int>(blockIdx.x), row0);
+  gemv_mx_tile<Fmt, kNTiles, kHasTail, kStep>(x, m, nullptr, 1, p.values[q], p.scales[q],
+                                              reinterpret_cast<__nv_bfloat16*>(p.y[q]), p.n[q], k, row0);
+}
+
+// Template dispatch on (n-tiles, tail); arguments were checked by gemv_mx.cpp / linear.cpp. `step`: the
+// branch-free step body at one n-tile (m <= 8). kMaxNTiles: the largest n-tile count instantiated (the caller
+// keeps m <= 8 · kMaxNTiles).
 template <class Fmt, int kMaxNTiles = 4>
-cudaError_t launch_gemv(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y,
-                        int n, int k, bool step, cudaStream_t stream) {
+cudaError_t launch_gemv(const uint16_t* x, int m, const GemvParts& p, int k, bool step, cudaStream_t stream) {
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
-  auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
-  const dim3 grid(static_cast<unsigned>((n + kRowsPerTile - 1) / kRowsPerTile));
+  int tiles = 0;
+  for (int q = 0; q < p.count; ++q) tiles += (p.n[q] + kRowsPerTile - 1) / kRowsPerTile;
+  const dim3 grid(static_cast<unsigned>(tiles));
   const bool tail = k % Fmt::kGroupK != 0;
 #define MXQ_GEMV_LAUNCH(NT, STEP)                                                                          \
   return launch_pdl(tail ? gemv_mx_kernel<Fmt, NT, true, STEP> : gemv_mx_kernel<Fmt, NT, false, STEP>, grid, \
-                    dim3(kThreads), 0, stream, xb, m, values, scales, yb, n, k)
+                    dim3(kThreads), 0, stream, xb, m, p, k)
   // note: 3 and 4 n-tiles (M 17..32) spill 130-230 bytes here (ptxas, sm_90a) and still measured as fast as
   // the streaming kernel at M = 24 (bench/RESULTS.md, GEMV M <= 32).
   if (m <= 8) {

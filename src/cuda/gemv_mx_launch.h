@@ -13,6 +13,22 @@ cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, c
 cudaError_t launch_gemv_mxfp4(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
                               uint16_t* y, int n, int k, cudaStream_t stream);
 
+// Up to kMaxGemvParts projections of the same x [m, k] in one launch (q/k/v, gate/up): part q is
+// y[q] [m, n[q]] = x · W_q^T, W_q at values[q] / scales[q] in the format's GEMV layout. Each part's rows are
+// computed by the same tile code as its own launch, so y is bitwise the same; one launch instead of several
+// fills the GPU with the small parts' tiles (k/v_proj alone are 64 tiles on 132 SMs) and pays one tail.
+inline constexpr int kMaxGemvParts = 3;
+struct GemvParts {
+  const uint8_t* values[kMaxGemvParts] = {};
+  const uint8_t* scales[kMaxGemvParts] = {};  // MX: E8M0 bytes; FP8-B128: f32 (as bytes)
+  uint16_t* y[kMaxGemvParts] = {};
+  int n[kMaxGemvParts] = {};
+  int64_t s_row[kMaxGemvParts] = {}, s_col[kMaxGemvParts] = {};  // FP8-B128 scale strides (floats)
+  int count = 0;
+};
+cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p, int k, cudaStream_t stream);
+cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p, int k, cudaStream_t stream);
+
 // Which GEMV kernel the launchers run, process-wide. kAuto (the default): the register kernel
 // (gemv_mx_kernel.cuh), with the branch-free step body at m <= 8 for MXFP8 and FP8-B128 and the per-group
 // loop for MXFP4 (the step body measured 2-12% faster for the first two and 1-25% slower for MXFP4 on the

@@ -36,11 +36,15 @@ struct Mxfp4Decode {
 
 }  // namespace
 
+cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p, int k, cudaStream_t stream) {
+  return gemv::launch_gemv<Mxfp4Decode>(x, m, p, k, gemv_kernel() == GemvKernel::kRegisterStep, stream);
+}
+
 cudaError_t launch_gemv_mxfp4(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
                               uint16_t* y, int n, int k, cudaStream_t stream) {
-  const GemvKernel kernel = gemv_kernel();
-  return gemv::launch_gemv<Mxfp4Decode>(x, m, values, scales, y, n, k, kernel == GemvKernel::kRegisterStep,
-                                        stream);
+  GemvParts p;
+  p.values[0] = values, p.scales[0] = scales, p.y[0] = y, p.n[0] = n, p.count = 1;
+  return launch_gemv_parts_mxfp4(x, m, p, k, stream);
 }
 
 }  // namespace mxq::cuda

@@ -53,8 +53,7 @@ struct Mxfp8Decode {
 
 }  // namespace
 
-cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
-                              uint16_t* y, int n, int k, cudaStream_t stream) {
+cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p, int k, cudaStream_t stream) {
   // note: the env switch exists to measure both decodes from one build (bench/RESULTS.md).
   static const bool use_cvt = [] {
     const char* v = std::getenv("MXQ_GEMV_DECODE");
@@ -66,8 +65,15 @@ cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, c
   // note: kAuto takes the step body (m <= 8): on the H200 it measured 2-12% faster than the per-group loop
   // at M = 1 and 1-8% at M = 8 on every Qwen3-8B shape (bench/RESULTS.md, session 3 final run).
   const bool step = kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kAuto;
-  if (use_cvt || m > 8) return gemv::launch_gemv<Mxfp8Decode>(x, m, values, scales, y, n, k, step, stream);
-  return gemv::launch_gemv<Mxfp8BitsDecode, 1>(x, m, values, scales, y, n, k, step, stream);
+  if (use_cvt || m > 8) return gemv::launch_gemv<Mxfp8Decode>(x, m, p, k, step, stream);
+  return gemv::launch_gemv<Mxfp8BitsDecode, 1>(x, m, p, k, step, stream);
+}
+
+cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
+                              uint16_t* y, int n, int k, cudaStream_t stream) {
+  GemvParts p;
+  p.values[0] = values, p.scales[0] = scales, p.y[0] = y, p.n[0] = n, p.count = 1;
+  return launch_gemv_parts_mxfp8(x, m, p, k, stream);
 }
 
 }  // namespace mxq::cuda

@@ -5,10 +5,13 @@
 #include <cstring>
 #include <limits>
 
+#include "cuda/check.h"
 #include "cuda/gemm_mx.h"
 #include "cuda/gemv_fp8_b128.h"
+#include "cuda/gemv_fp8_b128_launch.h"
 #include "cuda/gemv_layout.h"
 #include "cuda/gemv_mx.h"
+#include "cuda/gemv_mx_launch.h"
 
 namespace mxq::cuda {
 namespace {
@@ -298,6 +301,49 @@ Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int
       return gemm_mxfp4(x, m, MxGemvWeights{w.format, w.values, w.scales, w.n, w.k}, y, stream);
   }
   return fail("linear: unreachable kernel kind");  // not reached: the switch covers every kind
+}
+
+static_assert(kLinearMaxParts == kMaxGemvParts);
+
+Status linear_parts(LinearContext& ctx, std::span<const LinearWeights> w, const uint16_t* x, int64_t m,
+                    std::span<uint16_t* const> y, cudaStream_t stream) {
+  if (w.empty() || w.size() != y.size())
+    return fail("linear_parts: {} weights for {} outputs (expected as many, at least one)", w.size(), y.size());
+  auto entry = find_entry(w[0].format, ctx.arch(), m);
+  const Kernel kernel = entry ? (*entry)->kernel : Kernel::kCublasBf16;
+  const bool gemv =
+      entry && (kernel == Kernel::kGemvMxfp8 || kernel == Kernel::kGemvMxfp4 || kernel == Kernel::kGemvFp8B128);
+  bool fused = gemv && w.size() > 1 && w.size() <= static_cast<size_t>(kMaxGemvParts) && x != nullptr;
+  for (size_t i = 0; fused && i < w.size(); ++i)
+    fused = w[i].format == w[0].format && w[i].k == w[0].k && w[i].values && w[i].scales && y[i] &&
+            check_shape(kernel, w[i].n, w[i].k).has_value();
+  if (!fused) {
+    for (size_t i = 0; i < w.size(); ++i)
+      if (Status st = linear(ctx, w[i], x, m, y[i], stream); !st) return fail("part {}: {}", i, st.error().message);
+    return {};
+  }
+  GemvParts p;
+  p.count = static_cast<int>(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    p.values[i] = w[i].values, p.scales[i] = w[i].scales, p.y[i] = y[i], p.n[i] = static_cast<int>(w[i].n);
+    if (kernel == Kernel::kGemvFp8B128) {
+      const ScaleStrides s = fp8_b128_scale_strides(w[i].n, w[i].k);
+      p.s_row[i] = s.row, p.s_col[i] = s.col;
+    }
+  }
+  const int mi = static_cast<int>(m), k = static_cast<int>(w[0].k);
+  switch (kernel) {
+    case Kernel::kGemvMxfp8:
+      MXQ_CUDA_CHECK(launch_gemv_parts_mxfp8(x, mi, p, k, stream));
+      break;
+    case Kernel::kGemvMxfp4:
+      MXQ_CUDA_CHECK(launch_gemv_parts_mxfp4(x, mi, p, k, stream));
+      break;
+    default:
+      MXQ_CUDA_CHECK(launch_gemv_parts_fp8_b128(x, mi, p, k, stream));
+      break;
+  }
+  return {};
 }
 
 }  // namespace mxq::cuda

@@ -89,6 +89,14 @@ class LinearContext {
 Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int64_t m, uint16_t* y,
               cudaStream_t stream);
 
+// Several projections of the same x (q/k/v_proj, gate/up_proj): y[i] [m, w[i].n] = x · W_i^T, bitwise what
+// linear() gives each part. Where the table's entry for m is a GEMV and the parts share format and k (at most
+// 3 parts), one launch runs them all (gemv_mx_launch.h, GemvParts: the small parts' tiles fill the GPU
+// together and the launch pays one tail); otherwise linear() per part. Refusals name the part index.
+inline constexpr int kLinearMaxParts = 3;
+Status linear_parts(LinearContext& ctx, std::span<const LinearWeights> w, const uint16_t* x, int64_t m,
+                    std::span<uint16_t* const> y, cudaStream_t stream);
+
 // y f32 [m, w.n] (logits, MoE router logits): cuBLAS with f32 output, BF16 weights only (lm_head and
 // mlp.gate keep their checkpoint dtype); any other format is refused by name.
 Status linear_f32(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int64_t m, float* y,

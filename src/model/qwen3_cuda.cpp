@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cassert>
 #include <climits>
 #include <map>
 
@@ -473,6 +474,22 @@ Status Qwen3Cuda::run_linear(const Lin& l, const uint16_t* x, int64_t m, uint16_
   return {};
 }
 
+// Projections of the same x (q/k/v, gate/up) through linear_parts: one launch where the table runs a GEMV.
+Status Qwen3Cuda::run_linear_parts(std::initializer_list<const Lin*> ls, const uint16_t* x, int64_t m,
+                                   std::initializer_list<uint16_t*> ys) {
+  assert(ls.size() <= static_cast<size_t>(kLinearMaxParts) && ls.size() == ys.size());
+  LinearWeights w[kLinearMaxParts];
+  size_t n = 0;
+  std::string names;
+  for (const Lin* l : ls) {
+    w[n++] = l->w;
+    names += (names.empty() ? "" : " + ") + *l->name;
+  }
+  if (Status st = linear_parts(*lin_, std::span(w, n), x, m, std::span(ys.begin(), ys.size()), stream_); !st)
+    return fail_in(names, st.error());
+  return {};
+}
+
 Status Qwen3Cuda::mark(StepOp op, double bytes) {
   return profiler_ ? profiler_->mark(op, bytes, stream_) : Status{};
 }
@@ -519,9 +536,8 @@ Status Qwen3Cuda::forward(const ForwardShape& s) {
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const Weights::Layer& l = w.layers[i];
     // self_attn.q_proj / k_proj / v_proj
-    if (auto st = run_linear(l.q_proj, normed, rows, q_lin); !st) return st;
-    if (auto st = run_linear(l.k_proj, normed, rows, k_lin); !st) return st;
-    if (auto st = run_linear(l.v_proj, normed, rows, v_lin); !st) return st;
+    if (auto st = run_linear_parts({&l.q_proj, &l.k_proj, &l.v_proj}, normed, rows, {q_lin, k_lin, v_lin}); !st)
+      return st;
     if (Status st = mark(StepOp::kQkvLinear, l.q_proj.bytes + l.k_proj.bytes + l.v_proj.bytes +
                                                  3 * rd * static_cast<double>(H) * 2);
         !st)
@@ -628,8 +644,8 @@ Status Qwen3Cuda::mlp(size_t i, int64_t rows) {
   const int64_t I = config_.intermediate_size, H = config_.hidden_size;
   const double rd = static_cast<double>(rows);
   uint16_t *gate = b.gate.as<uint16_t>(), *up = b.up.as<uint16_t>(), *act = b.act.as<uint16_t>();
-  if (auto st = run_linear(l.gate_proj, b.normed.as<uint16_t>(), rows, gate); !st) return st;
-  if (auto st = run_linear(l.up_proj, b.normed.as<uint16_t>(), rows, up); !st) return st;
+  if (auto st = run_linear_parts({&l.gate_proj, &l.up_proj}, b.normed.as<uint16_t>(), rows, {gate, up}); !st)
+    return st;
   if (Status st = mark(StepOp::kGateUpLinear,
                        l.gate_proj.bytes + l.up_proj.bytes + 2 * rd * static_cast<double>(H) * 2);
       !st)

@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -124,6 +125,9 @@ class Qwen3Cuda {
   Status sparse_moe_block(size_t layer, int64_t rows);
   // y [m, n] = x [m, k] · W^T through the dispatch table; errors name the tensor.
   Status run_linear(const Lin& l, const uint16_t* x, int64_t m, uint16_t* y);
+  // Projections of the same x (q/k/v, gate/up; at most 3), y in the same order: cuda::linear_parts.
+  Status run_linear_parts(std::initializer_list<const Lin*> ls, const uint16_t* x, int64_t m,
+                          std::initializer_list<uint16_t*> ys);
   // The end of one op of class `op` in the step profile; nothing without a profiler.
   Status mark(StepOp op, double bytes);
 

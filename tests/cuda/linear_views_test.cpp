@@ -102,6 +102,76 @@ INSTANTIATE_TEST_SUITE_P(Formats, LinearExperts,
                            return name;
                          });
 
+// linear_parts: q/k/v- and gate/up-like parts of one x give, part by part, the bytes linear() gives each part
+// alone, for every format on both sides of the GEMV / GEMM split (one launch where the entry is a GEMV).
+class LinearParts : public ::testing::TestWithParam<Format> {};
+
+TEST_P(LinearParts, EachPartEqualsItsOwnLinear) {
+  const Format f = GetParam();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  auto arch = device_arch(0);
+  ASSERT_TRUE(arch) << arch.error().message;
+  auto ctx = LinearContext::create(*arch);
+  ASSERT_TRUE(ctx) << ctx.error().message;
+  // note: ragged n (200 and 72 rows are not multiples of the 16-row tile), k = 384 (a 64-wide MXFP8 tail
+  // group for neither, a 128-wide MXFP4 tail: 384 = 3 · 128)
+  const int64_t k = 384;
+  for (const std::vector<int64_t>& ns : {std::vector<int64_t>{200, 72, 72}, std::vector<int64_t>{520, 520}}) {
+    std::vector<DeviceBuffer> dv, ds;
+    std::vector<LinearWeights> w;
+    for (int64_t n : ns) {
+      const std::vector<int64_t> shape = {n, k};
+      auto g = tensor_geometry("part", f, shape);
+      ASSERT_TRUE(g) << g.error().message;
+      auto native = linear_prepare(f, *arch, *g, random_planes(rng, f, *g));
+      ASSERT_TRUE(native) << native.error().message;
+      dv.push_back(test::must(test::upload(native->values)));
+      ds.push_back(test::must(test::upload(native->scales.empty() ? std::vector<uint8_t>(16) : native->scales)));
+      w.push_back(LinearWeights{f, dv.back().as<uint8_t>(), f == Format::kBF16 ? nullptr : ds.back().as<uint8_t>(),
+                                n, k});
+    }
+    for (int64_t m : {1, 3, 8, 9, 17, 32, 40}) {
+      SCOPED_TRACE(fmt::format("{} parts, M = {}", ns.size(), m));
+      const auto x = test::random_bf16(rng, static_cast<size_t>(m * k));
+      auto dx = test::must(test::upload(x));
+      std::vector<DeviceBuffer> ya, yb;
+      std::vector<uint16_t*> ys;
+      for (int64_t n : ns) {
+        ya.push_back(test::must(test::poisoned<uint16_t>(static_cast<size_t>(m * n))));
+        yb.push_back(test::must(test::poisoned<uint16_t>(static_cast<size_t>(m * n))));
+        ys.push_back(yb.back().as<uint16_t>());
+      }
+      for (size_t i = 0; i < ns.size(); ++i) {
+        auto st = linear(**ctx, w[i], dx.as<uint16_t>(), m, ya[i].as<uint16_t>(), nullptr);
+        ASSERT_TRUE(st) << st.error().message;
+      }
+      auto st = linear_parts(**ctx, w, dx.as<uint16_t>(), m, ys, nullptr);
+      ASSERT_TRUE(st) << st.error().message;
+      for (size_t i = 0; i < ns.size(); ++i) {
+        const auto a = test::must(test::download<uint16_t>(ya[i], static_cast<size_t>(m * ns[i])));
+        const auto b = test::must(test::download<uint16_t>(yb[i], static_cast<size_t>(m * ns[i])));
+        ASSERT_EQ(a, b) << "part " << i;
+        ASSERT_NE(b[b.size() - 1], 0xFFFF) << "part " << i << " left unwritten";
+      }
+    }
+  }
+  // Outputs that do not match the weights are refused.
+  const LinearWeights one{f, nullptr, nullptr, 16, k};
+  uint16_t* none[2] = {nullptr, nullptr};
+  EXPECT_FALSE(linear_parts(**ctx, std::span(&one, 1), nullptr, 1, std::span(none, 2), nullptr));
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, LinearParts,
+                         ::testing::Values(Format::kBF16, Format::kMXFP8, Format::kMXFP4, Format::kFP8_B128),
+                         [](const auto& info) {
+                           std::string name(traits(info.param).name);
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';
+                           return name;
+                         });
+
 TEST(LinearF32, MatchesCpuTwinAndRefusesQuantizedWeights) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
