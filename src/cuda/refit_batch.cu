@@ -45,13 +45,13 @@ namespace {
 namespace x = xxh3;
 
 constexpr int kWarps = 4, kThreads = kWarps * 32;
-constexpr int kPairs = 16;  // 1 KiB chunks per warp and tile, one per lane pair
+constexpr int kPairs = 16;   // 1 KiB chunks per warp and tile, one per lane pair
 constexpr int kStripes = 8;  // stripes per lane: 2k + h
 static_assert(kBatchTileBytes == uint64_t{kWarps} * kPairs * 1024, "a tile is one chunk per lane pair");
 constexpr int kStageBlocks = 64, kStages = 4;  // chain: block sums staged per ring slot, ring slots
 
 // Secret words for keys whose index is known at compile time (after unrolling): constant-bank operands.
-// kStep[j] = kWord[j] ^ kWord[j + 1], so the odd lane of a pair gets word j + 1 as kWord[j] ^ (mask & kStep[j]).
+// kStep[j] = kWord[j] ^ kWord[j + 1]: the odd lane of a pair gets word j + 1 as kWord[j] ^ (mask & kStep[j]).
 #define MXQ_W(j) x::secret_le64(8 * (j))
 #define MXQ_S(j) (x::secret_le64(8 * (j)) ^ x::secret_le64(8 * (j) + 8))
 __constant__ uint64_t kWord[23] = {MXQ_W(0),  MXQ_W(1),  MXQ_W(2),  MXQ_W(3),  MXQ_W(4),  MXQ_W(5),
@@ -157,16 +157,18 @@ __device__ __forceinline__ void lane_stripes(const DevicePlane& p, const uint8_t
   const uint64_t hm = 0ull - static_cast<uint64_t>(h);
   const uint64_t q0 = bq + 64 * static_cast<uint64_t>(h);
   // note: stripes of a transpose4 plane are whole (bytes % 64 == 0); the cursor serves the native side,
-  // which is the loads in hash mode and the stores in write mode, in stripe order either way.
+  // which is the loads in hash mode and the stores in write mode, in stripe order either way. Hash-mode
+  // reads of the live planes go through the read-only path (__ldg: the planes do not change during the
+  // kernel; a plain dereference compiled to generic LD).
   StripeCursor cur;
   if constexpr (kKind == kTranspose4) row_col(p, q0, cur.r, cur.c);
-  auto load = [&](int k, uint4 (&v)[4]) {
+  auto load = [&](int k, uint4(&v)[4]) {
     const uint64_t q = q0 + 128 * static_cast<uint64_t>(k);
     if constexpr (!kWrite && kKind == kTranspose4) {
       if (kFull || q < bytes) {
         const uint8_t* at = cur.next(p);
 #pragma unroll
-        for (int m = 0; m < 4; ++m) v[m] = *reinterpret_cast<const uint4*>(at + 16 * m);
+        for (int m = 0; m < 4; ++m) v[m] = __ldg(reinterpret_cast<const uint4*>(at + 16 * m));
         transpose4(v);
       } else {
 #pragma unroll
@@ -180,14 +182,14 @@ __device__ __forceinline__ void lane_stripes(const DevicePlane& p, const uint8_t
         if constexpr (kWrite) {
           if (ok) v[m] = __ldcs(reinterpret_cast<const uint4*>(src + q + 16 * m));
         } else if constexpr (kKind == kIdentity) {
-          if (ok) v[m] = *reinterpret_cast<const uint4*>(p.native + q + 16 * m);
+          if (ok) v[m] = __ldg(reinterpret_cast<const uint4*>(p.native + q + 16 * m));
         } else {
           if (ok) move_separable<false>(p, q + 16 * m, v[m]);
         }
       }
     }
   };
-  auto store = [&](int k, const uint4 (&v)[4]) {
+  auto store = [&](int k, const uint4(&v)[4]) {
     const uint64_t q = q0 + 128 * static_cast<uint64_t>(k);
     if constexpr (kKind == kTranspose4) {
       if (kFull || q < bytes) {
@@ -211,6 +213,18 @@ __device__ __forceinline__ void lane_stripes(const DevicePlane& p, const uint8_t
   };
   // note: kAhead stripes of loads in flight while one is stored and hashed; each load is issued before the
   // earlier stripe's stores (the compiler cannot move loads above stores that may alias).
+  if constexpr (kKind == kSeparable) {
+    // note: the slow path (layouts the bench does not use): one stripe at a time, not unrolled, so its
+    // per-unit run switch does not multiply the kernel's code.
+#pragma unroll 1
+    for (int k = 0; k < kStripes; ++k) {
+      uint4 v[4];
+      load(k, v);
+      if constexpr (kWrite) store(k, v);
+      add_stripe(v, k, hm, acc);
+    }
+    return;
+  }
   constexpr int kAhead = 2;
   uint4 v[kStripes][4];
 #pragma unroll
@@ -357,11 +371,17 @@ __global__ void __launch_bounds__(kThreads)
     at[1] = make_ulonglong2(mine[2], mine[3]);
   }
   // note: the cooperative-groups grid-sync pattern: the barrier orders every thread's sums before thread 0's
-  // fence (fences are cumulative), so only thread 0 waits for the stores to land before the count.
+  // release (cumulative), so only thread 0 waits for the stores to land before the count. A release add,
+  // not fence.sc + add: no MEMBAR.SC and no L1 invalidation (CCTL.IVALL) in every block; the last block
+  // acquires with its own fence below.
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
-    is_last = atomicAdd(counters + k, 1u) == t.tiles - 1;
+    unsigned before;
+    asm volatile("atom.release.gpu.global.add.u32 %0, [%1], 1;"
+                 : "=r"(before)
+                 : "l"(counters + k)
+                 : "memory");
+    is_last = before == t.tiles - 1;
   }
   __syncthreads();
   if (!is_last) return;

@@ -212,7 +212,9 @@ MXQ_XXH_HD uint64_t scramble_add(uint64_t acc, uint64_t key, uint64_t next) {
       static_cast<uint32_t>(next);
 #if defined(__CUDA_ARCH__)
   uint64_t r;
-  asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(r) : "r"(ulo), "r"(static_cast<uint32_t>(kPrime32_1)), "l"(addend));
+  asm("mad.wide.u32 %0, %1, %2, %3;"
+      : "=l"(r)
+      : "r"(ulo), "r"(static_cast<uint32_t>(kPrime32_1)), "l"(addend));
   return r;
 #else
   return uint64_t{ulo} * kPrime32_1 + addend;

@@ -226,9 +226,14 @@ TEST(CudaWeightMemory, WriteTensorsBatchMatchesHost) {
   std::vector<Spec> specs;
   // GEMV (4x4 word transpose) shapes, incl. a K with a partial last group and a multi-batch chain; rows of
   // 64 and 320 bytes (a lane's stripes step across 1 or 2 rows), many tiles with a ragged scales tail
-  // (1100 x 128 scale bytes: 2 full tiles, a 9 KiB one whose last block is half there).
-  for (auto [rows, k] : {std::pair<int64_t, int64_t>{512, 4096}, {16, 64}, {8, 192}, {33, 160}, {3, 1024},
-                         {16, 320}, {1100, 4096}})
+  // (1100 x 128 scale bytes: 2 full tiles, a 9.5 KiB one whose last block is half there).
+  for (auto [rows, k] : {std::pair<int64_t, int64_t>{512, 4096},
+                         {16, 64},
+                         {8, 192},
+                         {33, 160},
+                         {3, 1024},
+                         {16, 320},
+                         {1100, 4096}})
     specs.push_back({gemv_values_layout(rows, k), make_layout(rng, rows, k / 32, 0, 0)});
   // Identity planes over several tiles: values 70 KiB (the second tile mostly empty), scales a tail of
   // less than one block.
