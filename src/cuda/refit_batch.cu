@@ -4,29 +4,33 @@
 // (layout/layout.cpp) + canonical_checksum (model/weight_store.cpp, libxxhash); the XXH3 pieces are
 // xxh3_device.cuh.
 //
-// Work split. A tensor's planes are cut into 32 KiB tiles (values tiles then scales tiles); one thread block
-// (8 warps) takes one tile, found through a tile -> tensor map filled by a small kernel. A warp takes 1 KiB
-// chunks (warp w: chunks w, w + 8, w + 16, w + 24 of the tile) as two halves of 512 bytes, lane l owning the
-// 16-byte unit at 16·l of each half, so both sides are 16-byte accesses:
-//   canonical: one 16-byte load (write mode) per unit, a warp reads 512 contiguous bytes.
-//   native:    identity: one 16-byte access at the same offset. GEMV MXFP8 (DevicePlane::transpose4): the
-//              4 lanes of one 64-byte group exchange 4-byte words (a 4x4 transpose through shuffles) and
-//              each accesses one 16-byte native vector. Other separable planes: 16/R accesses of R bytes at
-//              row_off[r] + cols[c/R + m] (int32 table, coalesced within the row).
-//   Every unit's loads of the whole tile are issued before its first store (8 x 16 bytes per thread in
-//   flight).
+// Work split. A tensor's planes are cut into 64 KiB tiles (values tiles then scales tiles); one thread block
+// (4 warps) takes one tile, found through a tile -> tensor map filled by a small kernel. Each lane pair owns
+// one 1 KiB chunk (pair p of warp w: chunk 16w + p of the tile), and lane h of the pair owns its whole
+// stripes s = 2k + h (k = 0..7): the 64 canonical bytes of a stripe sit in four 16-byte registers of one
+// thread, so the block sums need no cross-lane reduction per stripe.
+//   canonical: four 16-byte loads (write mode) per stripe; a warp instruction covers 16 lines of 128 bytes,
+//              32 bytes of each (the two stripes of a pair).
+//   native:    identity: the same offsets. GEMV MXFP8 (DevicePlane::transpose4): a stripe is one 64-byte
+//              group of a row (row_bytes % 64 == 0), whose canonical word (j, t) is native word (t, j): the
+//              four native 16-byte vectors are the 4x4 transpose of the four canonical ones, a renaming of
+//              registers (no shuffles), at row_off[r] + c (r, c stepped along the stripes, one division per
+//              thread). Other separable planes: per 16-byte unit, 16/R accesses of R bytes at
+//              row_off[r] + cols[c/R + m] (int32 table).
+//   The loads of the next stripes are in flight while one stripe is stored and hashed.
 // Block sums. Values bytes are a multiple of 1 KiB (batch_eligible), so each chunk of either plane is exactly
-// one 1 KiB block of the tensor's checksum stream (values then scales). Unit (half h, lane l) holds stripe
-// s = 8h + l/4, words i = 2(l%4) and i + 1, and XXH3's lane sums are additive:
-//   sum[i]   += lo32(w_i ^ k_i)·hi32(w_i ^ k_i) + w_{i+1}
-//   sum[i+1] += lo32(w_{i+1} ^ k_{i+1})·hi32(...) + w_i          (k = secret at 8s + 8i, 8s + 8i + 8)
-// so a xor-shuffle over lanes with equal l%4 gives the block's 8 sums, stored by lanes 0..3 (16 bytes
-// each). Blocks past full_blocks(len) (the tail of XXH3's long path) are not stored.
-// Chain. After its tile a block bumps its tensor's counter (threadfence first); the block that brings it to
-// `tiles` runs the chain: warps 1..7 stage the next 128 blocks' sums into shared memory while lanes 0..7 of
-// warp 0 scramble the current 128 (one 64-bit lane each), then the tail stripes and last stripe (read from
-// the canonical sources in write mode, from the live planes in hash mode) and the merge. Tensors are placed
-// largest first in the grid, so the longest chains start first and hide under the remaining traffic.
+// one 1 KiB block of the tensor's checksum stream (values then scales). A lane adds its stripes' terms to
+// 8 lane sums (sum[i] += lo32(w_i ^ k)·hi32(w_i ^ k) + w_{i^1}, k = secret word s + i; the keys are
+// constant-bank operands, the lane's parity picked by a mask); one exchange of 4 sums with its pair gives
+// each lane 4 of the block's 8 sums, stored as 32 bytes. Blocks past full_blocks(len) (the tail of XXH3's
+// long path) are not stored.
+// Chain. After its tile a block bumps its tensor's counter (bar.sync, then one thread fences and adds: the
+// cooperative-groups grid-sync pattern); the block that brings it to `tiles` runs the chain: warps 1..3
+// stream the block sums into a 4-stage shared-memory ring with cp.async while lanes 0..7 of warp 0 scramble
+// them (one 64-bit lane each, xxh3::scramble_add: one wide multiply-add on the dependent path per block),
+// then the tail stripes and last stripe (read from the canonical sources in write mode, from the live planes
+// in hash mode) and the merge. Tensors are placed largest first in the grid, so the longest chains start
+// first and hide under the remaining traffic.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -40,33 +44,51 @@ namespace {
 
 namespace x = xxh3;
 
-constexpr int kWarps = 8, kThreads = kWarps * 32;
-constexpr int kChunks = static_cast<int>(kBatchTileBytes / 1024 / kWarps);  // per warp and tile
-constexpr int kUnits = 2 * kChunks;                                         // 16-byte units per thread
-constexpr int kChainBatch = 128;                                            // blocks staged at a time
+constexpr int kWarps = 4, kThreads = kWarps * 32;
+constexpr int kPairs = 16;   // 1 KiB chunks per warp and tile, one per lane pair
+constexpr int kStripes = 8;  // stripes per lane: 2k + h
+static_assert(kBatchTileBytes == uint64_t{kWarps} * kPairs * 1024, "a tile is one chunk per lane pair");
+constexpr int kStageBlocks = 64, kStages = 4;  // chain: block sums staged per ring slot, ring slots
 
-__device__ __forceinline__ uint32_t pick4(const uint32_t v[4], int k) {
-  uint32_t r = v[0];
-  r = k == 1 ? v[1] : r;
-  r = k == 2 ? v[2] : r;
-  return k == 3 ? v[3] : r;
+// Secret words for keys whose index is known at compile time (after unrolling): constant-bank operands.
+// kStep[j] = kWord[j] ^ kWord[j + 1]: the odd lane of a pair gets word j + 1 as kWord[j] ^ (mask & kStep[j]).
+#define MXQ_W(j) x::secret_le64(8 * (j))
+#define MXQ_S(j) (x::secret_le64(8 * (j)) ^ x::secret_le64(8 * (j) + 8))
+__constant__ uint64_t kWord[23] = {MXQ_W(0),  MXQ_W(1),  MXQ_W(2),  MXQ_W(3),  MXQ_W(4),  MXQ_W(5),
+                                   MXQ_W(6),  MXQ_W(7),  MXQ_W(8),  MXQ_W(9),  MXQ_W(10), MXQ_W(11),
+                                   MXQ_W(12), MXQ_W(13), MXQ_W(14), MXQ_W(15), MXQ_W(16), MXQ_W(17),
+                                   MXQ_W(18), MXQ_W(19), MXQ_W(20), MXQ_W(21), MXQ_W(22)};
+__constant__ uint64_t kStep[22] = {MXQ_S(0),  MXQ_S(1),  MXQ_S(2),  MXQ_S(3),  MXQ_S(4),  MXQ_S(5),
+                                   MXQ_S(6),  MXQ_S(7),  MXQ_S(8),  MXQ_S(9),  MXQ_S(10), MXQ_S(11),
+                                   MXQ_S(12), MXQ_S(13), MXQ_S(14), MXQ_S(15), MXQ_S(16), MXQ_S(17),
+                                   MXQ_S(18), MXQ_S(19), MXQ_S(20), MXQ_S(21)};
+#undef MXQ_W
+#undef MXQ_S
+
+// The 4x4 transpose of 4-byte words between a canonical 64-byte group and its GEMV MXFP8 native form
+// (its own inverse): out vector t, word j = in vector j, word t.
+__device__ __forceinline__ void transpose4(uint4 (&v)[4]) {
+  const uint4 a = v[0], b = v[1], c = v[2], d = v[3];
+  v[0] = make_uint4(a.x, b.x, c.x, d.x);
+  v[1] = make_uint4(a.y, b.y, c.y, d.y);
+  v[2] = make_uint4(a.z, b.z, c.z, d.z);
+  v[3] = make_uint4(a.w, b.w, c.w, d.w);
 }
 
-// 4x4 transpose of 4-byte words across the 4 lanes of a quad: lane x gets word y of lane y's word x.
-// note: every lane of the warp must call it (full-mask shuffles); round r sends M[x][(x - r) & 3] and
-// receives M[(x + r) & 3][x].
-__device__ __forceinline__ uint4 quad_transpose(uint4 m, int lane) {
-  const uint32_t in[4] = {m.x, m.y, m.z, m.w};
-  uint32_t out[4] = {0, 0, 0, 0};
-  const int xq = lane & 3;
+// Stripe 2k + h of a block (canonical words in v) into the lane sums; hm = h ? ~0 : 0.
+__device__ __forceinline__ void add_stripe(const uint4 (&v)[4], int k, uint64_t hm_in, uint64_t (&acc)[8]) {
+  // note: an opaque copy of the mask per stripe, so the compiler forms each key where it is used instead of
+  // keeping all 23 lane keys live across the tile (46 registers).
+  uint64_t hm;
+  asm volatile("mov.b64 %0, %1;" : "=l"(hm) : "l"(hm_in));
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int src = (xq + r) & 3;
-    const uint32_t got = __shfl_sync(0xFFFFFFFFu, pick4(in, (xq - r) & 3), (lane & ~3) | src);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) out[k] = src == k ? got : out[k];
+  for (int u = 0; u < 4; ++u) {
+    const uint64_t w0 = uint64_t{v[u].x} | uint64_t{v[u].y} << 32;
+    const uint64_t w1 = uint64_t{v[u].z} | uint64_t{v[u].w} << 32;
+    const int j = 2 * k + 2 * u;  // secret word of lane i = 2u of stripe 2k (+ h)
+    x::unit_terms(w0, w1, kWord[j] ^ (hm & kStep[j]), kWord[j + 1] ^ (hm & kStep[j + 1]), acc[2 * u],
+                  acc[2 * u + 1]);
   }
-  return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 // One 16-byte canonical unit of a separable plane through its `cols` table, row base `nrow`, column c.
@@ -86,7 +108,10 @@ __device__ __forceinline__ void move_parts(const DevicePlane& p, uint8_t* nrow, 
 }
 
 template <bool kWrite>
-__device__ __forceinline__ void move_separable(const DevicePlane& p, uint8_t* nrow, int64_t c, uint4& v) {
+__device__ __forceinline__ void move_separable(const DevicePlane& p, uint64_t q, uint4& v) {
+  int64_t r, c;
+  row_col(p, q, r, c);
+  uint8_t* nrow = p.native + p.row_off[r];
   switch (p.run) {
     case 16:
       move_parts<16, kWrite>(p, nrow, c, v);
@@ -105,6 +130,124 @@ __device__ __forceinline__ void move_separable(const DevicePlane& p, uint8_t* nr
   }
 }
 
+enum Kind { kIdentity, kTranspose4, kSeparable };
+
+// The GEMV native address of successive stripes of a lane (transpose4 planes): row r, column c of the
+// next stripe, stepped by 128 canonical bytes (rows are >= 64 bytes, so at most 2 rows at a step), and the
+// row's base, reloaded only when the row changes.
+struct StripeCursor {
+  int64_t r = -1, c = 0;
+  int64_t row = -1;
+  uint8_t* base = nullptr;
+  __device__ __forceinline__ uint8_t* next(const DevicePlane& p) {
+    if (r != row) row = r, base = p.native + p.row_off[r];
+    uint8_t* at = base + c;
+    c += 128;
+    while (c >= p.row_bytes) c -= p.row_bytes, ++r;
+    return at;
+  }
+};
+
+// The lane's 8 stripes of the block at plane offset bq: loaded (canonical sources in write mode, the live
+// plane in hash mode), stored through the layout (write mode), added to the lane sums. Units at or past
+// `bytes` are zeros and not stored (their block is the stream's last, never a full block).
+template <Kind kKind, bool kWrite, bool kFull>
+__device__ __forceinline__ void lane_stripes(const DevicePlane& p, const uint8_t* src, uint64_t bq, int h,
+                                             uint64_t bytes, uint64_t (&acc)[8]) {
+  const uint64_t hm = 0ull - static_cast<uint64_t>(h);
+  const uint64_t q0 = bq + 64 * static_cast<uint64_t>(h);
+  // note: stripes of a transpose4 plane are whole (bytes % 64 == 0); the cursor serves the native side,
+  // which is the loads in hash mode and the stores in write mode, in stripe order either way. Hash-mode
+  // reads of the live planes go through the read-only path (__ldg: the planes do not change during the
+  // kernel; a plain dereference compiled to generic LD).
+  StripeCursor cur;
+  if constexpr (kKind == kTranspose4) row_col(p, q0, cur.r, cur.c);
+  auto load = [&](int k, uint4(&v)[4]) {
+    const uint64_t q = q0 + 128 * static_cast<uint64_t>(k);
+    if constexpr (!kWrite && kKind == kTranspose4) {
+      if (kFull || q < bytes) {
+        const uint8_t* at = cur.next(p);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) v[m] = __ldg(reinterpret_cast<const uint4*>(at + 16 * m));
+        transpose4(v);
+      } else {
+#pragma unroll
+        for (int m = 0; m < 4; ++m) v[m] = make_uint4(0, 0, 0, 0);
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        v[m] = make_uint4(0, 0, 0, 0);
+        const bool ok = kFull || q + 16 * m < bytes;
+        if constexpr (kWrite) {
+          if (ok) v[m] = __ldcs(reinterpret_cast<const uint4*>(src + q + 16 * m));
+        } else if constexpr (kKind == kIdentity) {
+          if (ok) v[m] = __ldg(reinterpret_cast<const uint4*>(p.native + q + 16 * m));
+        } else {
+          if (ok) move_separable<false>(p, q + 16 * m, v[m]);
+        }
+      }
+    }
+  };
+  auto store = [&](int k, const uint4(&v)[4]) {
+    const uint64_t q = q0 + 128 * static_cast<uint64_t>(k);
+    if constexpr (kKind == kTranspose4) {
+      if (kFull || q < bytes) {
+        uint4 w[4] = {v[0], v[1], v[2], v[3]};
+        transpose4(w);
+        uint8_t* at = cur.next(p);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) __stcs(reinterpret_cast<uint4*>(at + 16 * m), w[m]);
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        if (!kFull && q + 16 * m >= bytes) continue;
+        uint4 w = v[m];
+        if constexpr (kKind == kIdentity)
+          __stcs(reinterpret_cast<uint4*>(p.native + q + 16 * m), w);
+        else
+          move_separable<true>(p, q + 16 * m, w);
+      }
+    }
+  };
+  // note: kAhead stripes of loads in flight while one is stored and hashed; each load is issued before the
+  // earlier stripe's stores (the compiler cannot move loads above stores that may alias).
+  if constexpr (kKind == kSeparable) {
+    // note: the slow path (layouts the bench does not use): one stripe at a time, not unrolled, so its
+    // per-unit run switch does not multiply the kernel's code.
+#pragma unroll 1
+    for (int k = 0; k < kStripes; ++k) {
+      uint4 v[4];
+      load(k, v);
+      if constexpr (kWrite) store(k, v);
+      add_stripe(v, k, hm, acc);
+    }
+    return;
+  }
+  constexpr int kAhead = 2;
+  uint4 v[kStripes][4];
+#pragma unroll
+  for (int k = 0; k < kAhead; ++k) load(k, v[k]);
+#pragma unroll
+  for (int k = 0; k < kStripes; ++k) {
+    if (k + kAhead < kStripes) load(k + kAhead, v[k + kAhead]);
+    if constexpr (kWrite) store(k, v[k]);
+    add_stripe(v[k], k, hm, acc);
+  }
+}
+
+// 16-byte asynchronous copy global -> shared (L2 only), and its group waits.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Canonical stream bytes p..p+7 of a tensor (p % 8 == 0): from the sources (write mode) or the live planes.
 __device__ __forceinline__ uint64_t stream_word(const BatchTensorDevice& t, bool write, uint64_t p) {
   const auto vb = static_cast<uint64_t>(t.values.bytes());
@@ -113,35 +256,50 @@ __device__ __forceinline__ uint64_t stream_word(const BatchTensorDevice& t, bool
 }
 
 // Lanes 0..7 of warp 0 of the block finish tensor t; every thread of the block calls it.
+// Ring: stage b (kStageBlocks blocks' sums) sits in slot b % kStages; warps 1..3 keep kStages - 1 stages in
+// flight (cp.async groups, one per stage, empty past the end), a barrier per stage hands a slot over.
 __device__ void chain(const BatchTensorDevice& t, bool write, uint64_t* out) {
-  __shared__ uint64_t stage[2][kChainBatch * 8];
+  __shared__ __align__(16) uint64_t ring[kStages][kStageBlocks * 8];
   const int tid = threadIdx.x, i = tid & 7;
   const uint64_t blocks = x::full_blocks(t.len);
   const uint64_t* s = t.sums;
-  const uint64_t batches = (blocks + kChainBatch - 1) / kChainBatch;
-  auto load = [&](uint64_t b, int buf, int from, int step) {
-    const uint64_t first = b * kChainBatch * 8;
-    const uint64_t n = (blocks - b * kChainBatch < kChainBatch ? blocks - b * kChainBatch : kChainBatch) * 8;
-    for (uint64_t e = static_cast<uint64_t>(from); e < n; e += static_cast<uint64_t>(step))
-      stage[buf][e] = __ldcg(s + first + e);
+  const uint64_t stages = (blocks + kStageBlocks - 1) / kStageBlocks;
+  auto stage_blocks = [&](uint64_t b) {
+    const uint64_t left = blocks - b * kStageBlocks;
+    return static_cast<int>(left < kStageBlocks ? left : kStageBlocks);
   };
+  auto issue = [&](uint64_t b) {  // threads >= 32 only
+    if (b < stages) {
+      const int pieces = stage_blocks(b) * 4;  // 16-byte pieces: 4 per block
+      const uint64_t* from = s + b * kStageBlocks * 8;
+      uint64_t* to = ring[b % kStages];
+      for (int e = tid - 32; e < pieces; e += kThreads - 32) cp_async16(to + 2 * e, from + 2 * e);
+    }
+    cp_async_commit();
+  };
+  if (tid >= 32)
+    for (int b = 0; b < kStages - 1; ++b) issue(static_cast<uint64_t>(b));
   uint64_t acc = x::init_acc(i);
   const uint64_t key = x::scramble_key(i);
-  if (batches > 0) load(0, 0, tid, kThreads);
-  __syncthreads();
-  for (uint64_t b = 0; b < batches; ++b) {
-    if (tid >= 32 && b + 1 < batches) load(b + 1, static_cast<int>((b + 1) & 1), tid - 32, kThreads - 32);
-    if (tid < 8) {
-      const uint64_t* cur = stage[b & 1];
-      const uint64_t n = blocks - b * kChainBatch < kChainBatch ? blocks - b * kChainBatch : kChainBatch;
-      if (n == kChainBatch) {
-#pragma unroll 16
-        for (int a = 0; a < kChainBatch; ++a) acc = x::scramble(acc + cur[a * 8 + i], key);
-      } else {
-        for (uint64_t a = 0; a < n; ++a) acc = x::scramble(acc + cur[a * 8 + i], key);
-      }
-    }
+  for (uint64_t b = 0; b < stages; ++b) {
+    if (tid >= 32) cp_async_wait<kStages - 2>();
     __syncthreads();
+    if (tid >= 32) {
+      issue(b + kStages - 1);
+    } else if (tid < 8) {
+      const uint64_t* cur = ring[b % kStages] + i;
+      const int n = stage_blocks(b);
+      // note: scramble_add folds the next block's sum into the multiply of this one (the dependent path is
+      // shift, xor, one wide multiply-add); the stage's last scramble adds nothing.
+      uint64_t v = acc + cur[0];
+      if (n == kStageBlocks) {
+#pragma unroll 16
+        for (int a = 1; a < kStageBlocks; ++a) v = x::scramble_add(v, key, cur[a * 8]);
+      } else {
+        for (int a = 1; a < n; ++a) v = x::scramble_add(v, key, cur[a * 8]);
+      }
+      acc = x::scramble_add(v, key, 0);
+    }
   }
   if (tid >= 8) return;
   const uint64_t tail = blocks * x::kBlockBytes;
@@ -175,87 +333,55 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t tile_q = static_cast<uint64_t>(in_values ? local : local - t.values_tiles) * kBatchTileBytes;
   const auto bytes = static_cast<uint64_t>(p.bytes());
   const uint64_t blocks = x::full_blocks(t.len);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // The 16-byte units of this thread: chunk j (tile chunk warp + 8j), half h.
-  uint4 v[kUnits];
-  bool ok[kUnits];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, h = lane & 1;
+  const uint64_t bq = tile_q + static_cast<uint64_t>(warp * kPairs + (lane >> 1)) * 1024;  // the pair's chunk
+  uint64_t acc[8];
 #pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    const uint64_t q =
-        tile_q + static_cast<uint64_t>(warp + kWarps * (u / 2)) * 1024 + (u % 2) * 512 + 16 * lane;
-    ok[u] = q < bytes;
-    v[u] = make_uint4(0, 0, 0, 0);
-    if constexpr (kWrite) {
-      if (ok[u]) v[u] = __ldcs(reinterpret_cast<const uint4*>(src + q));
-    } else if (p.identity()) {
-      if (ok[u]) v[u] = *reinterpret_cast<const uint4*>(p.native + q);
+  for (int j = 0; j < 8; ++j) acc[j] = 0;
+  if (bq < bytes) {
+    // note: a whole chunk (every one but a plane's last) takes the unpredicated copy.
+    const bool full = bq + 1024 <= bytes;
+    if (p.identity()) {
+      if (full)
+        lane_stripes<kIdentity, kWrite, true>(p, src, bq, h, bytes, acc);
+      else
+        lane_stripes<kIdentity, kWrite, false>(p, src, bq, h, bytes, acc);
+    } else if (p.transpose4) {
+      if (full)
+        lane_stripes<kTranspose4, kWrite, true>(p, src, bq, h, bytes, acc);
+      else
+        lane_stripes<kTranspose4, kWrite, false>(p, src, bq, h, bytes, acc);
     } else {
-      int64_t r, c;
-      row_col(p, q, r, c);
-      uint8_t* nrow = p.native + p.row_off[ok[u] ? r : 0];
-      if (p.transpose4) {
-        if (ok[u]) v[u] = *reinterpret_cast<const uint4*>(nrow + (c & ~int64_t{63}) + 16 * (lane & 3));
-        v[u] = quad_transpose(v[u], lane);
-      } else if (ok[u]) {
-        move_separable<false>(p, nrow, c, v[u]);
-      }
+      lane_stripes<kSeparable, kWrite, false>(p, src, bq, h, bytes, acc);
     }
   }
-  if constexpr (kWrite) {
+  // The pair's exchange: lane h keeps sums 4h..4h+3 and adds its partner's share of them.
+  uint64_t mine[4];
 #pragma unroll
-    for (int u = 0; u < kUnits; ++u) {
-      const uint64_t q =
-          tile_q + static_cast<uint64_t>(warp + kWarps * (u / 2)) * 1024 + (u % 2) * 512 + 16 * lane;
-      if (p.identity()) {
-        if (ok[u]) __stcs(reinterpret_cast<uint4*>(p.native + q), v[u]);
-        continue;
-      }
-      int64_t r, c;
-      row_col(p, q, r, c);
-      uint8_t* nrow = p.native + p.row_off[ok[u] ? r : 0];
-      if (p.transpose4) {
-        const uint4 w = quad_transpose(v[u], lane);
-        if (ok[u]) __stcs(reinterpret_cast<uint4*>(nrow + (c & ~int64_t{63}) + 16 * (lane & 3)), w);
-      } else if (ok[u]) {
-        move_separable<true>(p, nrow, c, v[u]);
-      }
-    }
+  for (int j = 0; j < 4; ++j) {
+    const uint64_t give = h ? acc[j] : acc[4 + j], keep = h ? acc[4 + j] : acc[j];
+    mine[j] = keep + __shfl_xor_sync(0xFFFFFFFFu, give, 1);
   }
-  // Block sums of this tile's chunks.
-  const int i = 2 * (lane & 3);
-  uint64_t ka[2], kb[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int s = 8 * h + lane / 4;
-    ka[h] = x::secret_word(s + i);
-    kb[h] = x::secret_word(s + i + 1);
+  const uint64_t block = (stream_off + bq) / 1024;
+  // note: a chunk past the plane's end holds zeros and no block; the stream's last (partial or tail) block
+  // is read by the chain itself.
+  if (bq < bytes && block < blocks) {
+    auto* at = reinterpret_cast<ulonglong2*>(t.sums + block * 8 + 4 * h);
+    at[0] = make_ulonglong2(mine[0], mine[1]);
+    at[1] = make_ulonglong2(mine[2], mine[3]);
   }
-#pragma unroll
-  for (int j = 0; j < kChunks; ++j) {
-    uint64_t a = 0, b = 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint4& w = v[2 * j + h];
-      const uint64_t w0 = uint64_t{w.x} | uint64_t{w.y} << 32, w1 = uint64_t{w.z} | uint64_t{w.w} << 32;
-      x::unit_terms(w0, w1, ka[h], kb[h], a, b);
-    }
-#pragma unroll
-    for (int m = 4; m < 32; m *= 2) {
-      a += __shfl_xor_sync(0xFFFFFFFFu, a, m);
-      b += __shfl_xor_sync(0xFFFFFFFFu, b, m);
-    }
-    const uint64_t cq = tile_q + static_cast<uint64_t>(warp + kWarps * j) * 1024;
-    const uint64_t block = (stream_off + cq) / 1024;
-    // note: a chunk past the plane's end holds zeros and no block; the stream's last (partial or tail) block
-    // is read by the chain itself.
-    if (lane < 4 && cq < bytes && block < blocks)
-      *reinterpret_cast<ulonglong2*>(t.sums + block * 8 + i) = make_ulonglong2(a, b);
-  }
-  // note: every thread that stored sums fences before the count (the CUDA threadFenceReduction pattern).
-  __threadfence();
+  // note: the cooperative-groups grid-sync pattern: the barrier orders every thread's sums before thread 0's
+  // release (cumulative), so only thread 0 waits for the stores to land before the count. A release add,
+  // not fence.sc + add: no MEMBAR.SC and no L1 invalidation (CCTL.IVALL) in every block; the last block
+  // acquires with its own fence below.
   __syncthreads();
   if (threadIdx.x == 0) {
-    is_last = atomicAdd(counters + k, 1u) == t.tiles - 1;
+    unsigned before;
+    asm volatile("atom.release.gpu.global.add.u32 %0, [%1], 1;"
+                 : "=r"(before)
+                 : "l"(counters + k)
+                 : "memory");
+    is_last = before == t.tiles - 1;
   }
   __syncthreads();
   if (!is_last) return;

@@ -30,7 +30,8 @@ struct DevicePlane {
   const int32_t* cols = nullptr;
   // The GEMV MXFP8 permutation (gemv_layout.h): inside every 64-byte group of a row, canonical 4-byte word
   // (j, t) (byte 16j + 4t) sits at native word (t, j); row_bytes % 64 == 0 and row offsets 16-aligned. The
-  // batched kernels then move whole 16-byte vectors on both sides (a 4x4 word transpose across 4 lanes).
+  // batched kernels then move whole 16-byte vectors on both sides: one thread holds a whole 64-byte group
+  // (one XXH3 stripe) and transposes it in registers.
   bool transpose4 = false;
   MXQ_REFIT_HD int64_t bytes() const { return rows * row_bytes; }
   MXQ_REFIT_HD bool identity() const { return row_off == nullptr; }
@@ -80,7 +81,7 @@ struct BatchTensorDevice {
   uint32_t first_tile = 0;   // its tiles: values tiles then scales tiles, consecutive in the grid
   uint32_t values_tiles = 0, tiles = 0;
 };
-inline constexpr uint64_t kBatchTileBytes = 32 * 1024;  // plane bytes one thread block moves / hashes
+inline constexpr uint64_t kBatchTileBytes = 64 * 1024;  // plane bytes one thread block moves / hashes
 MXQ_REFIT_HD inline uint32_t batch_tiles(int64_t plane_bytes) {
   return static_cast<uint32_t>((static_cast<uint64_t>(plane_bytes) + kBatchTileBytes - 1) / kBatchTileBytes);
 }

@@ -198,6 +198,28 @@ MXQ_XXH_HD uint64_t scramble(uint64_t acc, uint64_t key) {
   acc ^= key;
   return acc * kPrime32_1;
 }
+// scramble(acc, key) + next (mod 2^64), for a chain acc_{n+1} = scramble(acc_n + sum_n) run as
+// v_{n+1} = scramble_add(v_n, key, sum_{n+1}) with v_n = acc_n + sum_n. With u = acc ^ (acc >> 47) ^ key:
+// (acc >> 47) only reaches the low half (hi >> 15), and u·P (P < 2^32) = lo32(u)·P + (hi32(u)·P << 32), so
+// u·P + next = lo32(u)·P + {lo: lo32(next), hi: hi32(next) + hi32(u)·P}: one 32x32 -> 64 multiply-add on
+// the dependent path (shift, xor, mad.wide) instead of a 64-bit multiply then a 64-bit add.
+MXQ_XXH_HD uint64_t scramble_add(uint64_t acc, uint64_t key, uint64_t next) {
+  const auto lo = static_cast<uint32_t>(acc), hi = static_cast<uint32_t>(acc >> 32);
+  const uint32_t ulo = lo ^ (hi >> 15) ^ static_cast<uint32_t>(key);
+  const uint32_t uhi = hi ^ static_cast<uint32_t>(key >> 32);
+  const uint64_t addend =
+      uint64_t{static_cast<uint32_t>(next >> 32) + uhi * static_cast<uint32_t>(kPrime32_1)} << 32 |
+      static_cast<uint32_t>(next);
+#if defined(__CUDA_ARCH__)
+  uint64_t r;
+  asm("mad.wide.u32 %0, %1, %2, %3;"
+      : "=l"(r)
+      : "r"(ulo), "r"(static_cast<uint32_t>(kPrime32_1)), "l"(addend));
+  return r;
+#else
+  return uint64_t{ulo} * kPrime32_1 + addend;
+#endif
+}
 
 // Full blocks and stripes of the tail of a long input (len > 240): the tail holds `tail_stripes` stripes
 // accumulated without a scramble, then the last stripe = the last 64 input bytes, secret at 192-64-7.

@@ -224,9 +224,20 @@ TEST(CudaWeightMemory, WriteTensorsBatchMatchesHost) {
     PlaneLayout values, scales;
   };
   std::vector<Spec> specs;
-  // GEMV (4x4 word transpose) shapes, incl. a K with a partial last group and a multi-batch chain.
-  for (auto [rows, k] : {std::pair<int64_t, int64_t>{512, 4096}, {16, 64}, {8, 192}, {33, 160}, {3, 1024}})
+  // GEMV (4x4 word transpose) shapes, incl. a K with a partial last group and a multi-batch chain; rows of
+  // 64 and 320 bytes (a lane's stripes step across 1 or 2 rows), many tiles with a ragged scales tail
+  // (1100 x 128 scale bytes: 2 full tiles, a 9.5 KiB one whose last block is half there).
+  for (auto [rows, k] : {std::pair<int64_t, int64_t>{512, 4096},
+                         {16, 64},
+                         {8, 192},
+                         {33, 160},
+                         {3, 1024},
+                         {16, 320},
+                         {1100, 4096}})
     specs.push_back({gemv_values_layout(rows, k), make_layout(rng, rows, k / 32, 0, 0)});
+  // Identity planes over several tiles: values 70 KiB (the second tile mostly empty), scales a tail of
+  // less than one block.
+  specs.push_back({make_layout(rng, 1, 70 * 1024, 0, 0), make_layout(rng, 1, 1008, 0, 0)});
   // Random separable planes of every run, identity planes, scales of 16-byte multiples or not, padding.
   for (int run : {16, 8, 4, 2, 1, 0})
     for (int64_t rows : {int64_t{7}, int64_t{64}}) {

@@ -1,6 +1,7 @@
 // The XXH3-64 identities the device refit kernels rely on, checked on the host against libxxhash with the
 // same helpers (cuda/xxh3_device.cuh is plain C++): refit_batch.cu builds each 1 KiB block's lane sums from
-// 16-byte units (lane l of half h: stripe 8h + l/4, word pair l % 4) in any order, and sum_delta.cu updates
+// whole stripes (lane h of a pair: stripes 2k + h, keys picked by a parity mask), the pair's two partial sums
+// added; its chain folds each block's sum into the previous scramble (scramble_add); sum_delta.cu updates
 // kept sums word by word with (new term - old term). The GPU tests check the kernels themselves bitwise.
 #include <gtest/gtest.h>
 #include <xxhash.h>
@@ -20,19 +21,25 @@ uint64_t word_at(const std::vector<uint8_t>& b, uint64_t p) {
   return w;
 }
 
-// Block sums the way refit_batch.cu forms them: per 16-byte unit, keys by (half, lane), summed per pair.
+// Block sums the way refit_batch.cu forms them: per lane of a pair, its stripes 2k + h with keys
+// word(j) ^ (mask & (word(j) ^ word(j + 1))), j = 2k + i; the two lanes' sums added.
 std::vector<uint64_t> unit_block_sums(const std::vector<uint8_t>& in) {
   const uint64_t blocks = full_blocks(in.size());
   std::vector<uint64_t> sums(blocks * 8, 0);
   for (uint64_t blk = 0; blk < blocks; ++blk)
-    for (int lane = 31; lane >= 0; --lane)  // note: any order; the kernel's shuffle tree is another
-      for (int h = 0; h < 2; ++h) {
-        const int i = 2 * (lane & 3), s = 8 * h + lane / 4;
-        const uint64_t q =
-            blk * kBlockBytes + static_cast<uint64_t>(h) * 512 + 16 * static_cast<uint64_t>(lane);
-        unit_terms(word_at(in, q), word_at(in, q + 8), secret64(8 * s + 8 * i), secret64(8 * s + 8 * i + 8),
-                   sums[blk * 8 + static_cast<uint64_t>(i)], sums[blk * 8 + static_cast<uint64_t>(i) + 1]);
-      }
+    for (int h = 1; h >= 0; --h) {  // note: any order
+      const uint64_t hm = 0ull - static_cast<uint64_t>(h);
+      uint64_t acc[8] = {};
+      for (int k = 0; k < 8; ++k)
+        for (int u = 0; u < 4; ++u) {
+          const uint64_t q = blk * kBlockBytes + static_cast<uint64_t>(2 * k + h) * kStripeBytes + 16 * u;
+          const int j = 2 * k + 2 * u;
+          const uint64_t ka = secret64(8 * j) ^ (hm & (secret64(8 * j) ^ secret64(8 * j + 8)));
+          const uint64_t kb = secret64(8 * j + 8) ^ (hm & (secret64(8 * j + 8) ^ secret64(8 * j + 16)));
+          unit_terms(word_at(in, q), word_at(in, q + 8), ka, kb, acc[2 * u], acc[2 * u + 1]);
+        }
+      for (int i = 0; i < 8; ++i) sums[blk * 8 + static_cast<uint64_t>(i)] += acc[i];
+    }
   return sums;
 }
 
@@ -42,8 +49,14 @@ uint64_t finish(const std::vector<uint8_t>& in, const std::vector<uint64_t>& sum
   uint64_t acc[8];
   for (int i = 0; i < 8; ++i) {
     acc[i] = init_acc(i);
-    for (uint64_t n = 0; n < blocks; ++n)
-      acc[i] = scramble(acc[i] + sums[n * 8 + static_cast<uint64_t>(i)], scramble_key(i));
+    // note: the kernel's form: v = acc + sum_0, v = scramble_add(v, key, sum_n) per later block, then
+    // scramble_add(v, key, 0); restarted at every ring stage (acc = ..., v = acc + sum).
+    uint64_t v = 0;
+    for (uint64_t n = 0; n < blocks; ++n) {
+      const uint64_t s = sums[n * 8 + static_cast<uint64_t>(i)];
+      v = n % 64 == 0 ? acc[i] + s : scramble_add(v, scramble_key(i), s);
+      if (n % 64 == 63 || n + 1 == blocks) acc[i] = scramble_add(v, scramble_key(i), 0);
+    }
     const uint64_t tail = blocks * kBlockBytes;
     for (int st = 0; st < tail_stripes(len); ++st) {
       const uint64_t p = tail + static_cast<uint64_t>(st) * kStripeBytes;
@@ -57,12 +70,22 @@ uint64_t finish(const std::vector<uint8_t>& in, const std::vector<uint64_t>& sum
   return merge(acc, len);
 }
 
-TEST(Xxh3Terms, UnitLanePairSumsGiveTheHash) {
+TEST(Xxh3Terms, PairStripeSumsGiveTheHash) {
   std::mt19937_64 rng(std::random_device{}());
   for (uint64_t len : {1040ull, 2048ull, 4096ull + 48, 65536ull, 131072ull + 1024 + 16}) {
     std::vector<uint8_t> in(len);
     for (auto& b : in) b = static_cast<uint8_t>(rng());
     EXPECT_EQ(finish(in, unit_block_sums(in)), XXH3_64bits(in.data(), len)) << len;
+  }
+}
+
+TEST(Xxh3Terms, ScrambleAddIsScramblePlusNext) {
+  std::mt19937_64 rng(std::random_device{}());
+  for (int n = 0; n < 100000; ++n) {
+    const uint64_t acc = rng(), next = n % 7 == 0 ? 0 : rng();
+    const int lane = static_cast<int>(rng() % 8);
+    ASSERT_EQ(scramble_add(acc, scramble_key(lane), next), scramble(acc, scramble_key(lane)) + next)
+        << std::hex << acc << " " << next << " lane " << lane;
   }
 }
 
