@@ -15,6 +15,7 @@
 // (gemv_mx_launch.h): kRegister runs the per-group loop, anything else (kAuto too) the step body at m <= 8.
 // M 17..32 (3, 4 n-tiles) serves sm_80's table; sm_90a's takes cuBLASLt from M = 9 (cuda/linear.cpp).
 #include "cuda/gemv_fp8_b128_launch.h"
+#include "cuda/gemv_grouped.cuh"
 #include "cuda/gemv_mx_kernel.cuh"
 #include "cuda/gemv_mx_launch.h"
 
@@ -27,14 +28,15 @@ using gemv::kUnroll;
 using gemv::kWarps;
 constexpr int kGroupK = 64;
 
-// kStep (1 n-tile only): a whole step of kUnroll groups without bounds checks, as one block.
-template <int kNTiles, bool kHasTail, bool kStep>
-__global__ void __launch_bounds__(kThreads, 2)
-    gemv_fp8_b128_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
-                         const float* __restrict__ ws, int64_t s_row, int64_t s_col,
-                         __nv_bfloat16* __restrict__ y, int n, int k) {
+// kStep (1 n-tile only): a whole step of kUnroll groups without bounds checks, as one block. The tile body
+// of one block (weight rows row0..row0+15); kGather: x row i at x + (x_rows[i] / x_div)·k (gemv_grouped.cuh).
+template <int kNTiles, bool kHasTail, bool kStep, bool kGather = false>
+__device__ __forceinline__ void gemv_fp8_b128_tile(const __nv_bfloat16* __restrict__ x, int m,
+                                                   const int32_t* __restrict__ x_rows, int x_div,
+                                                   const uint8_t* __restrict__ wv, const float* __restrict__ ws,
+                                                   int64_t s_row, int64_t s_col, __nv_bfloat16* __restrict__ y,
+                                                   int n, int k, int row0) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int row0 = blockIdx.x * kRowsPerTile;
   // note: rows past n read row n-1 (valid memory) and are never stored.
   const int64_t ra = min(row0 + g, n - 1), rb = min(row0 + g + 8, n - 1);
   const uint8_t* va = wv + ra * k;
@@ -46,7 +48,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
     xok[nt] = nt * 8 + g < m;
-    xr[nt] = x + static_cast<int64_t>(xok[nt] ? nt * 8 + g : 0) * k;
+    const int xi = xok[nt] ? nt * 8 + g : 0;
+    xr[nt] = x + static_cast<int64_t>(kGather ? x_rows[xi] / x_div : xi) * k;
   }
   float acc[kNTiles][4] = {};
 
@@ -135,7 +138,38 @@ __global__ void __launch_bounds__(kThreads, 2)
   gemv::store_tile_sums<kNTiles>(acc, warp, lane, row0, m, y, n);
 }
 
+template <int kNTiles, bool kHasTail, bool kStep>
+__global__ void __launch_bounds__(kThreads, 2)
+    gemv_fp8_b128_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
+                         const float* __restrict__ ws, int64_t s_row, int64_t s_col,
+                         __nv_bfloat16* __restrict__ y, int n, int k) {
+  gemv_fp8_b128_tile<kNTiles, kHasTail, kStep>(x, m, nullptr, 1, wv, ws, s_row, s_col, y, n, k,
+                                               blockIdx.x * kRowsPerTile);
+}
+
+// The grouped entry's tile (gemv_grouped.cuh): launch_gemv_fp8_b128's kAuto choices (the step body at
+// m <= 8) with the chunk's n-tile count. note: every M of a grouped decode step stays weight-only (the
+// dense table's sm_90a cuBLASLt W8A8 entry from M = 9 is per launch, decided on the host).
+template <bool kHasTail, bool kGather>
+struct Fp8B128GroupedTile {
+  template <int kMaxNTiles>
+  __device__ static void run(const GroupedGemvArgs& a, const __nv_bfloat16* x, int m, const int32_t* rows,
+                             const uint8_t* wv, const uint8_t* ws, __nv_bfloat16* y, int row0) {
+    const auto* s = reinterpret_cast<const float*>(ws);
+    if (kMaxNTiles == 1 || m <= 8)
+      gemv_fp8_b128_tile<1, kHasTail, true, kGather>(x, m, rows, a.x_div, wv, s, a.s_row, a.s_col, y, a.n, a.k,
+                                                     row0);
+    else if constexpr (kMaxNTiles >= 2)
+      gemv_fp8_b128_tile<2, kHasTail, false, kGather>(x, m, rows, a.x_div, wv, s, a.s_row, a.s_col, y, a.n,
+                                                      a.k, row0);
+  }
+};
+
 }  // namespace
+
+cudaError_t launch_gemv_grouped_fp8_b128(const GroupedGemvArgs& a, cudaStream_t stream) {
+  return gemv::launch_grouped<Fp8B128GroupedTile>(a, a.k % kGroupK != 0, stream);
+}
 
 cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values, const float* scales,
                                  int64_t s_row, int64_t s_col, uint16_t* y, int n, int k,

@@ -146,13 +146,15 @@ __device__ __forceinline__ void store_tile_sums(const float (&acc)[kNTiles][4], 
 // per element; load_tail(p) reads the 4 elements a lane owns of one MMA in a short group; kScaleFold: decoded
 // values are the true ones times 2^-kScaleFold (0: exact values), undone in the scale multiply.
 // kStep (1 n-tile only): a whole step of kUnroll groups as one branch-free block (see the loop).
-template <class Fmt, int kNTiles, bool kHasTail, bool kStep>
-__global__ void __launch_bounds__(kThreads, 2)
-    gemv_mx_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
-                   const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k) {
+// The tile body of one block: weight rows row0..row0+15 against activation rows 0..m-1 (x row i at
+// x + i·k, or with kGather at x + (x_rows[i] / x_div)·k: the grouped MoE entry, gemv_grouped.cuh).
+template <class Fmt, int kNTiles, bool kHasTail, bool kStep, bool kGather = false>
+__device__ __forceinline__ void gemv_mx_tile(const __nv_bfloat16* __restrict__ x, int m,
+                                             const int32_t* __restrict__ x_rows, int x_div,
+                                             const uint8_t* __restrict__ wv, const uint8_t* __restrict__ ws,
+                                             __nv_bfloat16* __restrict__ y, int n, int k, int row0) {
   constexpr int kMmas = Fmt::kGroupK / 16, kBlocks = Fmt::kGroupK / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int row0 = blockIdx.x * kRowsPerTile;
   // note: rows past n read row n-1 (valid memory) and are never stored.
   const int64_t ra = min(row0 + g, n - 1), rb = min(row0 + g + 8, n - 1);
   const int64_t row_bytes = static_cast<int64_t>(k) * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
@@ -166,7 +168,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
     xok[nt] = nt * 8 + g < m;
-    xr[nt] = x + static_cast<int64_t>(xok[nt] ? nt * 8 + g : 0) * k + 4 * t;
+    const int xi = xok[nt] ? nt * 8 + g : 0;
+    xr[nt] = x + static_cast<int64_t>(kGather ? x_rows[xi] / x_div : xi) * k + 4 * t;
   }
   float acc[kNTiles][4] = {};
 
@@ -299,6 +302,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   store_tile_sums<kNTiles>(acc, warp, lane, row0, m, y, n);
+}
+
+template <class Fmt, int kNTiles, bool kHasTail, bool kStep>
+__global__ void __launch_bounds__(kThreads, 2)
+    gemv_mx_kernel(const __nv_bfloat16* __restrict__ x, int m, const uint8_t* __restrict__ wv,
+                   const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k) {
+  gemv_mx_tile<Fmt, kNTiles, kHasTail, kStep>(x, m, nullptr, 1, wv, ws, y, n, k, blockIdx.x * kRowsPerTile);
 }
 
 // Template dispatch on (n-tiles, tail); arguments were checked by gemv_mx.cpp. `step`: the branch-free step
