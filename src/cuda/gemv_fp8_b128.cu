@@ -33,9 +33,9 @@ constexpr int kGroupK = 64;
 template <int kNTiles, bool kHasTail, bool kStep, bool kGather = false>
 __device__ __forceinline__ void gemv_fp8_b128_tile(const __nv_bfloat16* __restrict__ x, int m,
                                                    const int32_t* __restrict__ x_rows, int x_div,
-                                                   const uint8_t* __restrict__ wv, const float* __restrict__ ws,
-                                                   int64_t s_row, int64_t s_col, __nv_bfloat16* __restrict__ y,
-                                                   int n, int k, int row0) {
+                                                   const uint8_t* __restrict__ wv,
+                                                   const float* __restrict__ ws, int64_t s_row, int64_t s_col,
+                                                   __nv_bfloat16* __restrict__ y, int n, int k, int row0) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   // note: rows past n read row n-1 (valid memory) and are never stored.
   const int64_t ra = min(row0 + g, n - 1), rb = min(row0 + g + 8, n - 1);
@@ -157,8 +157,8 @@ struct Fp8B128GroupedTile {
                              const uint8_t* wv, const uint8_t* ws, __nv_bfloat16* y, int row0) {
     const auto* s = reinterpret_cast<const float*>(ws);
     if (kMaxNTiles == 1 || m <= 8)
-      gemv_fp8_b128_tile<1, kHasTail, true, kGather>(x, m, rows, a.x_div, wv, s, a.s_row, a.s_col, y, a.n, a.k,
-                                                     row0);
+      gemv_fp8_b128_tile<1, kHasTail, true, kGather>(x, m, rows, a.x_div, wv, s, a.s_row, a.s_col, y, a.n,
+                                                     a.k, row0);
     else if constexpr (kMaxNTiles >= 2)
       gemv_fp8_b128_tile<2, kHasTail, false, kGather>(x, m, rows, a.x_div, wv, s, a.s_row, a.s_col, y, a.n,
                                                       a.k, row0);

@@ -22,10 +22,10 @@ struct GroupedGemvArgs {
   const uint8_t* const* scales;  // [experts * parts] (null for bf16)
   uint16_t* y;                   // bf16: part q at y + q * part_stride, entry p's row at + p * n
   int64_t part_stride;           // elements
-  int64_t s_row, s_col;          // FP8-B128: the weight scale of block (nb, kb) at scales[nb·s_row + kb·s_col]
-  int n, k, parts;               // every part of every expert is [n, k]
-  int slots;                     // grid.y: min(experts, max entries); slots past the active count exit
-  int max_ntiles;                // 1 or 2: a block runs its entries in chunks of 8 · max_ntiles rows
+  int64_t s_row, s_col;  // FP8-B128: the weight scale of block (nb, kb) at scales[nb·s_row + kb·s_col]
+  int n, k, parts;       // every part of every expert is [n, k]
+  int slots;             // grid.y: min(experts, max entries); slots past the active count exit
+  int max_ntiles;        // 1 or 2: a block runs its entries in chunks of 8 · max_ntiles rows
 };
 
 // The n-tile count of a grouped launch for a step of up to max_tokens tokens (an expert gets at most one

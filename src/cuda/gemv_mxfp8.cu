@@ -61,7 +61,8 @@ struct Mxfp8GroupedTile {
                              const uint8_t* wv, const uint8_t* ws, __nv_bfloat16* y, int row0) {
     using gemv::gemv_mx_tile;
     if (kMaxNTiles == 1 || m <= 8)
-      gemv_mx_tile<Mxfp8BitsDecode, 1, kHasTail, true, kGather>(x, m, rows, a.x_div, wv, ws, y, a.n, a.k, row0);
+      gemv_mx_tile<Mxfp8BitsDecode, 1, kHasTail, true, kGather>(x, m, rows, a.x_div, wv, ws, y, a.n, a.k,
+                                                                row0);
     else if constexpr (kMaxNTiles >= 2)
       gemv_mx_tile<Mxfp8Decode, 2, kHasTail, false, kGather>(x, m, rows, a.x_div, wv, ws, y, a.n, a.k, row0);
   }

@@ -45,15 +45,16 @@ Result<MoeGroupedWeights> MoeGroupedWeights::create(std::string what, std::span<
                   traits(g.format_).name);
   }
   if (g.n_ < 1 || g.k_ < k_mult || g.k_ % k_mult != 0 || g.n_ > INT_MAX / 2 || g.k_ > INT_MAX / 2)
-    return fail("{}: expert shape [{}, {}] for the grouped {} kernel (expected N >= 1, K a positive multiple of {})",
-                g.what_, g.n_, g.k_, traits(g.format_).name, k_mult);
+    return fail(
+        "{}: expert shape [{}, {}] for the grouped {} kernel (expected N >= 1, K a positive multiple of {})",
+        g.what_, g.n_, g.k_, traits(g.format_).name, k_mult);
   std::vector<const uint8_t*> table(w.size() * 2, nullptr);
   for (size_t i = 0; i < w.size(); ++i) table[i] = w[i].values, table[w.size() + i] = w[i].scales;
   auto d = DeviceBuffer::alloc(table.size() * sizeof(const uint8_t*));
   if (!d) return fail_in(g.what_, d.error());
   g.table_ = std::move(*d);
-  MXQ_CUDA_CHECK(cudaMemcpy(g.table_.as(), table.data(), table.size() * sizeof(const uint8_t*),
-                            cudaMemcpyHostToDevice));
+  MXQ_CUDA_CHECK(
+      cudaMemcpy(g.table_.as(), table.data(), table.size() * sizeof(const uint8_t*), cudaMemcpyHostToDevice));
   return g;
 }
 

@@ -133,8 +133,8 @@ struct Qwen3Cuda::Buffers {
   DeviceBuffer residual, normed, qkv, q, attn, hidden, gate, up, act, sel, logits;
   // note: counts, offsets and the active-expert list per layer ([L, E], [L, E + 1], [L, E]), so a profiled
   // step can read every layer's grouping after the step (StepProfiler::late_bytes); the rest is shared
-  DeviceBuffer router_logits, moe_ids, moe_weights, moe_counts, moe_offsets, moe_active, moe_sorted, moe_row_of,
-      xe, gu, acte, ye;
+  DeviceBuffer router_logits, moe_ids, moe_weights, moe_counts, moe_offsets, moe_active, moe_sorted,
+      moe_row_of, xe, gu, acte, ye;
   DeviceBuffer kv, inv_freq, decode_ws, meta, out;
   void *host_meta = nullptr, *host_out = nullptr;
   size_t meta_bytes = 0, meta_head_bytes = 0, out_bytes = 0;  // head: everything before the block tables
@@ -730,8 +730,8 @@ Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows, bool decode) {
     const MoeGroups g{offsets, active, b.moe_sorted.as<int32_t>(), K, cap};
     // mlp.experts.gate_up_proj [E, 2I, H] (per entry row: gate then up) / mlp.experts.<e>.gate_proj, up_proj
     // (gate rows in the first `cap` rows of gu, up rows in the next)
-    if (Status st = moe_grouped_linear(*l.grouped_gate_up, g, /*gather=*/true, b.normed.as<uint16_t>(), gu,
-                                       stream_);
+    if (Status st =
+            moe_grouped_linear(*l.grouped_gate_up, g, /*gather=*/true, b.normed.as<uint16_t>(), gu, stream_);
         !st)
       return st;
     if (Status st = mark(StepOp::kGateUpLinear, 0); !st) return st;
@@ -744,7 +744,8 @@ Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows, bool decode) {
     if (Status st = mark(StepOp::kSwiglu, 0); !st) return st;
     if (Status st = late(0, static_cast<double>(Im) * 4); !st) return st;
     // mlp.experts.down_proj [E, H, I] / mlp.experts.<e>.down_proj, on the entries in order
-    if (Status st = moe_grouped_linear(*l.grouped_down, g, /*gather=*/false, act, ye, stream_); !st) return st;
+    if (Status st = moe_grouped_linear(*l.grouped_down, g, /*gather=*/false, act, ye, stream_); !st)
+      return st;
     if (Status st = mark(StepOp::kDownLinear, 0); !st) return st;
     if (Status st = late(l.expert_down_bytes, static_cast<double>(Im) * 2); !st) return st;
   } else {

@@ -35,12 +35,13 @@ TEST(MoeGroupedLinearTwin, EveryEntryIsItsExpertsRowTimesTheWeights) {
   for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
   std::vector<WeightView> views;
   for (int64_t i = 0; i < E * P; ++i)
-    views.push_back(WeightView{Format::kBF16, n, k, reinterpret_cast<const uint8_t*>(wb.data() + i * n * k),
-                               nullptr});
+    views.push_back(
+        WeightView{Format::kBF16, n, k, reinterpret_cast<const uint8_t*>(wb.data() + i * n * k), nullptr});
   const auto x = test::random_floats(rng, static_cast<size_t>(T * k));
   const int64_t stride = T * K * n;
   std::vector<float> y(static_cast<size_t>(P * stride), NAN);
-  ASSERT_TRUE(moe_grouped_linear("experts", views, P, offsets.data(), sorted.data(), K, x.data(), y.data(), stride));
+  ASSERT_TRUE(
+      moe_grouped_linear("experts", views, P, offsets.data(), sorted.data(), K, x.data(), y.data(), stride));
   for (int64_t e = 0; e < E; ++e)
     for (int64_t p = offsets[e]; p < offsets[e + 1]; ++p) {
       ASSERT_EQ(ids[sorted[p]], e);
@@ -59,7 +60,8 @@ TEST(MoeGroupedLinearTwin, EveryEntryIsItsExpertsRowTimesTheWeights) {
 TEST(MoeGroupedLinearTwin, RefusesMixedShapesByName) {
   const std::vector<uint16_t> w(64 * 64, 0x3F80);
   const auto* v = reinterpret_cast<const uint8_t*>(w.data());
-  const std::vector<WeightView> views = {{Format::kBF16, 64, 64, v, nullptr}, {Format::kBF16, 32, 64, v, nullptr}};
+  const std::vector<WeightView> views = {{Format::kBF16, 64, 64, v, nullptr},
+                                         {Format::kBF16, 32, 64, v, nullptr}};
   const int32_t offsets[3] = {0, 0, 0};
   auto st = moe_grouped_linear("layer.experts", views, 1, offsets, nullptr, 1, nullptr, nullptr, 0);
   ASSERT_FALSE(st);

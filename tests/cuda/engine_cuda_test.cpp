@@ -6,8 +6,8 @@
 // note: the golden checkpoints (tests/golden/.../ckpt) have head_dim 16, which the CUDA attention ops do not
 // take (64, 128): the CUDA load refuses them by name (tested below), so these tests write head_dim 64
 // checkpoints of the same kinds. Both sides run the same weight bytes; what differs is the CUDA engine's
-// bf16 activations (the CPU forward is f32), hence one tolerance for every format's weight-only steps; FP8-B128
-// steps above the GEMV's M range also quantize activations (W8A8) and have their own.
+// bf16 activations (the CPU forward is f32), hence one tolerance for every format's weight-only steps;
+// FP8-B128 steps above the GEMV's M range also quantize activations (W8A8) and have their own.
 #include <gtest/gtest.h>
 
 #include <algorithm>

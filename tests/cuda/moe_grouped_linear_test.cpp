@@ -1,11 +1,11 @@
 // The grouped expert linear (cuda/moe_grouped_linear.h) against its CPU twin (cpu/moe_grouped_linear.h) on
 // fresh random canonical planes of a stacked [E · parts, n, k] tensor in linear_prepare's native layout and a
 // fresh routing (cpu/moe_route on random router logits, some experts biased so their groups fill every token:
-// per-expert counts from 0 to T, past the 8- and 16-row chunks), outputs poisoned first: every entry's row within the
-// format's NMSE tolerance, rows past the entries untouched; ragged n, K with and without a tail group, 1 or
-// 2 parts, x gathered through sorted_rows or in entry order, device token count below capacity, none routed.
-// The quantized formats also equal the dense GEMV (gemv_mx.h, gemv_fp8_b128.h) run per expert on the same
-// rows in the grouped launch's chunks, bit for bit: one tile body serves both.
+// per-expert counts from 0 to T, past the 8- and 16-row chunks), outputs poisoned first: every entry's row
+// within the format's NMSE tolerance, rows past the entries untouched; ragged n, K with and without a tail
+// group, 1 or 2 parts, x gathered through sorted_rows or in entry order, device token count below capacity,
+// none routed. The quantized formats also equal the dense GEMV (gemv_mx.h, gemv_fp8_b128.h) run per expert on
+// the same rows in the grouped launch's chunks, bit for bit: one tile body serves both.
 #include "cuda/moe_grouped_linear.h"
 
 #include <array>
@@ -101,9 +101,9 @@ TEST_P(MoeGroupedLinear, MatchesCpuTwin) {
   const size_t vb = static_cast<size_t>(c.format == Format::kBF16 ? n * k * 2 : values_bytes(c.format, n, k)),
                sb = c.format == Format::kBF16 ? 0 : static_cast<size_t>(scales_bytes(c.format, n, k));
   for (int64_t i = 0; i < mats; ++i) {
-    auto v = linear_weights("experts", c.format, shape,
-                            {dv.as<uint8_t>(), native->values.size()},
-                            {c.format == Format::kBF16 ? nullptr : ds.as<uint8_t>(), native->scales.size()}, i);
+    auto v =
+        linear_weights("experts", c.format, shape, {dv.as<uint8_t>(), native->values.size()},
+                       {c.format == Format::kBF16 ? nullptr : ds.as<uint8_t>(), native->scales.size()}, i);
     ASSERT_TRUE(v) << v.error().message;
     views.push_back(*v);
     cpu_views.push_back(WeightView{c.format, n, k, canonical.values.data() + i * vb,
@@ -117,8 +117,9 @@ TEST_P(MoeGroupedLinear, MatchesCpuTwin) {
   const auto x = test::normal_bf16(rng, x_rows * static_cast<size_t>(k));
   const auto xf = test::to_f32(x);
   std::vector<float> ref(static_cast<size_t>(P) * cap * n, 0.0f);
-  ASSERT_TRUE(mxq::moe_grouped_linear("experts", cpu_views, P, offsets.data(), c.gather ? sorted.data() : nullptr,
-                                      K, xf.data(), ref.data(), static_cast<int64_t>(cap) * n));
+  ASSERT_TRUE(mxq::moe_grouped_linear("experts", cpu_views, P, offsets.data(),
+                                      c.gather ? sorted.data() : nullptr, K, xf.data(), ref.data(),
+                                      static_cast<int64_t>(cap) * n));
 
   auto dx = test::must(test::upload(x));
   auto doff = test::must(test::upload(offsets));
@@ -158,15 +159,16 @@ TEST_P(MoeGroupedLinear, MatchesCpuTwin) {
       for (int64_t q = 0; q < P; ++q) {
         const LinearWeights& lw = views[e * P + q];
         auto dys = test::must(test::poisoned<uint16_t>(static_cast<size_t>(m) * n));
-        Status ds2 = c.format == Format::kFP8_B128
-                         ? gemv_fp8_b128(dxs.as<uint16_t>(), m,
-                                         Fp8B128Weights{lw.values, reinterpret_cast<const float*>(lw.scales), n, k},
-                                         dys.as<uint16_t>(), nullptr)
-                     : c.format == Format::kMXFP8
-                         ? gemv_mxfp8(dxs.as<uint16_t>(), m, MxGemvWeights{c.format, lw.values, lw.scales, n, k},
-                                      dys.as<uint16_t>(), nullptr)
-                         : gemv_mxfp4(dxs.as<uint16_t>(), m, MxGemvWeights{c.format, lw.values, lw.scales, n, k},
-                                      dys.as<uint16_t>(), nullptr);
+        Status ds2 =
+            c.format == Format::kFP8_B128
+                ? gemv_fp8_b128(dxs.as<uint16_t>(), m,
+                                Fp8B128Weights{lw.values, reinterpret_cast<const float*>(lw.scales), n, k},
+                                dys.as<uint16_t>(), nullptr)
+            : c.format == Format::kMXFP8
+                ? gemv_mxfp8(dxs.as<uint16_t>(), m, MxGemvWeights{c.format, lw.values, lw.scales, n, k},
+                             dys.as<uint16_t>(), nullptr)
+                : gemv_mxfp4(dxs.as<uint16_t>(), m, MxGemvWeights{c.format, lw.values, lw.scales, n, k},
+                             dys.as<uint16_t>(), nullptr);
         ASSERT_TRUE(ds2) << ds2.error().message;
         const auto dense = test::must(test::download<uint16_t>(dys, static_cast<size_t>(m) * n));
         for (size_t i = 0; i < dense.size(); ++i)
@@ -177,24 +179,23 @@ TEST_P(MoeGroupedLinear, MatchesCpuTwin) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, MoeGroupedLinear,
-    ::testing::Values(
-        // format, E, top_k, tokens, capacity, n, k, parts, gather, hot
-        GroupedCase{Format::kMXFP8, 8, 2, 1, 1, 256, 256, 1, true, 0},
-        GroupedCase{Format::kMXFP8, 16, 4, 13, 16, 200, 96, 2, true, 1},
-        GroupedCase{Format::kMXFP8, 8, 2, 70, 80, 64, 128, 1, false, 2},
-        GroupedCase{Format::kMXFP8, 128, 8, 32, 32, 96, 128, 1, true, 0},
-        GroupedCase{Format::kMXFP8, 8, 2, 0, 4, 64, 64, 1, true, 0},
-        GroupedCase{Format::kMXFP4, 16, 4, 9, 32, 136, 160, 1, true, 0},
-        GroupedCase{Format::kMXFP4, 8, 8, 40, 40, 48, 256, 2, true, 0},
-        GroupedCase{Format::kMXFP4, 32, 4, 21, 24, 130, 384, 1, false, 1},
-        GroupedCase{Format::kFP8_B128, 16, 2, 5, 8, 300, 272, 1, true, 0},
-        GroupedCase{Format::kFP8_B128, 8, 4, 33, 40, 128, 128, 2, false, 1},
-        GroupedCase{Format::kFP8_B128, 8, 3, 20, 20, 160, 208, 1, true, 3},
-        GroupedCase{Format::kBF16, 8, 2, 3, 4, 256, 256, 1, true, 0},
-        GroupedCase{Format::kBF16, 16, 4, 37, 40, 72, 136, 2, false, 1},
-        GroupedCase{Format::kBF16, 60, 4, 11, 16, 100, 64, 1, true, 0}));
+INSTANTIATE_TEST_SUITE_P(Shapes, MoeGroupedLinear,
+                         ::testing::Values(
+                             // format, E, top_k, tokens, capacity, n, k, parts, gather, hot
+                             GroupedCase{Format::kMXFP8, 8, 2, 1, 1, 256, 256, 1, true, 0},
+                             GroupedCase{Format::kMXFP8, 16, 4, 13, 16, 200, 96, 2, true, 1},
+                             GroupedCase{Format::kMXFP8, 8, 2, 70, 80, 64, 128, 1, false, 2},
+                             GroupedCase{Format::kMXFP8, 128, 8, 32, 32, 96, 128, 1, true, 0},
+                             GroupedCase{Format::kMXFP8, 8, 2, 0, 4, 64, 64, 1, true, 0},
+                             GroupedCase{Format::kMXFP4, 16, 4, 9, 32, 136, 160, 1, true, 0},
+                             GroupedCase{Format::kMXFP4, 8, 8, 40, 40, 48, 256, 2, true, 0},
+                             GroupedCase{Format::kMXFP4, 32, 4, 21, 24, 130, 384, 1, false, 1},
+                             GroupedCase{Format::kFP8_B128, 16, 2, 5, 8, 300, 272, 1, true, 0},
+                             GroupedCase{Format::kFP8_B128, 8, 4, 33, 40, 128, 128, 2, false, 1},
+                             GroupedCase{Format::kFP8_B128, 8, 3, 20, 20, 160, 208, 1, true, 3},
+                             GroupedCase{Format::kBF16, 8, 2, 3, 4, 256, 256, 1, true, 0},
+                             GroupedCase{Format::kBF16, 16, 4, 37, 40, 72, 136, 2, false, 1},
+                             GroupedCase{Format::kBF16, 60, 4, 11, 16, 100, 64, 1, true, 0}));
 
 // moe_route's active-expert list (the grouped linear's slots) against the CPU twin's.
 TEST(MoeGroupedLinearRoute, ActiveExpertsMatchCpuTwin) {
