@@ -3,10 +3,11 @@
 // sorted_rows), so a MoE decode step needs no host round trip and is graph-capturable.
 //   grid  (parts · ceil(n / 16) row tiles, slots), block gemv::kThreads; slot s serves expert active[s] and
 //         exits at once when it is -1 (fewer active experts than slots);
-//   a block runs its expert's entries in chunks of up to 32 activation rows through the format's tile body
+//   a block runs its expert's entries in chunks of 8 (or 16) activation rows through the format's tile body
 //   (gemv_mx_tile / gemv_fp8_b128_tile / the bf16 tile), the same device code as the dense GEMV.
-// Per-expert M is not known at launch: each chunk picks its n-tile count (1..4) on the device, as the dense
-// launcher would on the host for that M, so a grouped row equals the dense GEMV's row for the same M.
+// Per-expert M is not known at launch: each chunk picks its n-tile count (1 or 2) and decode on the device,
+// as the dense launcher would on the host for that M, so a grouped row equals the dense GEMV's row for the
+// same M (tested bitwise).
 #pragma once
 
 #include <cuda_bf16.h>
