@@ -10,13 +10,19 @@ namespace mxq {
 
 Status moe_route(const float* logits, int64_t tokens, int64_t experts, int64_t top_k, bool norm_topk_prob,
                  int32_t* ids, float* weights, int32_t* counts, int32_t* offsets, int32_t* sorted_rows,
-                 int32_t* row_of) {
+                 int32_t* row_of, int32_t* active) {
   if (auto st = moe_router(logits, tokens, experts, top_k, norm_topk_prob, ids, weights); !st) return st;
   const int64_t n = tokens * top_k;
   std::fill(counts, counts + experts, 0);
   for (int64_t i = 0; i < n; ++i) ++counts[ids[i]];
   offsets[0] = 0;
   for (int64_t e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  if (active) {
+    int32_t* a = active;
+    for (int64_t e = 0; e < experts; ++e)
+      if (counts[e] > 0) *a++ = static_cast<int32_t>(e);
+    std::fill(a, active + experts, -1);
+  }
   std::vector<int32_t> cursor(offsets, offsets + experts);
   for (int64_t i = 0; i < n; ++i) {
     const int32_t p = cursor[static_cast<size_t>(ids[i])]++;

@@ -13,10 +13,11 @@ namespace mxq {
 // [tokens, top_k]): counts[e] = entries routed to e; offsets [experts + 1] their exclusive prefix sum;
 // sorted_rows[offsets[e] ..] the entries of expert e in increasing i (so in token order, as model/qwen3.cpp's
 // per-expert row lists); row_of[i] the position of entry i in sorted_rows. The grouped linear reads x row
-// sorted_rows[p] / top_k into its row p and writes y row p.
+// sorted_rows[p] / top_k into its row p and writes y row p. active (optional, [experts]): the experts with
+// entries in increasing id, then -1 (the grouped linear's slots).
 Status moe_route(const float* logits, int64_t tokens, int64_t experts, int64_t top_k, bool norm_topk_prob,
                  int32_t* ids, float* weights, int32_t* counts, int32_t* offsets, int32_t* sorted_rows,
-                 int32_t* row_of);
+                 int32_t* row_of, int32_t* active = nullptr);
 
 // out[t, :] = Σ over token t's choices in increasing expert id of weights[t, j] · y[row_of[t, j], :], each
 // term rounded as f32 multiply then f32 add starting from 0: the rounding of Backend::scatter_add_rows in

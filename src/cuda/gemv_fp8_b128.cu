@@ -15,6 +15,7 @@
 // (gemv_mx_launch.h): kRegister runs the per-group loop, anything else (kAuto too) the step body at m <= 8.
 // M 17..32 (3, 4 n-tiles) serves sm_80's table; sm_90a's takes cuBLASLt from M = 9 (cuda/linear.cpp).
 #include "cuda/gemv_fp8_b128_launch.h"
+#include "cuda/gemv_grouped.cuh"
 #include "cuda/gemv_mx_kernel.cuh"
 #include "cuda/gemv_mx_launch.h"
 
@@ -151,7 +152,29 @@ __global__ void __launch_bounds__(kThreads, 2)
                                                k, row0);
 }
 
+// The grouped entry's tile (gemv_grouped.cuh): launch_gemv_fp8_b128's kAuto choices (the step body at
+// m <= 8) with the chunk's n-tile count. note: every M of a grouped decode step stays weight-only (the
+// dense table's sm_90a cuBLASLt W8A8 entry from M = 9 is per launch, decided on the host).
+template <bool kHasTail, bool kGather>
+struct Fp8B128GroupedTile {
+  template <int kMaxNTiles>
+  __device__ static void run(const GroupedGemvArgs& a, const __nv_bfloat16* x, int m, const int32_t* rows,
+                             const uint8_t* wv, const uint8_t* ws, __nv_bfloat16* y, int row0) {
+    const auto* s = reinterpret_cast<const float*>(ws);
+    if (kMaxNTiles == 1 || m <= 8)
+      gemv_fp8_b128_tile<1, kHasTail, true, kGather>(x, m, rows, a.x_div, wv, s, a.s_row, a.s_col, y, a.n,
+                                                     a.k, row0);
+    else if constexpr (kMaxNTiles >= 2)
+      gemv_fp8_b128_tile<2, kHasTail, false, kGather>(x, m, rows, a.x_div, wv, s, a.s_row, a.s_col, y, a.n,
+                                                      a.k, row0);
+  }
+};
+
 }  // namespace
+
+cudaError_t launch_gemv_grouped_fp8_b128(const GroupedGemvArgs& a, cudaStream_t stream) {
+  return gemv::launch_grouped<Fp8B128GroupedTile>(a, a.k % kGroupK != 0, stream);
+}
 
 cudaError_t launch_gemv_parts_fp8_b128(const uint16_t* x, int m, const GemvParts& p, int k,
                                        cudaStream_t stream) {

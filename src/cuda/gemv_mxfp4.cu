@@ -10,6 +10,7 @@
 // note: a two-step prmt table decode (magnitude → selector byte with the sign in bit 6 → bf16 bytes; exact,
 // 15 instead of 18 ops per word) measured 5% slower in sum on the H200 (bench/RESULTS.md, run 8).
 
+#include "cuda/gemv_grouped.cuh"
 #include "cuda/gemv_mx_kernel.cuh"
 
 namespace mxq::cuda {
@@ -34,7 +35,26 @@ struct Mxfp4Decode {
   }
 };
 
+// The grouped entry's tile (gemv_grouped.cuh): launch_gemv_mxfp4's kAuto choice (the per-group loop) with
+// the chunk's n-tile count.
+template <bool kHasTail, bool kGather>
+struct Mxfp4GroupedTile {
+  template <int kMaxNTiles>
+  __device__ static void run(const GroupedGemvArgs& a, const __nv_bfloat16* x, int m, const int32_t* rows,
+                             const uint8_t* wv, const uint8_t* ws, __nv_bfloat16* y, int row0) {
+    using gemv::gemv_mx_tile;
+    if (kMaxNTiles == 1 || m <= 8)
+      gemv_mx_tile<Mxfp4Decode, 1, kHasTail, false, kGather>(x, m, rows, a.x_div, wv, ws, y, a.n, a.k, row0);
+    else if constexpr (kMaxNTiles >= 2)
+      gemv_mx_tile<Mxfp4Decode, 2, kHasTail, false, kGather>(x, m, rows, a.x_div, wv, ws, y, a.n, a.k, row0);
+  }
+};
+
 }  // namespace
+
+cudaError_t launch_gemv_grouped_mxfp4(const GroupedGemvArgs& a, cudaStream_t stream) {
+  return gemv::launch_grouped<Mxfp4GroupedTile>(a, a.k % Mxfp4Decode::kGroupK != 0, stream);
+}
 
 cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p, int k, cudaStream_t stream) {
   return gemv::launch_gemv<Mxfp4Decode>(x, m, p, k, gemv_kernel() == GemvKernel::kRegisterStep, stream);

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cuda/gemv_grouped.cuh"
 #include "cuda/gemv_mx_kernel.cuh"
 
 namespace mxq::cuda {
@@ -51,7 +52,27 @@ struct Mxfp8Decode {
   }
 };
 
+// The grouped entry's tile (gemv_grouped.cuh): launch_gemv_mxfp8's kAuto choices for the chunk's m (bits
+// decode and the step body at m <= 8, cvt decode above).
+template <bool kHasTail, bool kGather>
+struct Mxfp8GroupedTile {
+  template <int kMaxNTiles>
+  __device__ static void run(const GroupedGemvArgs& a, const __nv_bfloat16* x, int m, const int32_t* rows,
+                             const uint8_t* wv, const uint8_t* ws, __nv_bfloat16* y, int row0) {
+    using gemv::gemv_mx_tile;
+    if (kMaxNTiles == 1 || m <= 8)
+      gemv_mx_tile<Mxfp8BitsDecode, 1, kHasTail, true, kGather>(x, m, rows, a.x_div, wv, ws, y, a.n, a.k,
+                                                                row0);
+    else if constexpr (kMaxNTiles >= 2)
+      gemv_mx_tile<Mxfp8Decode, 2, kHasTail, false, kGather>(x, m, rows, a.x_div, wv, ws, y, a.n, a.k, row0);
+  }
+};
+
 }  // namespace
+
+cudaError_t launch_gemv_grouped_mxfp8(const GroupedGemvArgs& a, cudaStream_t stream) {
+  return gemv::launch_grouped<Mxfp8GroupedTile>(a, a.k % Mxfp8Decode::kGroupK != 0, stream);
+}
 
 cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p, int k, cudaStream_t stream) {
   // note: the env switch exists to measure both decodes from one build (bench/RESULTS.md).

@@ -94,14 +94,17 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(const MoeRoute
   for (int i = threadIdx.x; i < n; i += kGroupThreads) atomicAdd(&counts[a.ids[i]], 1);
   __syncthreads();
   if (threadIdx.x == 0) {
-    int run = 0;
+    int run = 0, na = 0;
     for (int e = 0; e < E; ++e) {
       a.counts[e] = counts[e];
       a.offsets[e] = run;
       cursor[e] = run;
       run += counts[e];
+      if (a.active && counts[e] > 0) a.active[na++] = e;
     }
     a.offsets[E] = run;
+    if (a.active)
+      for (; na < E; ++na) a.active[na] = -1;
   }
   __syncthreads();
   if (threadIdx.x >= 32) return;

@@ -21,6 +21,8 @@ struct MoeRouteArgs {
   int32_t* row_of;       // int32 [max_tokens, top_k]: position of entry (t, j) in sorted_rows
   int max_tokens, experts, top_k;  // experts <= 1024, top_k <= min(32, experts)
   bool norm_topk_prob;
+  int32_t* active = nullptr;  // int32 [experts] or null: experts with entries, ascending, then -1 (the slots
+                              // of the grouped expert linear, cuda/moe_grouped_linear.h)
 };
 
 // cudaErrorInvalidValue: experts outside [1, 1024], top_k outside [1, min(32, experts)], max_tokens < 0,

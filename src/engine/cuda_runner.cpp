@@ -152,8 +152,9 @@ Result<std::vector<SampledToken>> CudaRunner::run(const StepPlan& plan, const Sc
   if (auto st = m.upload_meta(seqs); !st) return tl::unexpected(st.error());
 
   if (decode) {
-    // note: a step profile times eager steps (its events would be baked into a graph)
-    const bool graphs = !options_.enforce_eager && !m.has_moe() && !m.profiler();
+    // note: a step profile times eager steps (its events would be baked into a graph). MoE decode steps are
+    // captured too: their expert groups run from the device grouping (grouped linears), no host wait.
+    const bool graphs = !options_.enforce_eager && !m.profiler();
     if (auto st = launch_decode(seqs, graphs); !st) return tl::unexpected(st.error());
   } else {
     const ForwardShape shape{rows, seqs, false, j, sample_rows};

@@ -9,12 +9,14 @@
 #include <cassert>
 #include <climits>
 #include <map>
+#include <vector>
 
 #include "cpu/rope.h"
 #include "cuda/attention_prefill.h"
 #include "cuda/check.h"
 #include "cuda/embedding.h"
 #include "cuda/linear.h"
+#include "cuda/moe_grouped_linear.h"
 #include "cuda/moe_route.h"
 #include "cuda/paged_attention_decode.h"
 #include "cuda/qk_norm_rope_cache.h"
@@ -117,6 +119,9 @@ struct Qwen3Cuda::Weights {
     Lin router;                         // mlp.gate
     // mlp.experts: stacked (gate_up[e] is [2I, H]) or one module per expert
     std::vector<Lin> gate_up, down, gate, up;
+    // the same experts for the grouped decode linears: [gate_up] or [gate, up] per expert, and down
+    std::optional<MoeGroupedWeights> grouped_gate_up, grouped_down;
+    double expert_gate_up_bytes = 0, expert_down_bytes = 0;  // per expert (the step profile)
   };
   const uint16_t *embed_tokens = nullptr, *norm = nullptr;
   Lin lm_head;
@@ -127,8 +132,10 @@ struct Qwen3Cuda::Buffers {
   int64_t tokens = 0;  // row capacity of the activations
   // qkv: the q, k and v projections' outputs one after the other, [T, Hq·D] then [T, Hkv·D] twice
   DeviceBuffer residual, normed, qkv, q, attn, hidden, gate, up, act, sel, logits;
-  DeviceBuffer router_logits, moe_ids, moe_weights, moe_counts, moe_offsets, moe_sorted, moe_row_of, xe, gu,
-      acte, ye;
+  // note: counts, offsets and the active-expert list per layer ([L, E], [L, E + 1], [L, E]), so a profiled
+  // step can read every layer's grouping after the step (StepProfiler::late_bytes); the rest is shared
+  DeviceBuffer router_logits, moe_ids, moe_weights, moe_counts, moe_offsets, moe_active, moe_sorted,
+      moe_row_of, xe, gu, acte, ye;
   DeviceBuffer kv, inv_freq, decode_ws, meta, out;
   void *host_meta = nullptr, *host_out = nullptr;
   size_t meta_bytes = 0, meta_head_bytes = 0, out_bytes = 0;  // head: everything before the block tables
@@ -265,6 +272,32 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
   }
   if (!missing.empty()) return fail("{}: weight '{}' is not in the weight store", c.architecture, missing);
   if (!bad.message.empty()) return fail_in(c.architecture, bad);
+  // the grouped decode linears' pointer tables (cuda/moe_grouped_linear.h), over the same expert views
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    Weights::Layer& l = w.layers[i];
+    if (!l.sparse) continue;
+    std::vector<LinearWeights> gu, dn;
+    const std::string p = fmt::format("model.layers.{}.mlp.experts", i);
+    for (size_t e = 0; e < l.down.size(); ++e) {
+      if (!l.gate_up.empty()) {
+        gu.push_back(l.gate_up[e].w);
+        l.expert_gate_up_bytes = l.gate_up[e].bytes;
+      } else {
+        gu.push_back(l.gate[e].w);
+        gu.push_back(l.up[e].w);
+        l.expert_gate_up_bytes = l.gate[e].bytes + l.up[e].bytes;
+      }
+      dn.push_back(l.down[e].w);
+      l.expert_down_bytes = l.down[e].bytes;
+    }
+    auto g = MoeGroupedWeights::create(p + (l.gate_up.empty() ? ".*.gate_proj/up_proj" : ".gate_up_proj"), gu,
+                                       l.gate_up.empty() ? 2 : 1);
+    if (!g) return fail_in(c.architecture, g.error());
+    auto d = MoeGroupedWeights::create(p + (l.gate_up.empty() ? ".*.down_proj" : ".down_proj"), dn, 1);
+    if (!d) return fail_in(c.architecture, d.error());
+    l.grouped_gate_up.emplace(std::move(*g));
+    l.grouped_down.emplace(std::move(*d));
+  }
   if (w.lm_head.w.format != Format::kBF16)
     return fail("{}: lm_head in {}, expected bf16 (logits are computed in f32 by cuBLAS)", c.architecture,
                 traits(w.lm_head.w.format).name);
@@ -344,8 +377,10 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
     need(b.router_logits, T * E * 4);
     need(b.moe_ids, T * K * 4);
     need(b.moe_weights, T * K * 4);
-    need(b.moe_counts, E * 4);
-    need(b.moe_offsets, (E + 1) * 4);
+    const int64_t L = c.num_hidden_layers;
+    need(b.moe_counts, L * E * 4);
+    need(b.moe_offsets, L * (E + 1) * 4);
+    need(b.moe_active, L * E * 4);
     need(b.moe_sorted, T * K * 4);
     need(b.moe_row_of, T * K * 4);
     need(b.xe, T * K * H * 2);
@@ -594,7 +629,7 @@ Status Qwen3Cuda::forward(const ForwardShape& s) {
                                                    meta.num_tokens, rows, normed, stream_));
     if (Status st = mark(StepOp::kNorm, norm_bytes); !st) return st;
     // mlp: Qwen3MoeSparseMoeBlock on sparse layers, Qwen3MLP otherwise
-    auto st = l.sparse ? sparse_moe_block(i, rows) : mlp(i, rows);
+    auto st = l.sparse ? sparse_moe_block(i, rows, s.decode) : mlp(i, rows);
     if (!st) return st;
     // residual add, then the next layer's input_layernorm or the final model.norm
     const uint16_t* next_norm = i + 1 < w.layers.size() ? w.layers[i + 1].input_layernorm : w.norm;
@@ -658,13 +693,18 @@ Status Qwen3Cuda::mlp(size_t i, int64_t rows) {
 
 // Qwen3MoeSparseMoeBlock: router over mlp.gate, the token → expert grouping on the device, then each expert
 // on its group of rows, outputs summed per token in expert order (moe_combine, as HF's loop over experts).
-// note: the expert loop is driven from the host (offsets read back), so MoE steps are never captured.
-Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows) {
+// Decode steps run every expert group in one grouped launch per projection (cuda/moe_grouped_linear.h),
+// driven by the grouping on the device: nothing waits for the host, so the step is graph-captured. Other
+// steps (prefill, mixed) read the grouping back and run each expert through the dispatch table (its GEMM
+// entries at large M).
+Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows, bool decode) {
   const Weights::Layer& l = w_->layers[i];
   const ModelConfig& c = config_;
   Buffers& b = *b_;
   const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok, Im = c.moe_intermediate_size;
   const double rd = static_cast<double>(rows);
+  int32_t* offsets = b.moe_offsets.as<int32_t>() + static_cast<int64_t>(i) * (E + 1);
+  int32_t* active = b.moe_active.as<int32_t>() + static_cast<int64_t>(i) * E;
   // mlp.gate (router logits, f32)
   if (Status st =
           linear_f32(*lin_, l.router.w, b.normed.as<uint16_t>(), rows, b.router_logits.as<float>(), stream_);
@@ -676,66 +716,108 @@ Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows) {
   ra.num_tokens = dev_meta_.num_tokens;
   ra.ids = b.moe_ids.as<int32_t>();
   ra.weights = b.moe_weights.as<float>();
-  ra.counts = b.moe_counts.as<int32_t>();
-  ra.offsets = b.moe_offsets.as<int32_t>();
+  ra.counts = b.moe_counts.as<int32_t>() + static_cast<int64_t>(i) * E;
+  ra.offsets = offsets;
   ra.sorted_rows = b.moe_sorted.as<int32_t>();
   ra.row_of = b.moe_row_of.as<int32_t>();
+  ra.active = active;
   ra.max_tokens = static_cast<int>(rows);
   ra.experts = static_cast<int>(E);
   ra.top_k = static_cast<int>(K);
   ra.norm_topk_prob = c.norm_topk_prob;
   MXQ_LAUNCH("moe_route", launch_moe_route(ra, stream_));
-  MXQ_CUDA_CHECK(
-      cudaMemcpyAsync(b.host_offsets, b.moe_offsets.as(), (E + 1) * 4, cudaMemcpyDeviceToHost, stream_));
-  MXQ_CUDA_CHECK(
-      cudaMemcpyAsync(b.host_sorted, b.moe_sorted.as(), rows * K * 4, cudaMemcpyDeviceToHost, stream_));
-  MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  const int32_t entries = b.host_offsets[E];
-  // expert inputs in sorted_rows order: entry p reads token sorted_rows[p] / K (runs of consecutive tokens
-  // copied at once)
-  const uint16_t* x = b.normed.as<uint16_t>();
-  uint16_t* xe = b.xe.as<uint16_t>();
-  for (int32_t p = 0; p < entries;) {
-    const int32_t t0 = b.host_sorted[p] / static_cast<int32_t>(K);
-    int32_t run = 1;
-    while (p + run < entries && b.host_sorted[p + run] / K == t0 + run) ++run;
-    MXQ_CUDA_CHECK(cudaMemcpyAsync(xe + p * H, x + t0 * H, run * H * 2, cudaMemcpyDeviceToDevice, stream_));
-    p += run;
-  }
-  if (Status st = mark(StepOp::kMoeRoute, l.router.bytes + rd * static_cast<double>(H * 2 + E * 4) +
-                                              static_cast<double>(entries * H) * 2);
-      !st)
-    return st;
-  // [gate | up] rows of each expert entry: stacked experts write them fused (gate_up_proj); one module per
-  // expert writes gate rows in the first half of `gu` and up rows in the second (no strided output).
-  const int64_t cap = b.tokens * K;
+  const int64_t cap = rows * K;  // entries of this step at most
   uint16_t *gu = b.gu.as<uint16_t>(), *act = b.acte.as<uint16_t>(), *ye = b.ye.as<uint16_t>();
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t off = b.host_offsets[e], cnt = b.host_offsets[e + 1] - off;
-    if (cnt == 0) continue;
-    const double cd = static_cast<double>(cnt);
-    if (!l.gate_up.empty()) {
-      // mlp.experts.gate_up_proj [E, 2I, H]: per row gate then up
-      if (auto st = run_linear(l.gate_up[e], xe + off * H, cnt, gu + off * 2 * Im); !st) return st;
-      if (Status st = mark(StepOp::kGateUpLinear, l.gate_up[e].bytes + cd * static_cast<double>(H) * 2); !st)
-        return st;
-      MXQ_LAUNCH("swiglu", launch_swiglu_fused(gu + off * 2 * Im, Im, nullptr, cnt, act + off * Im, stream_));
-    } else {
-      // mlp.experts.<e>.gate_proj / up_proj
-      uint16_t *g = gu + off * Im, *u = gu + cap * Im + off * Im;
-      if (auto st = run_linear(l.gate[e], xe + off * H, cnt, g); !st) return st;
-      if (auto st = run_linear(l.up[e], xe + off * H, cnt, u); !st) return st;
-      if (Status st = mark(StepOp::kGateUpLinear,
-                           l.gate[e].bytes + l.up[e].bytes + 2 * cd * static_cast<double>(H) * 2);
-          !st)
-        return st;
-      MXQ_LAUNCH("swiglu", launch_swiglu(g, u, Im, nullptr, cnt, act + off * Im, stream_));
-    }
-    if (Status st = mark(StepOp::kSwiglu, cd * static_cast<double>(Im) * 4); !st) return st;
-    // mlp.experts.down_proj [E, H, I] / mlp.experts.<e>.down_proj
-    if (auto st = run_linear(l.down[e], act + off * Im, cnt, ye + off * H); !st) return st;
-    if (Status st = mark(StepOp::kDownLinear, l.down[e].bytes + cd * static_cast<double>(Im) * 2); !st)
+  if (decode) {
+    if (Status st = mark(StepOp::kMoeRoute, l.router.bytes + rd * static_cast<double>(H * 2 + E * 4)); !st)
       return st;
+    // A profiled (eager) step counts the bytes the grouped ops read from this layer's grouping after the
+    // step: weights of the active experts, activation rows of the entries.
+    auto late = [&](double per_expert, double per_entry) {
+      if (!profiler_) return Status{};
+      return profiler_->late_bytes([offsets, E, per_expert, per_entry]() -> double {
+        std::vector<int32_t> h(static_cast<size_t>(E + 1));
+        if (cudaMemcpy(h.data(), offsets, h.size() * 4, cudaMemcpyDeviceToHost) != cudaSuccess) return 0;
+        int64_t n = 0;
+        for (int64_t e = 0; e < E; ++e) n += h[e + 1] > h[e];
+        return static_cast<double>(n) * per_expert + static_cast<double>(h[E]) * per_entry;
+      });
+    };
+    const MoeGroups g{offsets, active, b.moe_sorted.as<int32_t>(), K, cap};
+    // mlp.experts.gate_up_proj [E, 2I, H] (per entry row: gate then up) / mlp.experts.<e>.gate_proj, up_proj
+    // (gate rows in the first `cap` rows of gu, up rows in the next)
+    if (Status st =
+            moe_grouped_linear(*l.grouped_gate_up, g, /*gather=*/true, b.normed.as<uint16_t>(), gu, stream_);
+        !st)
+      return st;
+    if (Status st = mark(StepOp::kGateUpLinear, 0); !st) return st;
+    if (Status st = late(l.expert_gate_up_bytes, static_cast<double>(H) * 2); !st) return st;
+    // act_fn(gate) * up over every entry (the entry count offsets[E] read on the device)
+    if (!l.gate_up.empty())
+      MXQ_LAUNCH("swiglu", launch_swiglu_fused(gu, Im, offsets + E, cap, act, stream_));
+    else
+      MXQ_LAUNCH("swiglu", launch_swiglu(gu, gu + cap * Im, Im, offsets + E, cap, act, stream_));
+    if (Status st = mark(StepOp::kSwiglu, 0); !st) return st;
+    if (Status st = late(0, static_cast<double>(Im) * 4); !st) return st;
+    // mlp.experts.down_proj [E, H, I] / mlp.experts.<e>.down_proj, on the entries in order
+    if (Status st = moe_grouped_linear(*l.grouped_down, g, /*gather=*/false, act, ye, stream_); !st)
+      return st;
+    if (Status st = mark(StepOp::kDownLinear, 0); !st) return st;
+    if (Status st = late(l.expert_down_bytes, static_cast<double>(Im) * 2); !st) return st;
+  } else {
+    // note: the host-driven loop (prefill and mixed steps, never captured): the grouping read back
+    MXQ_CUDA_CHECK(cudaMemcpyAsync(b.host_offsets, offsets, (E + 1) * 4, cudaMemcpyDeviceToHost, stream_));
+    MXQ_CUDA_CHECK(
+        cudaMemcpyAsync(b.host_sorted, b.moe_sorted.as(), rows * K * 4, cudaMemcpyDeviceToHost, stream_));
+    MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const int32_t entries = b.host_offsets[E];
+    // expert inputs in sorted_rows order: entry p reads token sorted_rows[p] / K (runs of consecutive tokens
+    // copied at once)
+    const uint16_t* x = b.normed.as<uint16_t>();
+    uint16_t* xe = b.xe.as<uint16_t>();
+    for (int32_t p = 0; p < entries;) {
+      const int32_t t0 = b.host_sorted[p] / static_cast<int32_t>(K);
+      int32_t run = 1;
+      while (p + run < entries && b.host_sorted[p + run] / K == t0 + run) ++run;
+      MXQ_CUDA_CHECK(cudaMemcpyAsync(xe + p * H, x + t0 * H, run * H * 2, cudaMemcpyDeviceToDevice, stream_));
+      p += run;
+    }
+    if (Status st = mark(StepOp::kMoeRoute, l.router.bytes + rd * static_cast<double>(H * 2 + E * 4) +
+                                                static_cast<double>(entries * H) * 2);
+        !st)
+      return st;
+    // [gate | up] rows of each expert entry: stacked experts write them fused (gate_up_proj); one module per
+    // expert writes gate rows in the first half of `gu` and up rows in the second (no strided output).
+    const int64_t gcap = b.tokens * K;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t off = b.host_offsets[e], cnt = b.host_offsets[e + 1] - off;
+      if (cnt == 0) continue;
+      const double cd = static_cast<double>(cnt);
+      if (!l.gate_up.empty()) {
+        // mlp.experts.gate_up_proj [E, 2I, H]: per row gate then up
+        if (auto st = run_linear(l.gate_up[e], xe + off * H, cnt, gu + off * 2 * Im); !st) return st;
+        if (Status st = mark(StepOp::kGateUpLinear, l.gate_up[e].bytes + cd * static_cast<double>(H) * 2);
+            !st)
+          return st;
+        MXQ_LAUNCH("swiglu",
+                   launch_swiglu_fused(gu + off * 2 * Im, Im, nullptr, cnt, act + off * Im, stream_));
+      } else {
+        // mlp.experts.<e>.gate_proj / up_proj
+        uint16_t *gp = gu + off * Im, *up = gu + gcap * Im + off * Im;
+        if (auto st = run_linear(l.gate[e], xe + off * H, cnt, gp); !st) return st;
+        if (auto st = run_linear(l.up[e], xe + off * H, cnt, up); !st) return st;
+        if (Status st = mark(StepOp::kGateUpLinear,
+                             l.gate[e].bytes + l.up[e].bytes + 2 * cd * static_cast<double>(H) * 2);
+            !st)
+          return st;
+        MXQ_LAUNCH("swiglu", launch_swiglu(gp, up, Im, nullptr, cnt, act + off * Im, stream_));
+      }
+      if (Status st = mark(StepOp::kSwiglu, cd * static_cast<double>(Im) * 4); !st) return st;
+      // mlp.experts.down_proj [E, H, I] / mlp.experts.<e>.down_proj
+      if (auto st = run_linear(l.down[e], act + off * Im, cnt, ye + off * H); !st) return st;
+      if (Status st = mark(StepOp::kDownLinear, l.down[e].bytes + cd * static_cast<double>(Im) * 2); !st)
+        return st;
+    }
   }
   // routing weights, summed per token in increasing expert id
   MXQ_LAUNCH("moe_combine",

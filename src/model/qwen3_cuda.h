@@ -89,8 +89,8 @@ class Qwen3Cuda {
   Qwen3Cuda& operator=(const Qwen3Cuda&) = delete;
 
   // Enqueues the forward of the uploaded step; logits f32 [sample_rows, vocab] in logits(). Mixed steps
-  // gather their sampling rows with copies decided on the host; MoE layers wait for the routing on the host
-  // (not graph-capturable: has_moe()).
+  // gather their sampling rows with copies decided on the host, and their MoE layers wait for the routing on
+  // the host; decode steps (MoE included) wait for nothing and are graph-capturable.
   Status forward(const ForwardShape& shape);
   // Enqueues sampling of the first *num_seqs logits rows (capacity `rows`) into the outputs block.
   Status sample(int32_t rows);
@@ -122,7 +122,8 @@ class Qwen3Cuda {
   struct Buffers;
   Qwen3Cuda() = default;
   Status mlp(size_t layer, int64_t rows);
-  Status sparse_moe_block(size_t layer, int64_t rows);
+  // decode: the grouped, graph-capturable path; otherwise the host-driven expert loop
+  Status sparse_moe_block(size_t layer, int64_t rows, bool decode);
   // y [m, n] = x [m, k] · W^T through the dispatch table; errors name the tensor.
   Status run_linear(const Lin& l, const uint16_t* x, int64_t m, uint16_t* y);
   // Projections of the same x (q/k/v, gate/up; at most 3), y in the same order: cuda::linear_parts.

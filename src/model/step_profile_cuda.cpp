@@ -28,6 +28,7 @@ Status StepProfiler::begin(cudaStream_t stream) {
     return fail("step profile: the stream is capturing a CUDA graph (the profile times eager steps only)");
   if (in_step_) return fail("step profile: begin() inside a step (finish_step() first)");
   marks_.clear();
+  late_.clear();
   MXQ_CUDA_CHECK(cudaEventRecord(events_[0], stream));
   in_step_ = true;
   return {};
@@ -45,6 +46,12 @@ Status StepProfiler::mark(StepOp op, double bytes, cudaStream_t stream) {
   return {};
 }
 
+Status StepProfiler::late_bytes(std::function<double()> f) {
+  if (!in_step_ || marks_.empty()) return fail("step profile: late_bytes() before a mark");
+  late_.emplace_back(marks_.size() - 1, std::move(f));
+  return {};
+}
+
 Status StepProfiler::finish_step() {
   if (!in_step_) return fail("step profile: finish_step() outside a step");
   in_step_ = false;
@@ -57,6 +64,8 @@ Status StepProfiler::finish_step() {
     totals_.bytes[op] += marks_[i].second;
     ++totals_.launches[op];
   }
+  for (auto& [i, f] : late_) totals_.bytes[static_cast<size_t>(marks_[i].first)] += f();
+  late_.clear();
   ++totals_.steps;
   return {};
 }

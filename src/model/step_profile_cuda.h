@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -29,6 +30,9 @@ class StepProfiler {
   Status begin(cudaStream_t stream);
   // Ends one op of class `op` that read `bytes`; refused outside begin() / finish_step().
   Status mark(StepOp op, double bytes, cudaStream_t stream);
+  // Adds f() to the bytes of the last mark when the step finishes (its events done): for ops whose bytes
+  // depend on device data (the grouped MoE decode linears read the active experts' weights only).
+  Status late_bytes(std::function<double()> f);
   // Waits for the step's last event and adds its times and bytes to totals().
   Status finish_step();
   bool in_step() const { return in_step_; }
@@ -38,6 +42,7 @@ class StepProfiler {
   StepProfiler() = default;
   std::vector<cudaEvent_t> events_;  // [0]: the step's start; [i + 1]: the end of marks_[i]
   std::vector<std::pair<StepOp, double>> marks_;
+  std::vector<std::pair<size_t, std::function<double()>>> late_;  // (mark index, bytes read after the step)
   bool in_step_ = false;
   StepOpTotals totals_;
 };
