@@ -5,9 +5,11 @@
 // run; the write and the checksum alone; sparse refits (refit::apply_delta: host validation on all cores,
 // int32 indices + new bytes packed into pinned staging and uploaded once, scatter with undo capture, checksum
 // batch) at uniform fractions of both planes, the RL step patterns of docs/refit-format.md section 7 and a
-// clustered pattern, with the stage times (ApplyTimings) and the physical bounds. Times are CUDA-event
-// medians on the store's stream (the host-synchronous steps in between show up as wall time). Deltas are
-// built outside the timing.
+// clustered pattern, with the stage times (ApplyTimings) and the physical bounds; then the same deltas on the
+// wire path (refit::apply_delta on a DeltaView parsed from the body: index sets uploaded encoded, decoded and
+// checked on the device) from a pinned and from a pageable body, with parse / validate / stage / upload /
+// decode / write / checksum times. Times are CUDA-event medians on the store's stream (the host-synchronous
+// steps in between show up as wall time). Deltas and their wire bodies are built outside the timing.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>

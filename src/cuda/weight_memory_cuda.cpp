@@ -669,13 +669,13 @@ class CudaWeightMemory final : public WeightMemory {
       if (!b) return fail("sparse job table of {} bytes: {}", need, b.error().message);
       job_table_ = std::move(*b);
     }
-    // note: the table is staged in host memory kept until the next call, so the async copy may read it late.
-    job_host_.resize(need);
-    std::memcpy(job_host_.data(), dev.data(), dev.size() * sizeof(SparseJobDevice));
-    std::memcpy(job_host_.data() + job_bytes, first_entry.data(), first_entry.size() * 8);
-    std::memcpy(job_host_.data() + job_bytes + prefix_bytes, first_chunk.data(), first_chunk.size() * 8);
-    MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));  // note: a queued copy may still read job_host_
-    MXQ_CUDA_CHECK(cudaMemcpyAsync(job_table_.as(), job_host_.data(), need, cudaMemcpyHostToDevice, stream_));
+    // note: a copy from pageable memory returns once the driver holds the bytes, so the host table may go;
+    // stream order keeps the new table from overwriting one a queued kernel still reads.
+    std::vector<uint8_t> host(need);
+    std::memcpy(host.data(), dev.data(), dev.size() * sizeof(SparseJobDevice));
+    std::memcpy(host.data() + job_bytes, first_entry.data(), first_entry.size() * 8);
+    std::memcpy(host.data() + job_bytes + prefix_bytes, first_chunk.data(), first_chunk.size() * 8);
+    MXQ_CUDA_CHECK(cudaMemcpyAsync(job_table_.as(), host.data(), need, cudaMemcpyHostToDevice, stream_));
     auto* base = job_table_.as<uint8_t>();
     t.jobs = reinterpret_cast<const SparseJobDevice*>(base);
     t.first_entry = reinterpret_cast<const uint64_t*>(base + job_bytes);
@@ -768,8 +768,7 @@ class CudaWeightMemory final : public WeightMemory {
   std::map<const uint8_t*, Plane> planes_;
   std::map<const uint8_t*, DeviceBuffer> scratch_;
   DeviceBuffer status_, staging_;
-  DeviceBuffer job_table_, decode_scan_, decode_error_;  // encoded sparse planes: job table, decode prefix sums
-  std::vector<uint8_t> job_host_;
+  DeviceBuffer job_table_, decode_scan_, decode_error_;  // encoded sparse planes: table, prefix sums, error
   std::vector<std::string> calls_;  // names of the sparse calls since the last sync (status' call field)
 };
 

@@ -294,8 +294,10 @@ class Applier {
     const size_t n = delta_.tensors.size();
     std::vector<std::array<std::vector<int32_t>, 2>> run_tables(n);
     std::vector<Status> run_status(n);
+    // note: anchors' new bytes are checked here on the host (in place, all cores); sparse planes' on the device.
     parallel_records(n, [&](size_t k) {
       const auto& t = delta_.tensors[k];
+      if (t.anchor) run_status[k] = check_tensor_view(t);
       for (int p = 0; p < 2 && !t.anchor; ++p) {
         const PlaneView& v = p == 0 ? t.values : t.scales;
         if (v.encoding != static_cast<uint8_t>(IndexEncoding::kRuns)) continue;
@@ -362,8 +364,10 @@ class Applier {
                   "written (W-26)",
                   from(), to(), entries, mem.name(), positions.error().message);
     Scratch positions_guard{mem, *positions};
-    std::span<uint8_t> host = packed ? mem.host_staging(packed) : std::span<uint8_t>{};
-    std::vector<uint8_t> fallback;  // note: no pinned memory to be had: pageable, same bytes
+    // note: a zero-copy body may itself sit in the pinned staging (apply_delta_files), so its small pack (run
+    // tables) goes through pageable memory; no pinned memory to be had: pageable too, same bytes.
+    std::span<uint8_t> host = packed && !zero_copy ? mem.host_staging(packed) : std::span<uint8_t>{};
+    std::vector<uint8_t> fallback;
     if (host.size() < packed) fallback.resize(packed), host = fallback;
     parallel_records(n, [&](size_t k) {
       const auto& t = delta_.tensors[k];
@@ -403,7 +407,10 @@ class Applier {
       for (int p = 0; p < 2; ++p) {
         const PlaneView& v = p == 0 ? t.values : t.scales;
         const Plane plane = p == 0 ? Plane::kValues : Plane::kScales;
-        if (v.count == 0 && v.index.empty()) continue;
+        // note: an empty gaps or runs set is no work; a bitmap must still have its length checked.
+        if (v.count == 0 && v.index.empty() && v.encoding != static_cast<uint8_t>(IndexEncoding::kBitmap))
+          continue;
+        if (p == 1 && !is_quantized(t.format)) continue;
         const Segment& sg = seg[k][static_cast<size_t>(p)];
         const auto& runs = run_tables[k][static_cast<size_t>(p)];
         const QTensor& live = store_.at(t.name);

@@ -160,20 +160,31 @@ size_t indices_scan(std::span<const int64_t> idx, int64_t entries) {
   return idx.size();
 }
 
+// One plane of a record: `indices` (empty for an anchor) and its new bytes.
+struct PlaneSpans {
+  std::span<const int64_t> indices;
+  std::span<const uint8_t> bytes;
+};
+
+// note: the anchor check reads spans, so an undecoded view's anchors are checked in place (no copy).
+Status check_anchor_plane(Format format, const std::vector<int64_t>& shape, Plane plane, PlaneSpans p,
+                          const PlaneGeometry& g) {
+  const int w = entry_bytes(format, plane);
+  if (!p.indices.empty())
+    return fail("anchor {} carry {} indices, expected none", plane_name(plane), p.indices.size());
+  if (static_cast<int64_t>(p.bytes.size()) != g.bytes)
+    return fail("anchor {} plane of {} bytes, expected {} for {} [{}] (W-08)", plane_name(plane),
+                p.bytes.size(), g.bytes, traits(format).name, fmt::join(shape, ", "));
+  for (auto i = static_cast<int64_t>(entries_scan(format, plane, p.bytes.data(), p.bytes.size()));
+       i < g.entries; ++i)
+    if (auto s = check_entry(format, plane, p.bytes.data() + i * w, i); !s) return s;
+  return {};
+}
+
 Status check_plane(const TensorDelta& t, Plane plane, const PlaneGeometry& g) {
   const PlaneDelta& p = plane == Plane::kValues ? t.values : t.scales;
   const int w = entry_bytes(t.format, plane);
-  if (t.anchor) {
-    if (!p.indices.empty())
-      return fail("anchor {} carry {} indices, expected none", plane_name(plane), p.indices.size());
-    if (static_cast<int64_t>(p.bytes.size()) != g.bytes)
-      return fail("anchor {} plane of {} bytes, expected {} for {} [{}] (W-08)", plane_name(plane),
-                  p.bytes.size(), g.bytes, traits(t.format).name, fmt::join(t.shape, ", "));
-    for (auto i = static_cast<int64_t>(entries_scan(t.format, plane, p.bytes.data(), p.bytes.size()));
-         i < g.entries; ++i)
-      if (auto s = check_entry(t.format, plane, p.bytes.data() + i * w, i); !s) return s;
-    return {};
-  }
+  if (t.anchor) return check_anchor_plane(t.format, t.shape, plane, {p.indices, p.bytes}, g);
   if (indices_scan(p.indices, g.entries) < p.indices.size())
     if (auto s = check_indices(p.indices, g.entries); !s)
       return fail("{}: {}", plane_name(plane), s.error().message);
@@ -350,9 +361,9 @@ Result<PlaneView> read_plane_view(Cursor& c, const TensorView& t, Plane plane, c
   return p;
 }
 
-Result<PlaneDelta> decode_plane_view(const PlaneView& v, int64_t entries) {
+Result<PlaneDelta> decode_plane_view(const PlaneView& v, bool anchor, int64_t entries) {
   PlaneDelta p;
-  if (!v.index.empty() || v.count > 0) {
+  if (!anchor) {
     MXQ_TRY_ASSIGN(indices, decode_indices(static_cast<IndexEncoding>(v.encoding), v.index, v.count, entries));
     p.indices = std::move(indices);
   }
@@ -405,10 +416,11 @@ Result<TensorView> read_tensor_view(Cursor& c) {
 Result<TensorDelta> decode_tensor_view(const TensorView& v) {
   MXQ_TRY_ASSIGN(g, tensor_geometry(v.format, v.shape, v.name));
   TensorDelta t{v.name, v.format, v.shape, v.anchor, v.checksum, {}, {}};
-  auto values = decode_plane_view(v.values, g[0].entries);
+  auto values = decode_plane_view(v.values, v.anchor, g[0].entries);
   if (!values) return fail_in(v.name + " values", values.error());
   t.values = std::move(*values);
-  auto scales = decode_plane_view(v.scales, g[1].entries);
+  if (!is_quantized(v.format)) return t;
+  auto scales = decode_plane_view(v.scales, v.anchor, g[1].entries);
   if (!scales) return fail_in(v.name + " scales", scales.error());
   t.scales = std::move(*scales);
   return t;
@@ -606,6 +618,15 @@ Status validate_delta_view(const DeltaView& view, const TensorTable& table, uint
 }
 
 Status check_tensor_view(const TensorView& t) {
+  if (t.anchor) {
+    MXQ_TRY_ASSIGN(g, tensor_geometry(t.format, t.shape, t.name));
+    if (auto s = check_anchor_plane(t.format, t.shape, Plane::kValues, {{}, t.values.bytes}, g[0]); !s)
+      return fail_in(t.name, s.error());
+    if (!is_quantized(t.format)) return {};
+    if (auto s = check_anchor_plane(t.format, t.shape, Plane::kScales, {{}, t.scales.bytes}, g[1]); !s)
+      return fail_in(t.name, s.error());
+    return {};
+  }
   MXQ_TRY_ASSIGN(d, decode_tensor_view(t));
   return check_tensor_delta(d);
 }
