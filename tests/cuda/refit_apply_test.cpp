@@ -324,10 +324,13 @@ TEST(CudaRefitWire, EveryEncodingLandsAsOnTheHost) {
   const uint32_t seed = static_cast<uint32_t>(test::fresh_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const Model a = mutate({}, 1.0, seed);
-  Model b = mutate(a, 0.3, seed + 1);  // bitmaps
-  // clustered: the first half of every values plane rewritten (runs)
-  for (auto& [name, p] : b)
-    for (size_t i = 0; i < p.values.size() / 2; ++i) p.values[i] = a.at(name).values[i] ^ 0x01;
+  // b: scales 30% changed (bitmaps), values rewritten in their first half (one run)
+  Model b = mutate(a, 0.3, seed + 1);
+  for (auto& [name, p] : b) {
+    p.values = a.at(name).values;
+    // note: 0x10 / 0x11 are valid in every format here (E4M3, E2M1 pairs, low bytes of bf16 / f32 entries)
+    for (size_t i = 0; i < p.values.size() / 2; ++i) p.values[i] = p.values[i] == 0x10 ? 0x11 : 0x10;
+  }
   const Model c = mutate(b, 0.004, seed + 2);  // gaps
   WeightStore store = make_store(a, SIZE_MAX, true);
   WeightStore host;
