@@ -100,7 +100,7 @@ __device__ __forceinline__ void thread_totals(const SparseJobDevice& job, int64_
   }
 }
 
-__global__ void chunk_count(const SparseJobDevice* jobs, const uint64_t* first_chunk, int job_count,
+__global__ void __launch_bounds__(kThreads) chunk_count(const SparseJobDevice* jobs, const uint64_t* first_chunk, int job_count,
                             uint64_t* chunk_n, uint64_t* chunk_s) {
   using Reduce = cub::BlockScan<unsigned long long, kThreads>;
   __shared__ typename Reduce::TempStorage tmp_n, tmp_s;
@@ -117,8 +117,9 @@ __global__ void chunk_count(const SparseJobDevice* jobs, const uint64_t* first_c
 }
 
 // Exclusive prefix sums over count + 1 words (the last becomes the total), in place; one thread block.
-constexpr int kScanThreads = 1024, kScanItems = 8;
-__global__ void chunk_scan(uint64_t* n_words, uint64_t* s_words, uint64_t count) {
+// note: 256 threads x 16 words a tile: the scan needs ~107 registers a thread, too many for 1024 threads.
+constexpr int kScanThreads = 256, kScanItems = 16;
+__global__ void __launch_bounds__(kScanThreads) chunk_scan(uint64_t* n_words, uint64_t* s_words, uint64_t count) {
   using Scan = cub::BlockScan<unsigned long long, kScanThreads>;
   __shared__ typename Scan::TempStorage tmp;
   __shared__ unsigned long long carry;
@@ -147,7 +148,7 @@ __global__ void chunk_scan(uint64_t* n_words, uint64_t* s_words, uint64_t count)
   }
 }
 
-__global__ void chunk_emit(const SparseJobDevice* jobs, const uint64_t* first_entry,
+__global__ void __launch_bounds__(kThreads) chunk_emit(const SparseJobDevice* jobs, const uint64_t* first_entry,
                            const uint64_t* first_chunk, int job_count, const uint64_t* chunk_n,
                            const uint64_t* chunk_s, int32_t* positions, unsigned long long* error) {
   using Scan = cub::BlockScan<unsigned long long, kThreads>;
