@@ -259,8 +259,10 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
       parallel_for(delta.tensors.size(), [&](size_t i) {
         refit::Delta one{0, 1, {delta.tensors[i]}};
         auto b = refit::encode_delta_body(one);
-        if (!b) status[i] = tl::unexpected(b.error());
-        else records[i].assign(b->begin() + 20, b->end());  // note: 8 + 8 + 4 bytes of body header
+        if (!b)
+          status[i] = tl::unexpected(b.error());
+        else
+          records[i].assign(b->begin() + 20, b->end());  // note: 8 + 8 + 4 bytes of body header
       });
       for (Status& st : status)
         if (!st) return st;
@@ -271,8 +273,8 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
       for (const auto& r : records) body.insert(body.end(), r.begin(), r.end());
     }
     uint8_t* pinned_bodies = nullptr;
-    MXQ_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_bodies), bodies[0].size() + bodies[1].size(),
-                                 cudaHostAllocDefault));
+    MXQ_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_bodies),
+                                 bodies[0].size() + bodies[1].size(), cudaHostAllocDefault));
     std::unique_ptr<uint8_t, decltype(&cudaFreeHost)> bodies_guard(pinned_bodies, &cudaFreeHost);
     std::memcpy(pinned_bodies, bodies[0].data(), bodies[0].size());
     std::memcpy(pinned_bodies + bodies[0].size(), bodies[1].data(), bodies[1].size());
@@ -331,7 +333,8 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
       auto ms = median_ms(stream, 1, sparse_reps, [&](int rep) -> Status {
         for (int d = 0; d < 2; ++d) {
           const auto t0 = std::chrono::steady_clock::now();
-          auto view = refit::parse_delta_view(pinned_wire ? pinned_body[d] : std::span<const uint8_t>(bodies[d]));
+          auto view =
+              refit::parse_delta_view(pinned_wire ? pinned_body[d] : std::span<const uint8_t>(bodies[d]));
           if (!view) return tl::unexpected(view.error());
           const double parse =
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -352,8 +355,8 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
       const double blocks_touched = std::min(static_cast<double>(sector_count), gb * 1e9 / 1024);
       // note: device bytes as above with 4-byte positions written and read twice (scatter, sums) instead of
       // int32 uploads, plus the encoded bytes read once by the decode.
-      const double dev_bytes = 64.0 * static_cast<double>(sector_count) + 14.0 * static_cast<double>(entries) +
-                               wire_bytes + 128.0 * blocks_touched;
+      const double dev_bytes = 64.0 * static_cast<double>(sector_count) +
+                               14.0 * static_cast<double>(entries) + wire_bytes + 128.0 * blocks_touched;
       fmt::print(
           "{:<51} {:>8.2f} {:>10.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>7.2f} {:>7.2f} "
           "{:>6.1f}%\n",

@@ -36,8 +36,8 @@ __global__ void sparse_check(const I* indices, int64_t count, int64_t entries, u
 // Entry j of a plane: its bytes through the layout, the old ones saved to undo first.
 // note: a 1-byte entry of a plane with a `cols` table (the GEMV values) finds its native byte through the
 // int32 run table: one row_off and one cols load instead of two int64 tables.
-__device__ __forceinline__ void scatter_entry(const DevicePlane& p, uint64_t index, int64_t j, int entry_bytes,
-                                              const uint8_t* bytes, uint8_t* undo) {
+__device__ __forceinline__ void scatter_entry(const DevicePlane& p, uint64_t index, int64_t j,
+                                              int entry_bytes, const uint8_t* bytes, uint8_t* undo) {
   const uint64_t first = index * static_cast<uint64_t>(entry_bytes);
   if (entry_bytes == 1 && p.cols != nullptr) {
     int64_t r, c;
@@ -60,8 +60,10 @@ __device__ __forceinline__ int job_of(const uint64_t* first, int n, uint64_t x) 
   int lo = 0, hi = n - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (first[mid] <= x) lo = mid;
-    else hi = mid - 1;
+    if (first[mid] <= x)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
@@ -119,8 +121,9 @@ cudaError_t launch_sparse_scatter(const DevicePlane& p, const void* indices, int
   return cudaGetLastError();
 }
 
-cudaError_t launch_sparse_scatter_batch(const SparseJobDevice* jobs, const uint64_t* first_entry, int job_count,
-                                        uint64_t total_entries, const int32_t* positions, cudaStream_t stream) {
+cudaError_t launch_sparse_scatter_batch(const SparseJobDevice* jobs, const uint64_t* first_entry,
+                                        int job_count, uint64_t total_entries, const int32_t* positions,
+                                        cudaStream_t stream) {
   if (total_entries == 0 || job_count == 0) return cudaSuccess;
   sparse_scatter_batch<<<grid_for(static_cast<int64_t>(total_entries)), kThreads, 0, stream>>>(
       jobs, first_entry, job_count, total_entries, positions);

@@ -26,8 +26,8 @@
 // the prefix sums of the entries before it (they stay below 2^62: count < 2^31 terms below 2^31).
 #include <cuda_runtime.h>
 
-#include <cub/block/block_scan.cuh>
 #include <cstdint>
+#include <cub/block/block_scan.cuh>
 
 #include "cuda/sparse_decode_launch.h"
 
@@ -49,8 +49,10 @@ __device__ __forceinline__ int find_job(const uint64_t* first, int n, uint64_t x
   int lo = 0, hi = n - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (first[mid] <= x) lo = mid;
-    else hi = mid - 1;
+    if (first[mid] <= x)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
@@ -100,8 +102,9 @@ __device__ __forceinline__ void thread_totals(const SparseJobDevice& job, int64_
   }
 }
 
-__global__ void __launch_bounds__(kThreads) chunk_count(const SparseJobDevice* jobs, const uint64_t* first_chunk, int job_count,
-                            uint64_t* chunk_n, uint64_t* chunk_s) {
+__global__ void __launch_bounds__(kThreads)
+    chunk_count(const SparseJobDevice* jobs, const uint64_t* first_chunk, int job_count, uint64_t* chunk_n,
+                uint64_t* chunk_s) {
   using Reduce = cub::BlockScan<unsigned long long, kThreads>;
   __shared__ typename Reduce::TempStorage tmp_n, tmp_s;
   const uint64_t c = blockIdx.x;
@@ -119,7 +122,8 @@ __global__ void __launch_bounds__(kThreads) chunk_count(const SparseJobDevice* j
 // Exclusive prefix sums over count + 1 words (the last becomes the total), in place; one thread block.
 // note: 256 threads x 16 words a tile: the scan needs ~107 registers a thread, too many for 1024 threads.
 constexpr int kScanThreads = 256, kScanItems = 16;
-__global__ void __launch_bounds__(kScanThreads) chunk_scan(uint64_t* n_words, uint64_t* s_words, uint64_t count) {
+__global__ void __launch_bounds__(kScanThreads)
+    chunk_scan(uint64_t* n_words, uint64_t* s_words, uint64_t count) {
   using Scan = cub::BlockScan<unsigned long long, kScanThreads>;
   __shared__ typename Scan::TempStorage tmp;
   __shared__ unsigned long long carry;
@@ -148,9 +152,10 @@ __global__ void __launch_bounds__(kScanThreads) chunk_scan(uint64_t* n_words, ui
   }
 }
 
-__global__ void __launch_bounds__(kThreads) chunk_emit(const SparseJobDevice* jobs, const uint64_t* first_entry,
-                           const uint64_t* first_chunk, int job_count, const uint64_t* chunk_n,
-                           const uint64_t* chunk_s, int32_t* positions, unsigned long long* error) {
+__global__ void __launch_bounds__(kThreads)
+    chunk_emit(const SparseJobDevice* jobs, const uint64_t* first_entry, const uint64_t* first_chunk,
+               int job_count, const uint64_t* chunk_n, const uint64_t* chunk_s, int32_t* positions,
+               unsigned long long* error) {
   using Scan = cub::BlockScan<unsigned long long, kThreads>;
   __shared__ typename Scan::TempStorage tmp_n, tmp_s;
   const uint64_t c = blockIdx.x;
@@ -162,7 +167,8 @@ __global__ void __launch_bounds__(kThreads) chunk_emit(const SparseJobDevice* jo
   thread_totals(job, lo, hi, n, s);
   Scan(tmp_n).ExclusiveSum(n, n);
   Scan(tmp_s).ExclusiveSum(s, s);
-  // note: v = this thread's first varint (or set bit) number in the job, sum = the sum of the values before it
+  // note: v = this thread's first varint (or set bit) number in the job, sum = the sum of the values before
+  // it
   uint64_t v = chunk_n[c] - chunk_n[first_chunk[j]] + n;
   uint64_t sum = chunk_s[c] - chunk_s[first_chunk[j]] + s;
   int32_t* out = positions + first_entry[j];
@@ -185,8 +191,10 @@ __global__ void __launch_bounds__(kThreads) chunk_emit(const SparseJobDevice* jo
     sum += clamp_value(var, job.entries);
     const bool bad = var.length >= 10 || !var.minimal || (v > 0 && var.value == 0) ||
                      sum >= static_cast<uint64_t>(job.entries) || v >= count;
-    if (bad) refuse(error, j, static_cast<int64_t>(v < count ? v : count));
-    else out[v] = static_cast<int32_t>(sum);
+    if (bad)
+      refuse(error, j, static_cast<int64_t>(v < count ? v : count));
+    else
+      out[v] = static_cast<int32_t>(sum);
     ++v;
   }
 }
@@ -250,8 +258,10 @@ __global__ void entry_pass(const SparseJobDevice* jobs, const uint64_t* first_en
       int lo = 0, hi = static_cast<int>(job.index_bytes / 8) - 1;
       while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
-        if (runs[2 * mid + 1] <= k) lo = mid;
-        else hi = mid - 1;
+        if (runs[2 * mid + 1] <= k)
+          lo = mid;
+        else
+          hi = mid - 1;
       }
       positions[e] = static_cast<int32_t>(runs[2 * lo] + (k - runs[2 * lo + 1]));
     }

@@ -1,7 +1,8 @@
 // Launchers of refit's device path for sparse planes kept in their wire encoding (docs/refit-format.md
 // "Device path"): decode + validate (sparse_decode.cu), the batched scatter with undo capture
 // (refit_scatter.cu) and the batched incremental checksum update (sum_delta.cu), used by
-// weight_memory_cuda.cpp. Plain C++ (no base/error.h): every launcher returns the cudaError_t of its launches.
+// weight_memory_cuda.cpp. Plain C++ (no base/error.h): every launcher returns the cudaError_t of its
+// launches.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -41,10 +42,11 @@ cudaError_t launch_sparse_decode(const SparseJobDevice* jobs, const uint64_t* fi
                                  uint64_t total_entries, uint64_t* scan, int32_t* positions,
                                  unsigned long long* error, cudaStream_t stream);
 
-// Entry k of job j: canonical bytes positions[first_entry[j] + k]·entry_bytes + b <- bytes[k·entry_bytes + b],
-// the old byte saved to undo first. One thread per entry of all jobs.
-cudaError_t launch_sparse_scatter_batch(const SparseJobDevice* jobs, const uint64_t* first_entry, int job_count,
-                                        uint64_t total_entries, const int32_t* positions, cudaStream_t stream);
+// Entry k of job j: canonical bytes positions[first_entry[j] + k]·entry_bytes + b <- bytes[k·entry_bytes +
+// b], the old byte saved to undo first. One thread per entry of all jobs.
+cudaError_t launch_sparse_scatter_batch(const SparseJobDevice* jobs, const uint64_t* first_entry,
+                                        int job_count, uint64_t total_entries, const int32_t* positions,
+                                        cudaStream_t stream);
 
 // After launch_sparse_scatter_batch: every job with kept sums adds each changed word's new term minus its old
 // one (sum_delta.cu).

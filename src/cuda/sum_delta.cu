@@ -28,9 +28,9 @@ constexpr int kThreads = 256;
 // Entry j of a plane's sorted indices: if it is the first entry of its 8-byte stream word, adds the word's
 // new term minus its old one to the kept sums.
 template <class I>
-__device__ __forceinline__ void sum_delta_entry(const DevicePlane& p, const I* indices, int64_t count, int64_t j,
-                                                uint64_t eb, const uint8_t* undo, uint64_t stream_off,
-                                                uint64_t blocks, uint64_t* sums) {
+__device__ __forceinline__ void sum_delta_entry(const DevicePlane& p, const I* indices, int64_t count,
+                                                int64_t j, uint64_t eb, const uint8_t* undo,
+                                                uint64_t stream_off, uint64_t blocks, uint64_t* sums) {
   const uint64_t q = static_cast<uint64_t>(indices[j]) * eb;  // plane byte of the entry
   const uint64_t word = (stream_off + q) / 8;                 // stream word
   if (j > 0 && (stream_off + static_cast<uint64_t>(indices[j - 1]) * eb) / 8 == word) return;
@@ -76,13 +76,16 @@ __global__ void sum_delta_batch(const SparseJobDevice* jobs, const uint64_t* fir
     int lo = 0, hi = job_count - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (first_entry[mid] <= e) lo = mid;
-      else hi = mid - 1;
+      if (first_entry[mid] <= e)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     const SparseJobDevice& job = jobs[lo];
     if (job.sums == nullptr) continue;
-    sum_delta_entry(job.plane, positions + first_entry[lo], job.count, static_cast<int64_t>(e - first_entry[lo]),
-                    static_cast<uint64_t>(job.entry_bytes), job.undo, job.stream_off, job.blocks, job.sums);
+    sum_delta_entry(job.plane, positions + first_entry[lo], job.count,
+                    static_cast<int64_t>(e - first_entry[lo]), static_cast<uint64_t>(job.entry_bytes),
+                    job.undo, job.stream_off, job.blocks, job.sums);
   }
 }
 

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <optional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -240,8 +240,8 @@ class CudaWeightMemory final : public WeightMemory {
     auto* error = decode_error_.as<unsigned long long>();
     MXQ_CUDA_CHECK(launch_sparse_decode(table->jobs, table->first_entry, table->first_chunk,
                                         static_cast<int>(jobs.size()), table->chunks, table->entries,
-                                        decode_scan_.as<uint64_t>(), reinterpret_cast<int32_t*>(positions.data()),
-                                        error, stream_));
+                                        decode_scan_.as<uint64_t>(),
+                                        reinterpret_cast<int32_t*>(positions.data()), error, stream_));
     // note: the one device-to-host read of the decode: the error word (then reset for the scatters).
     unsigned long long key = 0;
     MXQ_CUDA_CHECK(cudaMemcpyAsync(&key, error, sizeof key, cudaMemcpyDeviceToHost, stream_));
@@ -249,8 +249,8 @@ class CudaWeightMemory final : public WeightMemory {
     if (key == ~0ull) return std::optional<SparseRefusal>{};
     MXQ_CUDA_CHECK(cudaMemsetAsync(error, 0xFF, sizeof key, stream_));
     MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return std::optional<SparseRefusal>{SparseRefusal{static_cast<size_t>(key >> 32),
-                                                      static_cast<int64_t>(key & 0xFFFFFFFFull)}};
+    return std::optional<SparseRefusal>{
+        SparseRefusal{static_cast<size_t>(key >> 32), static_cast<int64_t>(key & 0xFFFFFFFFull)}};
   }
 
   Status scatter_sparse(std::span<const SparsePlaneJob> jobs, std::span<const uint8_t> positions) override {
@@ -259,9 +259,11 @@ class CudaWeightMemory final : public WeightMemory {
     if (jobs.empty()) return {};
     const auto* pos = reinterpret_cast<const int32_t*>(positions.data());
     const int n = static_cast<int>(jobs.size());
-    MXQ_CUDA_CHECK(launch_sparse_scatter_batch(table->jobs, table->first_entry, n, table->entries, pos, stream_));
+    MXQ_CUDA_CHECK(
+        launch_sparse_scatter_batch(table->jobs, table->first_entry, n, table->entries, pos, stream_));
     if (table->sums)
-      MXQ_CUDA_CHECK(launch_sum_delta_batch(table->jobs, table->first_entry, n, table->entries, pos, stream_));
+      MXQ_CUDA_CHECK(
+          launch_sum_delta_batch(table->jobs, table->first_entry, n, table->entries, pos, stream_));
     return {};
   }
 
@@ -632,9 +634,10 @@ class CudaWeightMemory final : public WeightMemory {
       if (!p) return fail_in(j.what, p.error());
       if (j.entries > INT32_MAX) return fail("{}: {} entries need int64 positions", j.what, j.entries);
       const uint64_t eb = static_cast<uint64_t>(j.entry_bytes);
-      if (j.bytes.size() != static_cast<uint64_t>(j.count) * eb || (!j.undo.empty() && j.undo.size() != j.bytes.size()))
-        return fail("{}: {} entries of {} bytes with {} new and {} undo bytes", j.what, j.count, j.entry_bytes,
-                    j.bytes.size(), j.undo.size());
+      if (j.bytes.size() != static_cast<uint64_t>(j.count) * eb ||
+          (!j.undo.empty() && j.undo.size() != j.bytes.size()))
+        return fail("{}: {} entries of {} bytes with {} new and {} undo bytes", j.what, j.count,
+                    j.entry_bytes, j.bytes.size(), j.undo.size());
       SparseJobDevice d;
       d.plane = *p;
       d.index = j.index.data(), d.index_bytes = j.index.size();
@@ -642,7 +645,8 @@ class CudaWeightMemory final : public WeightMemory {
       d.count = j.count, d.entries = j.entries, d.entry_bytes = j.entry_bytes;
       d.encoding = j.encoding, d.policy = static_cast<uint8_t>(j.policy);
       uint64_t stream_off = 0;
-      if (SumRecord* rec = with_sums && incremental_ && j.count > 0 ? record_of(j.native.data(), stream_off) : nullptr;
+      if (SumRecord* rec =
+              with_sums && incremental_ && j.count > 0 ? record_of(j.native.data(), stream_off) : nullptr;
           rec && rec->valid) {
         // note: without the old bytes the kept sums cannot follow: the next checksum re-reads the tensor.
         if (d.undo) {
@@ -654,13 +658,15 @@ class CudaWeightMemory final : public WeightMemory {
       }
       dev.push_back(d);
       first_entry.push_back(first_entry.back() + static_cast<uint64_t>(j.count));
-      const uint64_t chunks = j.encoding == 2 ? 0 : (j.index.size() + kDecodeChunkBytes - 1) / kDecodeChunkBytes;
+      const uint64_t chunks =
+          j.encoding == 2 ? 0 : (j.index.size() + kDecodeChunkBytes - 1) / kDecodeChunkBytes;
       first_chunk.push_back(first_chunk.back() + chunks);
     }
     t.entries = first_entry.back(), t.chunks = first_chunk.back();
     if (positions.size() < t.entries * 4)
       return fail("{} bytes of positions for {} entries", positions.size(), t.entries);
-    const size_t job_bytes = up16(dev.size() * sizeof(SparseJobDevice)), prefix_bytes = up16(first_entry.size() * 8);
+    const size_t job_bytes = up16(dev.size() * sizeof(SparseJobDevice)),
+                 prefix_bytes = up16(first_entry.size() * 8);
     const size_t need = job_bytes + 2 * prefix_bytes;
     if (job_table_.bytes() < need) {
       MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -60,7 +60,7 @@ enum class NewBytePolicy : uint8_t {
 // One sparse plane of a refit delta with its index set still in the wire encoding (refit's device path,
 // docs/refit-format.md "Device path"). `index` and `bytes` are this memory's spans (uploaded); `undo` is
 // scratch of bytes.size(). `encoding` is the wire code: 0 gaps (LEB128 varints), 1 bitmap; 2 runs, given
-// decoded into `index` as int32 pairs (first entry of the run, its position in the plane's list), one per run.
+// decoded into `index` as int32 pairs (a run's first entry, its position in the list), one per run.
 struct SparsePlaneJob {
   std::string_view what;  // "NAME values", for errors
   const PlaneLayout* layout = nullptr;

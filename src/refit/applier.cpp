@@ -10,10 +10,10 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
-#include <type_traits>
 #include <new>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "refit/index_codec.h"
@@ -53,15 +53,15 @@ void parallel_records(size_t n, F&& f) {
 struct UndoStep {
   size_t record = 0;
   bool anchor = false;
-  Plane plane = Plane::kValues;       // sparse only
-  size_t offset = 0;                  // first byte of the saved old bytes in the log
+  Plane plane = Plane::kValues;        // sparse only
+  size_t offset = 0;                   // first byte of the saved old bytes in the log
   std::span<const int32_t> positions;  // the plane's decoded positions in device memory (encoded deltas)
 };
 
 // W-05 policy of a plane's new entries, as the device checks it (model/weight_memory.h).
 NewBytePolicy policy_of(Format format, Plane plane) {
-  if (plane == Plane::kScales) return traits(format).scale == ScaleKind::kE8M0 ? NewBytePolicy::kE8M0
-                                                                              : NewBytePolicy::kF32Scale;
+  if (plane == Plane::kScales)
+    return traits(format).scale == ScaleKind::kE8M0 ? NewBytePolicy::kE8M0 : NewBytePolicy::kF32Scale;
   switch (format) {
     case Format::kMXFP8:
     case Format::kFP8_B128:
@@ -294,7 +294,8 @@ class Applier {
     const size_t n = delta_.tensors.size();
     std::vector<std::array<std::vector<int32_t>, 2>> run_tables(n);
     std::vector<Status> run_status(n);
-    // note: anchors' new bytes are checked here on the host (in place, all cores); sparse planes' on the device.
+    // note: anchors' new bytes are checked here on the host (in place, all cores); sparse planes' on the
+    // device.
     parallel_records(n, [&](size_t k) {
       const auto& t = delta_.tensors[k];
       if (t.anchor) run_status[k] = check_tensor_view(t);
@@ -355,14 +356,16 @@ class Applier {
     const size_t image_bytes = body_part + packed;
     auto image = mem.allocate_scratch(image_bytes);
     if (!image)
-      return fail("delta {} -> {}: {} bytes of delta could not be placed in {} memory ({}); nothing written (W-26)",
-                  from(), to(), image_bytes, mem.name(), image.error().message);
+      return fail(
+          "delta {} -> {}: {} bytes of delta could not be placed in {} memory ({}); nothing written (W-26)",
+          from(), to(), image_bytes, mem.name(), image.error().message);
     Scratch image_guard{mem, *image};
     auto positions = mem.allocate_scratch(entries * 4);
     if (!positions)
-      return fail("delta {} -> {}: {} decoded positions could not be placed in {} memory ({}); nothing "
-                  "written (W-26)",
-                  from(), to(), entries, mem.name(), positions.error().message);
+      return fail(
+          "delta {} -> {}: {} decoded positions could not be placed in {} memory ({}); nothing "
+          "written (W-26)",
+          from(), to(), entries, mem.name(), positions.error().message);
     Scratch positions_guard{mem, *positions};
     // note: a zero-copy body may itself sit in the pinned staging (apply_delta_files), so its small pack (run
     // tables) goes through pageable memory; no pinned memory to be had: pageable too, same bytes.
@@ -430,8 +433,12 @@ class Applier {
         log_at += v.bytes.size();
         jobs.push_back(j);
         job_record.push_back(k);
-        steps_.push_back({k, false, plane, static_cast<size_t>(j.undo.data() - device_log_),
-                          {reinterpret_cast<const int32_t*>(positions->data()) + at, static_cast<size_t>(v.count)}});
+        steps_.push_back(
+            {k,
+             false,
+             plane,
+             static_cast<size_t>(j.undo.data() - device_log_),
+             {reinterpret_cast<const int32_t*>(positions->data()) + at, static_cast<size_t>(v.count)}});
         at += static_cast<size_t>(v.count);
       }
     }
@@ -441,8 +448,10 @@ class Applier {
       steps_.clear();
       const size_t k = job_record[(*refused)->job];
       if (auto s = check_tensor_view(delta_.tensors[k]); !s) return s;
-      return fail("{}: the device refused entry {} (its index or new bytes), the host finds no fault; nothing written",
-                  jobs[(*refused)->job].what, (*refused)->position);
+      return fail(
+          "{}: the device refused entry {} (its index or new bytes), the host finds no fault; nothing "
+          "written",
+          jobs[(*refused)->job].what, (*refused)->position);
     }
     if (options_.timings) options_.timings->decode = ms_since(t_decode);
     if (auto s = hook({ApplyStage::kValidated, 0, {}}); !s) return s;  // nothing written yet
@@ -598,8 +607,8 @@ class Applier {
       return store_.apply_sparse(t.name, store_plane(step.plane), step.positions,
                                  entry_bytes(t.format, step.plane), log(step.offset, d.bytes.size()));
     if constexpr (kDecoded)
-      return store_.apply_sparse(t.name, store_plane(step.plane), d.indices, entry_bytes(t.format, step.plane),
-                                 log(step.offset, d.bytes.size()));
+      return store_.apply_sparse(t.name, store_plane(step.plane), d.indices,
+                                 entry_bytes(t.format, step.plane), log(step.offset, d.bytes.size()));
     return {};
   }
 

@@ -80,7 +80,7 @@ Status apply_delta(WeightStore& store, uint64_t& live_version, const Delta& delt
                    const ApplyOptions& options = {});
 
 // The same for a delta read up to its encoded index sets (parse_delta_view): a device store decodes and
-// checks them on the device (docs/refit-format.md "Device path"), a host store decodes them on the host first.
+// checks them on the device (docs/refit-format.md "Device path"), a host store decodes them first.
 // Refusals are those of apply_delta on decode_delta_view(delta), worded the same way, before any write.
 Status apply_delta(WeightStore& store, uint64_t& live_version, const DeltaView& delta,
                    const ApplyOptions& options = {});

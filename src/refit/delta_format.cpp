@@ -364,7 +364,8 @@ Result<PlaneView> read_plane_view(Cursor& c, const TensorView& t, Plane plane, c
 Result<PlaneDelta> decode_plane_view(const PlaneView& v, bool anchor, int64_t entries) {
   PlaneDelta p;
   if (!anchor) {
-    MXQ_TRY_ASSIGN(indices, decode_indices(static_cast<IndexEncoding>(v.encoding), v.index, v.count, entries));
+    MXQ_TRY_ASSIGN(indices,
+                   decode_indices(static_cast<IndexEncoding>(v.encoding), v.index, v.count, entries));
     p.indices = std::move(indices);
   }
   p.bytes.assign(v.bytes.begin(), v.bytes.end());
@@ -499,7 +500,8 @@ Result<uint64_t> body_size(std::span<const uint8_t> file, const ReadLimits& limi
 
 Status decompress_body(std::span<const uint8_t> file, std::span<uint8_t> body) {
   MXQ_TRY_ASSIGN(body_bytes, body_size(file));
-  if (body.size() != body_bytes) return fail("body buffer of {} bytes for a body of {}", body.size(), body_bytes);
+  if (body.size() != body_bytes)
+    return fail("body buffer of {} bytes for a body of {}", body.size(), body_bytes);
   uint64_t body_hash;
   std::memcpy(&body_hash, file.data() + 24, 8);
   const auto frame = file.subspan(kFileHeaderBytes);

@@ -237,7 +237,8 @@ Result<std::vector<int32_t>> decode_run_table(std::span<const uint8_t> data, int
     end += *skip + *length;
     covered += *length;
   }
-  if (covered != count) return fail("runs cover {} entries, the record says {} changed (W-03)", covered, count);
+  if (covered != count)
+    return fail("runs cover {} entries, the record says {} changed (W-03)", covered, count);
   return out;
 }
 

@@ -223,8 +223,7 @@ TEST_P(CudaRefitModes, ABAAndChainBitExactAtFixedAddresses) {
   const double fractions[] = {0.02, 1.0, 0.4, 0.005};
   for (int k = 0; k < 4; ++k) {
     const Model next = mutate(cur, fractions[k] >= 1.0 ? 0.3 : fractions[k], seed + 10 + k);
-    ASSERT_TRUE(
-        apply(store, version, make_delta(cur, next, version, version + 1, fractions[k] >= 1.0)));
+    ASSERT_TRUE(apply(store, version, make_delta(cur, next, version, version + 1, fractions[k] >= 1.0)));
     cur = next;
     EXPECT_EQ(canonical(store), cur) << "step " << k;
     expect_checksums(store, cur);
@@ -390,42 +389,43 @@ TEST(CudaRefitWire, CorruptIndexSetsAndBytesAreRefusedBeforeAnyWrite) {
   };
   auto single = [](const uint8_t* x, size_t i) { return x[i] < 0x80 && (i == 0 || x[i - 1] < 0x80); };
   std::vector<Corruption> cases = {
-      {"zero gap (W-02)", 0, false, [&](uint8_t* x, size_t n, uint8_t*, size_t) {
+      {"zero gap (W-02)", 0, false,
+       [&](uint8_t* x, size_t n, uint8_t*, size_t) {
          for (size_t i = 1; i < n; ++i)
            if (single(x, i)) return x[i] = 0, true;
          return false;
        }},
-      {"non-minimal varint", 1, false, [&](uint8_t* x, size_t n, uint8_t*, size_t) {
+      {"non-minimal varint", 1, false,
+       [&](uint8_t* x, size_t n, uint8_t*, size_t) {
          for (size_t i = 1; i + 1 < n; ++i)
            if (single(x, i) && single(x, i + 1)) return x[i] |= 0x80, x[i + 1] = 0, true;
          return false;
        }},
-      {"varint of ten bytes", 0, false, [&](uint8_t* x, size_t n, uint8_t*, size_t) {
+      {"varint of ten bytes", 0, false,
+       [&](uint8_t* x, size_t n, uint8_t*, size_t) {
          if (n < 12) return false;
          for (size_t i = 0; i < 10; ++i) x[i] = 0x80;
          x[10] = 0x01;
          return true;
        }},
-      {"cut off inside a varint", 1, false, [&](uint8_t* x, size_t n, uint8_t*, size_t) {
-         return n > 0 ? (x[n - 1] |= 0x80, true) : false;
-       }},
-      {"index past the plane (W-01)", 4, false, [&](uint8_t* x, size_t n, uint8_t*, size_t) {
+      {"cut off inside a varint", 1, false,
+       [&](uint8_t* x, size_t n, uint8_t*, size_t) { return n > 0 ? (x[n - 1] |= 0x80, true) : false; }},
+      {"index past the plane (W-01)", 4, false,
+       [&](uint8_t* x, size_t n, uint8_t*, size_t) {
          // note: every one-byte gap made 127: two of them already pass the 200 entries of the norm
          int made = 0;
          for (size_t i = 0; i < n; ++i)
            if (single(x, i)) x[i] = 0x7F, ++made;
          return made >= 2;
        }},
-      {"E4M3 NaN new value (W-05)", 0, false, [&](uint8_t*, size_t, uint8_t* v, size_t nb) {
-         return nb > 0 ? (v[nb / 2] = 0x7F, true) : false;
-       }},
-      {"E8M0 NaN new scale (W-05)", 1, true, [&](uint8_t*, size_t, uint8_t* v, size_t nb) {
-         return nb > 0 ? (v[0] = 0xFF, true) : false;
-       }},
-      {"f32 scale <= 0 (W-05)", 3, true, [&](uint8_t*, size_t, uint8_t* v, size_t nb) {
-         return nb >= 4 ? (v[3] |= 0x80, true) : false;
-       }},
-      {"bf16 Inf (W-05)", 4, false, [&](uint8_t*, size_t, uint8_t* v, size_t nb) {
+      {"E4M3 NaN new value (W-05)", 0, false,
+       [&](uint8_t*, size_t, uint8_t* v, size_t nb) { return nb > 0 ? (v[nb / 2] = 0x7F, true) : false; }},
+      {"E8M0 NaN new scale (W-05)", 1, true,
+       [&](uint8_t*, size_t, uint8_t* v, size_t nb) { return nb > 0 ? (v[0] = 0xFF, true) : false; }},
+      {"f32 scale <= 0 (W-05)", 3, true,
+       [&](uint8_t*, size_t, uint8_t* v, size_t nb) { return nb >= 4 ? (v[3] |= 0x80, true) : false; }},
+      {"bf16 Inf (W-05)", 4, false,
+       [&](uint8_t*, size_t, uint8_t* v, size_t nb) {
          return nb >= 2 ? (v[0] = 0x80, v[1] = 0x7F, true) : false;
        }},
   };

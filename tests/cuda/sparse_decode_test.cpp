@@ -189,26 +189,30 @@ TEST(CudaSparseDecode, OneCorruptSetIsRefusedInItsJob) {
   const std::vector<Set> clean = make_sets(seed);
   auto gaps = [](Set& s) { return s.encoding == IndexEncoding::kGaps && s.data.size() >= 12; };
   const std::vector<Corruption> cases = {
-      {"zero gap", [&](Set& s) {
+      {"zero gap",
+       [&](Set& s) {
          if (!gaps(s)) return false;
          for (size_t i = 1; i < s.data.size(); ++i)
            if (s.data[i] < 0x80 && s.data[i - 1] < 0x80) return s.data[i] = 0, true;
          return false;
        }},
-      {"non-minimal varint", [&](Set& s) {
+      {"non-minimal varint",
+       [&](Set& s) {
          if (!gaps(s)) return false;
          for (size_t i = 1; i + 1 < s.data.size(); ++i)
            if (s.data[i] < 0x80 && s.data[i - 1] < 0x80 && s.data[i + 1] < 0x80)
              return s.data[i] |= 0x80, s.data[i + 1] = 0, true;
          return false;
        }},
-      {"ten-byte varint", [&](Set& s) {
+      {"ten-byte varint",
+       [&](Set& s) {
          if (!gaps(s)) return false;
          for (size_t i = 0; i < 10; ++i) s.data[s.data.size() - 11 + i] = 0x81;
          return true;
        }},
       {"cut off", [&](Set& s) { return gaps(s) ? (s.data.back() |= 0x80, true) : false; }},
-      {"past the plane", [&](Set& s) {
+      {"past the plane",
+       [&](Set& s) {
          if (!gaps(s) || s.data[s.data.size() - 2] >= 0x80) return false;
          s.data.pop_back();  // the last gap becomes `entries`
          for (auto v = static_cast<uint64_t>(s.entries); true; v >>= 7) {
@@ -220,17 +224,20 @@ TEST(CudaSparseDecode, OneCorruptSetIsRefusedInItsJob) {
          }
          return true;
        }},
-      {"bitmap pad bit", [&](Set& s) {
+      {"bitmap pad bit",
+       [&](Set& s) {
          if (s.encoding != IndexEncoding::kBitmap || s.entries % 8 == 0 || s.indices.empty()) return false;
          s.data.back() |= 0x80;
          return true;
        }},
-      {"bitmap count", [&](Set& s) {
+      {"bitmap count",
+       [&](Set& s) {
          if (s.encoding != IndexEncoding::kBitmap || s.indices.empty()) return false;
          s.data[static_cast<size_t>(s.indices[0] / 8)] &= static_cast<uint8_t>(~(1u << (s.indices[0] % 8)));
          return true;
        }},
-      {"E4M3 NaN", [&](Set& s) { return s.bytes.empty() ? false : (s.bytes[s.bytes.size() / 2] = 0xFF, true); }},
+      {"E4M3 NaN",
+       [&](Set& s) { return s.bytes.empty() ? false : (s.bytes[s.bytes.size() / 2] = 0xFF, true); }},
   };
   std::mt19937_64 rng(seed);
   int applied = 0;

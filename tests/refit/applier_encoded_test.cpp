@@ -49,7 +49,9 @@ class EncodedHostMemory final : public WeightMemory {
  public:
   std::string_view name() const override { return "encoded-host"; }
   bool on_device() const override { return true; }
-  Result<std::span<uint8_t>> allocate_plane(const PlaneLayout& l) override { return host_->allocate_plane(l); }
+  Result<std::span<uint8_t>> allocate_plane(const PlaneLayout& l) override {
+    return host_->allocate_plane(l);
+  }
   void free_plane(std::span<uint8_t> native) override { host_->free_plane(native); }
   Result<std::span<uint8_t>> allocate_scratch(size_t bytes) override {
     if (bytes == 0) return std::span<uint8_t>{};
@@ -152,7 +154,8 @@ void random_entry(Format f, Plane p, std::mt19937& rng, uint8_t* e) {
     e[0] = static_cast<uint8_t>(110 + rng() % 20);
   } else if (f == Format::kBF16 || f == Format::kF32) {
     const float x = std::uniform_real_distribution<float>(0.25f, 2.0f)(rng);
-    std::memcpy(e, reinterpret_cast<const uint8_t*>(&x) + (f == Format::kBF16 ? 2 : 0), f == Format::kBF16 ? 2 : 4);
+    std::memcpy(e, reinterpret_cast<const uint8_t*>(&x) + (f == Format::kBF16 ? 2 : 0),
+                f == Format::kBF16 ? 2 : 4);
   } else {
     e[0] = static_cast<uint8_t>(rng());
     if (f != Format::kMXFP4 && (e[0] & 0x7F) == 0x7F) e[0] ^= 1;
@@ -174,7 +177,8 @@ Model step(const Model* from, double p, uint32_t seed, int64_t run = 0) {
       if (bytes.empty()) continue;
       const auto w = static_cast<size_t>(entry_bytes(s.format, pl));
       for (size_t i = 0; i + w <= bytes.size(); i += w)
-        if (!from || pick(rng) || static_cast<int64_t>(i / w) < run) random_entry(s.format, pl, rng, bytes.data() + i);
+        if (!from || pick(rng) || static_cast<int64_t>(i / w) < run)
+          random_entry(s.format, pl, rng, bytes.data() + i);
     }
     m[s.name] = std::move(planes);
   }
@@ -194,7 +198,8 @@ WeightStore make_store(const Model& m, EncodedHostMemory** mem = nullptr) {
 
 Model live(const WeightStore& store) {
   Model m;
-  for (const auto& [name, t] : store.tensors()) m[name] = {{t.values.begin(), t.values.end()}, {t.scales.begin(), t.scales.end()}};
+  for (const auto& [name, t] : store.tensors())
+    m[name] = {{t.values.begin(), t.values.end()}, {t.scales.begin(), t.scales.end()}};
   return m;
 }
 
@@ -202,7 +207,8 @@ std::vector<uint8_t> body_of(const Model& from, const Model& to, uint64_t base, 
   Delta d{base, base + 1, {}};
   for (const Spec& s : kSpecs) {
     const CanonicalPlanes old{from.at(s.name).first, from.at(s.name).second};
-    auto t = diff_tensor(s.name, s.format, s.shape, &old, {to.at(s.name).first, to.at(s.name).second}, anchors);
+    auto t =
+        diff_tensor(s.name, s.format, s.shape, &old, {to.at(s.name).first, to.at(s.name).second}, anchors);
     EXPECT_TRUE(t);
     d.tensors.push_back(std::move(*t));
   }
@@ -237,7 +243,8 @@ TEST(ApplyEncoded, EveryEncodingPinnedOrPageableLandsTheTargetBytes) {
     cur = target;
     EXPECT_TRUE(live(store) == cur) << "step " << k;
     for (const Spec& sp : kSpecs)
-      EXPECT_EQ(store.at(sp.name).checksum, canonical_checksum(cur.at(sp.name).first, cur.at(sp.name).second));
+      EXPECT_EQ(store.at(sp.name).checksum,
+                canonical_checksum(cur.at(sp.name).first, cur.at(sp.name).second));
   }
   EXPECT_EQ(version, 6u);
   EXPECT_GT(encodings[0], 0);

@@ -225,7 +225,8 @@ TEST_P(ApplyDelta, TheWireViewLandsTheSameBytes) {
     const ModelPlanes before = native(store);
     auto s = apply_delta(store, version, *bad);
     ASSERT_FALSE(s);
-    EXPECT_NE(s.error().message.find(t.name + " values: varint cut off"), std::string::npos) << s.error().message;
+    EXPECT_NE(s.error().message.find(t.name + " values: varint cut off"), std::string::npos)
+        << s.error().message;
     EXPECT_EQ(version, 8u);
     EXPECT_TRUE(native(store) == before);
     break;

@@ -119,7 +119,8 @@ TEST(DeltaView, DecodesToWhatTheReaderReads) {
   ASSERT_TRUE(bad_view);
   auto why = check_tensor_view(bad_view->tensors[0]);
   ASSERT_FALSE(why);
-  EXPECT_NE(why.error().message.find("a.mxfp8 values: index 1 repeats at position 1 (W-02)"), std::string::npos)
+  EXPECT_NE(why.error().message.find("a.mxfp8 values: index 1 repeats at position 1 (W-02)"),
+            std::string::npos)
       << why.error().message;
   EXPECT_FALSE(decode_delta_body(bad));
 }
