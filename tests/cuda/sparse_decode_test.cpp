@@ -113,7 +113,8 @@ Outcome decode(WeightStore& store, std::vector<Set>& sets) {
   auto pos = mem.allocate_scratch(entries * 4 + 16);
   if (!dev || !pos || !mem.upload(image, *dev)) return o;
   // note: positions poisoned, so an entry the decode skips shows
-  if (cudaMemset(pos->data(), 0xA5, pos->size()) != cudaSuccess) return o;
+  // note: on the memory's (non-blocking) stream, so the decode comes after it
+  if (cudaMemsetAsync(pos->data(), 0xA5, pos->size(), weight_memory_stream(mem)) != cudaSuccess) return o;
   std::vector<SparsePlaneJob> jobs;
   for (size_t k = 0; k < sets.size(); ++k) {
     const Set& s = sets[k];
