@@ -5,9 +5,11 @@
 // run; the write and the checksum alone; sparse refits (refit::apply_delta: host validation on all cores,
 // int32 indices + new bytes packed into pinned staging and uploaded once, scatter with undo capture, checksum
 // batch) at uniform fractions of both planes, the RL step patterns of docs/refit-format.md section 7 and a
-// clustered pattern, with the stage times (ApplyTimings) and the physical bounds. Times are CUDA-event
-// medians on the store's stream (the host-synchronous steps in between show up as wall time). Deltas are
-// built outside the timing.
+// clustered pattern, with the stage times (ApplyTimings) and the physical bounds; then the same deltas on the
+// wire path (refit::apply_delta on a DeltaView parsed from the body: index sets uploaded encoded, decoded and
+// checked on the device) from a pinned and from a pageable body, with parse / validate / stage / upload /
+// decode / write / checksum times. Times are CUDA-event medians on the store's stream (the host-synchronous
+// steps in between show up as wall time). Deltas and their wire bodies are built outside the timing.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -22,6 +24,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <map>
 #include <random>
 #include <thread>
@@ -31,6 +35,7 @@
 #include "cuda/gemv_layout.h"
 #include "cuda/weight_memory_cuda.h"
 #include "refit/applier.h"
+#include "refit/delta_format.h"
 #endif
 
 namespace mxq::cli {
@@ -244,6 +249,38 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
     for (const auto& t : fwd.tensors)
       entries += static_cast<int64_t>(t.values.indices.size() + t.scales.indices.size());
     for (int64_t c : sectors) sector_count += c;
+    // The wire form of both deltas (records encoded on all cores and joined: records are independent), in
+    // pageable memory as read, and in pinned memory (a receiver that reads the body into pinned buffers).
+    std::vector<uint8_t> bodies[2];
+    for (int d = 0; d < 2; ++d) {
+      const refit::Delta& delta = d == 0 ? fwd : back;
+      std::vector<std::vector<uint8_t>> records(delta.tensors.size());
+      std::vector<Status> status(delta.tensors.size());
+      parallel_for(delta.tensors.size(), [&](size_t i) {
+        refit::Delta one{0, 1, {delta.tensors[i]}};
+        auto b = refit::encode_delta_body(one);
+        if (!b)
+          status[i] = tl::unexpected(b.error());
+        else
+          records[i].assign(b->begin() + 20, b->end());  // note: 8 + 8 + 4 bytes of body header
+      });
+      for (Status& st : status)
+        if (!st) return st;
+      std::vector<uint8_t>& body = bodies[d];
+      const uint32_t count = static_cast<uint32_t>(delta.tensors.size());
+      body.resize(20);
+      std::memcpy(body.data() + 16, &count, 4);
+      for (const auto& r : records) body.insert(body.end(), r.begin(), r.end());
+    }
+    uint8_t* pinned_bodies = nullptr;
+    MXQ_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_bodies),
+                                 bodies[0].size() + bodies[1].size(), cudaHostAllocDefault));
+    std::unique_ptr<uint8_t, decltype(&cudaFreeHost)> bodies_guard(pinned_bodies, &cudaFreeHost);
+    std::memcpy(pinned_bodies, bodies[0].data(), bodies[0].size());
+    std::memcpy(pinned_bodies + bodies[0].size(), bodies[1].data(), bodies[1].size());
+    const std::span<const uint8_t> pinned_body[2] = {{pinned_bodies, bodies[0].size()},
+                                                     {pinned_bodies + bodies[0].size(), bodies[1].size()}};
+    const double wire_bytes = static_cast<double>(bodies[0].size() + bodies[1].size()) / 2;
     for (bool incremental : {false, true}) {
       // note: incremental: the kept block sums are built by one full hash outside the timing.
       cuda::set_incremental_checksums(store.memory(), incremental);
@@ -281,6 +318,55 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
           sum_t.stage / per, sum_t.write / per, sum_t.checksum / per, dev_bytes / (copy_gbs * 1e9) * 1e3,
           upload / (h2d_gbs * 1e9) * 1e3, 100 * one / *full, 100 * one / *full_pinned);
     }
+    // The wire path: index sets decoded and checked on the device (apply_delta on a DeltaView).
+    fmt::print("{:<51} {:>8} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7}\n", "  wire path",
+               "total", "parse", "validate", "stage", "upload", "decode", "write", "checksum", "bound", "h2d",
+               "%fullpin");
+    for (bool pinned_wire : {true, false}) {
+      cuda::set_incremental_checksums(store.memory(), true);
+      if (Status s = store.refresh_checksums(names); !s) return s;
+      refit::ApplyTimings tf, tb, sum_t{};
+      double parse_ms = 0;
+      refit::ApplyOptions of, ob;
+      of.timings = &tf, ob.timings = &tb;
+      const int sparse_reps = std::max(2, reps / 2);
+      auto ms = median_ms(stream, 1, sparse_reps, [&](int rep) -> Status {
+        for (int d = 0; d < 2; ++d) {
+          const auto t0 = std::chrono::steady_clock::now();
+          auto view =
+              refit::parse_delta_view(pinned_wire ? pinned_body[d] : std::span<const uint8_t>(bodies[d]));
+          if (!view) return tl::unexpected(view.error());
+          const double parse =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          view->base_version = version, view->new_version = version + 1;
+          if (Status s = refit::apply_delta(store, version, *view, d == 0 ? of : ob); !s) return s;
+          if (rep >= 0) {
+            const refit::ApplyTimings& t = d == 0 ? tf : tb;
+            parse_ms += parse;
+            sum_t.validate += t.validate, sum_t.stage += t.stage, sum_t.upload += t.upload,
+                sum_t.decode += t.decode, sum_t.write += t.write, sum_t.checksum += t.checksum;
+          }
+        }
+        return {};
+      });
+      if (!ms) return tl::unexpected(ms.error());
+      const double per = 2.0 * sparse_reps;
+      const float one = *ms / 2;
+      const double blocks_touched = std::min(static_cast<double>(sector_count), gb * 1e9 / 1024);
+      // note: device bytes as above with 4-byte positions written and read twice (scatter, sums) instead of
+      // int32 uploads, plus the encoded bytes read once by the decode.
+      const double dev_bytes = 64.0 * static_cast<double>(sector_count) +
+                               14.0 * static_cast<double>(entries) + wire_bytes + 128.0 * blocks_touched;
+      fmt::print(
+          "{:<51} {:>8.2f} {:>10.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>7.2f} {:>7.2f} "
+          "{:>6.1f}%\n",
+          fmt::format("{} [wire, {} body, incr]", pat.name, pinned_wire ? "pinned" : "pageable"), one,
+          parse_ms / per, sum_t.validate / per, sum_t.stage / per, sum_t.upload / per, sum_t.decode / per,
+          sum_t.write / per, sum_t.checksum / per, dev_bytes / (copy_gbs * 1e9) * 1e3,
+          wire_bytes / (h2d_gbs * 1e9) * 1e3, 100 * one / *full_pinned);
+    }
+    fmt::print("{:<51} wire body {:.1f} MB = {:.2f} bytes per changed entry\n", "", wire_bytes / 1e6,
+               wire_bytes / static_cast<double>(entries));
   }
   cuda::set_incremental_checksums(store.memory(), false);
   return {};

@@ -15,6 +15,7 @@
 
 #include "cuda/refit_launch.h"
 #include "cuda/refit_plane.cuh"
+#include "cuda/sparse_decode_launch.h"
 #include "cuda/xxh3_device.cuh"
 
 namespace mxq::cuda {
@@ -24,38 +25,67 @@ namespace x = xxh3;
 
 constexpr int kThreads = 256;
 
+// Entry j of a plane's sorted indices: if it is the first entry of its 8-byte stream word, adds the word's
+// new term minus its old one to the kept sums.
+template <class I>
+__device__ __forceinline__ void sum_delta_entry(const DevicePlane& p, const I* indices, int64_t count,
+                                                int64_t j, uint64_t eb, const uint8_t* undo,
+                                                uint64_t stream_off, uint64_t blocks, uint64_t* sums) {
+  const uint64_t q = static_cast<uint64_t>(indices[j]) * eb;  // plane byte of the entry
+  const uint64_t word = (stream_off + q) / 8;                 // stream word
+  if (j > 0 && (stream_off + static_cast<uint64_t>(indices[j - 1]) * eb) / 8 == word) return;
+  const uint64_t block = word * 8 / x::kBlockBytes;
+  if (block >= blocks) return;
+  const uint64_t wq = word * 8 - stream_off;  // plane byte of the word (stream_off % 8 == 0)
+  const uint64_t now = plane_word(p, wq);
+  uint64_t old = now;
+  // note: entries of one word are consecutive in sorted order; at most 8 of them.
+  for (int64_t e = j; e < count; ++e) {
+    const uint64_t qe = static_cast<uint64_t>(indices[e]) * eb;
+    if ((stream_off + qe) / 8 != word) break;
+    for (uint64_t b = 0; b < eb; ++b) {
+      const int shift = static_cast<int>(8 * (qe + b - wq));
+      old = (old & ~(0xFFull << shift)) | uint64_t{undo[static_cast<uint64_t>(e) * eb + b]} << shift;
+    }
+  }
+  if (old == now) return;
+  const int s = static_cast<int>(word * 8 % x::kBlockBytes / x::kStripeBytes);
+  const int i = static_cast<int>(word % 8);
+  const uint64_t key = x::secret_word(s + i);
+  unsigned long long* at = reinterpret_cast<unsigned long long*>(sums + block * 8);
+  atomicAdd(at + (i ^ 1), static_cast<unsigned long long>(now - old));
+  atomicAdd(at + i, static_cast<unsigned long long>(x::mul_term(now, key) - x::mul_term(old, key)));
+}
+
 template <class I>
 __global__ void sum_delta(DevicePlane p, const I* indices, int64_t count, int entry_bytes,
                           const uint8_t* undo, uint64_t stream_off, uint64_t blocks, uint64_t* sums,
                           const unsigned long long* status) {
   if (*status != ~0ull) return;
-  const auto eb = static_cast<uint64_t>(entry_bytes);
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; j < count;
-       j += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const uint64_t q = static_cast<uint64_t>(indices[j]) * eb;  // plane byte of the entry
-    const uint64_t word = (stream_off + q) / 8;                 // stream word
-    if (j > 0 && (stream_off + static_cast<uint64_t>(indices[j - 1]) * eb) / 8 == word) continue;
-    const uint64_t block = word * 8 / x::kBlockBytes;
-    if (block >= blocks) continue;
-    const uint64_t wq = word * 8 - stream_off;  // plane byte of the word (stream_off % 8 == 0)
-    const uint64_t now = plane_word(p, wq);
-    uint64_t old = now;
-    // note: entries of one word are consecutive in sorted order; at most 8 of them.
-    for (int64_t e = j; e < count; ++e) {
-      const uint64_t qe = static_cast<uint64_t>(indices[e]) * eb;
-      if ((stream_off + qe) / 8 != word) break;
-      for (uint64_t b = 0; b < eb; ++b) {
-        const int shift = static_cast<int>(8 * (qe + b - wq));
-        old = (old & ~(0xFFull << shift)) | uint64_t{undo[static_cast<uint64_t>(e) * eb + b]} << shift;
-      }
+       j += static_cast<int64_t>(gridDim.x) * kThreads)
+    sum_delta_entry(p, indices, count, j, static_cast<uint64_t>(entry_bytes), undo, stream_off, blocks, sums);
+}
+
+// The same for a batch of planes (refit's device path), one thread per entry of all of them; planes without
+// kept sums are skipped.
+__global__ void sum_delta_batch(const SparseJobDevice* jobs, const uint64_t* first_entry, int job_count,
+                                uint64_t total, const int32_t* positions) {
+  for (uint64_t e = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x; e < total;
+       e += static_cast<uint64_t>(gridDim.x) * kThreads) {
+    int lo = 0, hi = job_count - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (first_entry[mid] <= e)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
-    if (old == now) continue;
-    const int s = static_cast<int>(word * 8 % x::kBlockBytes / x::kStripeBytes);
-    const int i = static_cast<int>(word % 8);
-    const uint64_t key = x::secret_word(s + i);
-    unsigned long long* at = reinterpret_cast<unsigned long long*>(sums + block * 8);
-    atomicAdd(at + (i ^ 1), static_cast<unsigned long long>(now - old));
-    atomicAdd(at + i, static_cast<unsigned long long>(x::mul_term(now, key) - x::mul_term(old, key)));
+    const SparseJobDevice& job = jobs[lo];
+    if (job.sums == nullptr) continue;
+    sum_delta_entry(job.plane, positions + first_entry[lo], job.count,
+                    static_cast<int64_t>(e - first_entry[lo]), static_cast<uint64_t>(job.entry_bytes),
+                    job.undo, job.stream_off, job.blocks, job.sums);
   }
 }
 
@@ -77,6 +107,14 @@ cudaError_t launch_sum_delta(const DevicePlane& p, const void* indices, int inde
   else
     sum_delta<<<grid_for(count), kThreads, 0, stream>>>(p, static_cast<const int64_t*>(indices), count,
                                                         entry_bytes, undo, stream_off, blocks, sums, status);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sum_delta_batch(const SparseJobDevice* jobs, const uint64_t* first_entry, int job_count,
+                                   uint64_t total_entries, const int32_t* positions, cudaStream_t stream) {
+  if (total_entries == 0 || job_count == 0) return cudaSuccess;
+  sum_delta_batch<<<grid_for(static_cast<int64_t>(total_entries)), kThreads, 0, stream>>>(
+      jobs, first_entry, job_count, total_entries, positions);
   return cudaGetLastError();
 }
 

@@ -3,12 +3,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cuda/check.h"
 #include "cuda/refit_launch.h"
+#include "cuda/sparse_decode_launch.h"
 
 namespace mxq::cuda {
 namespace {
@@ -65,6 +68,10 @@ class CudaWeightMemory final : public WeightMemory {
     if (!st) return tl::unexpected(st.error());
     status_ = std::move(*st);
     MXQ_CUDA_CHECK(cudaMemsetAsync(status_.as(), 0xFF, sizeof(unsigned long long), stream_));
+    auto de = DeviceBuffer::alloc(sizeof(unsigned long long));
+    if (!de) return tl::unexpected(de.error());
+    decode_error_ = std::move(*de);
+    MXQ_CUDA_CHECK(cudaMemsetAsync(decode_error_.as(), 0xFF, sizeof(unsigned long long), stream_));
     MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return {};
   }
@@ -215,6 +222,65 @@ class CudaWeightMemory final : public WeightMemory {
       pinned_ = static_cast<uint8_t*>(p), pinned_bytes_ = bytes + bytes / 4;
     }
     return {pinned_, bytes};
+  }
+
+  Result<std::optional<SparseRefusal>> decode_sparse(std::span<const SparsePlaneJob> jobs,
+                                                     std::span<uint8_t> positions) override {
+    auto table = upload_jobs(jobs, positions, false);
+    if (!table) return tl::unexpected(table.error());
+    if (jobs.empty()) return std::optional<SparseRefusal>{};
+    const size_t scan_bytes = 2 * (table->chunks + 1) * sizeof(uint64_t);
+    if (decode_scan_.bytes() < scan_bytes) {
+      MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      decode_scan_ = DeviceBuffer();
+      auto b = DeviceBuffer::alloc(scan_bytes + scan_bytes / 4);
+      if (!b) return fail("sparse decode scratch of {} bytes: {}", scan_bytes, b.error().message);
+      decode_scan_ = std::move(*b);
+    }
+    auto* error = decode_error_.as<unsigned long long>();
+    MXQ_CUDA_CHECK(launch_sparse_decode(table->jobs, table->first_entry, table->first_chunk,
+                                        static_cast<int>(jobs.size()), table->chunks, table->entries,
+                                        decode_scan_.as<uint64_t>(),
+                                        reinterpret_cast<int32_t*>(positions.data()), error, stream_));
+    // note: the one device-to-host read of the decode: the error word (then reset for the scatters).
+    unsigned long long key = 0;
+    MXQ_CUDA_CHECK(cudaMemcpyAsync(&key, error, sizeof key, cudaMemcpyDeviceToHost, stream_));
+    MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (key == ~0ull) return std::optional<SparseRefusal>{};
+    MXQ_CUDA_CHECK(cudaMemsetAsync(error, 0xFF, sizeof key, stream_));
+    MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return std::optional<SparseRefusal>{
+        SparseRefusal{static_cast<size_t>(key >> 32), static_cast<int64_t>(key & 0xFFFFFFFFull)}};
+  }
+
+  Status scatter_sparse(std::span<const SparsePlaneJob> jobs, std::span<const uint8_t> positions) override {
+    auto table = upload_jobs(jobs, positions, true);
+    if (!table) return tl::unexpected(table.error());
+    if (jobs.empty()) return {};
+    const auto* pos = reinterpret_cast<const int32_t*>(positions.data());
+    const int n = static_cast<int>(jobs.size());
+    MXQ_CUDA_CHECK(
+        launch_sparse_scatter_batch(table->jobs, table->first_entry, n, table->entries, pos, stream_));
+    if (table->sums)
+      MXQ_CUDA_CHECK(
+          launch_sum_delta_batch(table->jobs, table->first_entry, n, table->entries, pos, stream_));
+    return {};
+  }
+
+  bool host_pinned(std::span<const uint8_t> bytes) const override {
+    if (bytes.empty()) return false;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, bytes.data()) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    // note: the whole span must be one page-locked allocation; the last byte is checked too.
+    cudaPointerAttributes b{};
+    if (cudaPointerGetAttributes(&b, bytes.data() + bytes.size() - 1) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeHost && b.type == cudaMemoryTypeHost;
   }
 
   template <class I>
@@ -549,6 +615,79 @@ class CudaWeightMemory final : public WeightMemory {
     if (SumRecord* r = record_of(plane, off)) r->valid = false;
   }
 
+  // The device table of a batch of encoded sparse planes (SparseJobDevice + the entry and chunk prefixes),
+  // in its own buffer. with_sums: each job with kept block sums (incremental checksums) and undo bytes
+  // updates them in the scatter; a job without undo bytes drops its tensor's sums.
+  struct JobTable {
+    const SparseJobDevice* jobs = nullptr;
+    const uint64_t *first_entry = nullptr, *first_chunk = nullptr;
+    uint64_t entries = 0, chunks = 0;
+    bool sums = false;
+  };
+  Result<JobTable> upload_jobs(std::span<const SparsePlaneJob> jobs, std::span<const uint8_t> positions,
+                               bool with_sums) {
+    std::vector<SparseJobDevice> dev;
+    std::vector<uint64_t> first_entry{0}, first_chunk{0};
+    JobTable t;
+    for (const SparsePlaneJob& j : jobs) {
+      auto p = device_plane(*j.layout, j.native);
+      if (!p) return fail_in(j.what, p.error());
+      if (j.entries > INT32_MAX) return fail("{}: {} entries need int64 positions", j.what, j.entries);
+      const uint64_t eb = static_cast<uint64_t>(j.entry_bytes);
+      if (j.bytes.size() != static_cast<uint64_t>(j.count) * eb ||
+          (!j.undo.empty() && j.undo.size() != j.bytes.size()))
+        return fail("{}: {} entries of {} bytes with {} new and {} undo bytes", j.what, j.count,
+                    j.entry_bytes, j.bytes.size(), j.undo.size());
+      SparseJobDevice d;
+      d.plane = *p;
+      d.index = j.index.data(), d.index_bytes = j.index.size();
+      d.bytes = j.bytes.data(), d.undo = j.undo.empty() ? nullptr : j.undo.data();
+      d.count = j.count, d.entries = j.entries, d.entry_bytes = j.entry_bytes;
+      d.encoding = j.encoding, d.policy = static_cast<uint8_t>(j.policy);
+      uint64_t stream_off = 0;
+      if (SumRecord* rec =
+              with_sums && incremental_ && j.count > 0 ? record_of(j.native.data(), stream_off) : nullptr;
+          rec && rec->valid) {
+        // note: without the old bytes the kept sums cannot follow: the next checksum re-reads the tensor.
+        if (d.undo) {
+          d.sums = rec->sums.as<uint64_t>(), d.stream_off = stream_off, d.blocks = xxh3_job_blocks(rec->len);
+          t.sums = true;
+        } else {
+          rec->valid = false;
+        }
+      }
+      dev.push_back(d);
+      first_entry.push_back(first_entry.back() + static_cast<uint64_t>(j.count));
+      const uint64_t chunks =
+          j.encoding == 2 ? 0 : (j.index.size() + kDecodeChunkBytes - 1) / kDecodeChunkBytes;
+      first_chunk.push_back(first_chunk.back() + chunks);
+    }
+    t.entries = first_entry.back(), t.chunks = first_chunk.back();
+    if (positions.size() < t.entries * 4)
+      return fail("{} bytes of positions for {} entries", positions.size(), t.entries);
+    const size_t job_bytes = up16(dev.size() * sizeof(SparseJobDevice)),
+                 prefix_bytes = up16(first_entry.size() * 8);
+    const size_t need = job_bytes + 2 * prefix_bytes;
+    if (job_table_.bytes() < need) {
+      MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      job_table_ = DeviceBuffer();
+      auto b = DeviceBuffer::alloc(need + need / 4);
+      if (!b) return fail("sparse job table of {} bytes: {}", need, b.error().message);
+      job_table_ = std::move(*b);
+    }
+    // note: a copy from pageable memory returns once the driver holds the bytes, so the host table may go;
+    // stream order keeps the new table from overwriting one a queued kernel still reads.
+    std::vector<uint8_t> host(need);
+    std::memcpy(host.data(), dev.data(), dev.size() * sizeof(SparseJobDevice));
+    std::memcpy(host.data() + job_bytes, first_entry.data(), first_entry.size() * 8);
+    std::memcpy(host.data() + job_bytes + prefix_bytes, first_chunk.data(), first_chunk.size() * 8);
+    MXQ_CUDA_CHECK(cudaMemcpyAsync(job_table_.as(), host.data(), need, cudaMemcpyHostToDevice, stream_));
+    auto* base = job_table_.as<uint8_t>();
+    t.jobs = reinterpret_cast<const SparseJobDevice*>(base);
+    t.first_entry = reinterpret_cast<const uint64_t*>(base + job_bytes);
+    t.first_chunk = reinterpret_cast<const uint64_t*>(base + job_bytes + prefix_bytes);
+    return t;
+  }
   // The int32 column table of a separable plane for the batched kernels (DevicePlane::cols), when it has one.
   static bool run_table(const PlaneLayout& l, int run, std::vector<int32_t>& out) {
     const int64_t w = l.canonical.row_bytes;
@@ -635,6 +774,7 @@ class CudaWeightMemory final : public WeightMemory {
   std::map<const uint8_t*, Plane> planes_;
   std::map<const uint8_t*, DeviceBuffer> scratch_;
   DeviceBuffer status_, staging_;
+  DeviceBuffer job_table_, decode_scan_, decode_error_;  // encoded sparse planes: table, prefix sums, error
   std::vector<std::string> calls_;  // names of the sparse calls since the last sync (status' call field)
 };
 

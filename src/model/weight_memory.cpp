@@ -90,6 +90,17 @@ Status WeightMemory::scatter32(const PlaneLayout& l, std::span<const int32_t> in
   return scatter(l, wide, entry_bytes, bytes, undo, native, what);
 }
 
+Result<std::optional<SparseRefusal>> WeightMemory::decode_sparse(std::span<const SparsePlaneJob>,
+                                                                 std::span<uint8_t>) {
+  return fail("{} memory: encoded sparse planes are decoded on the host", name());
+}
+
+Status WeightMemory::scatter_sparse(std::span<const SparsePlaneJob>, std::span<const uint8_t>) {
+  return fail("{} memory: encoded sparse planes are decoded on the host", name());
+}
+
+bool WeightMemory::host_pinned(std::span<const uint8_t>) const { return false; }
+
 std::span<uint8_t> WeightMemory::host_staging(size_t bytes) {
   if (host_staging_.size() < bytes) host_staging_.resize(bytes);
   return {host_staging_.data(), bytes};

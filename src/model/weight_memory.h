@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,40 @@ struct TensorWriteJob {
   std::span<const uint8_t> scales_src;
   std::span<uint8_t> scales;
   uint64_t* out = nullptr;
+};
+
+// The W-05 rule for a plane's new entries (docs/refit-format.md section 6), as the device checks it.
+enum class NewBytePolicy : uint8_t {
+  kNone,      // E2M1 (mxfp4 values): no NaN or Inf code
+  kE4M3,      // 1 byte; 0x7F / 0xFF refused
+  kE8M0,      // 1 byte; 0xFF refused
+  kF32Scale,  // 4 bytes; finite and > 0
+  kBF16,      // 2 bytes; NaN / Inf refused
+  kF16,
+  kF32,
+};
+
+// One sparse plane of a refit delta with its index set still in the wire encoding (refit's device path,
+// docs/refit-format.md "Device path"). `index` and `bytes` are this memory's spans (uploaded); `undo` is
+// scratch of bytes.size(). `encoding` is the wire code: 0 gaps (LEB128 varints), 1 bitmap; 2 runs, given
+// decoded into `index` as int32 pairs (a run's first entry, its position in the list), one per run.
+struct SparsePlaneJob {
+  std::string_view what;  // "NAME values", for errors
+  const PlaneLayout* layout = nullptr;
+  std::span<uint8_t> native;
+  uint8_t encoding = 0;
+  std::span<const uint8_t> index;
+  int64_t count = 0;    // changed entries
+  int64_t entries = 0;  // of the plane (< 2^31)
+  int entry_bytes = 1;
+  NewBytePolicy policy = NewBytePolicy::kNone;
+  std::span<const uint8_t> bytes;
+  std::span<uint8_t> undo;
+};
+// The first job a decode refused and the entry position (in that job's list) where it noticed.
+struct SparseRefusal {
+  size_t job = 0;
+  int64_t position = 0;
 };
 
 class WeightMemory {
@@ -87,6 +122,19 @@ class WeightMemory {
   // A host buffer for uploads, valid until the next call (the CUDA memory keeps it pinned, so an upload
   // from it runs at the copy engine's rate); nullptr-spanned when it cannot be had.
   virtual std::span<uint8_t> host_staging(size_t bytes);
+  // Refit's device path, step 1: decodes every job's index set into int32 entry positions (`positions`:
+  // this memory's scratch, 4 bytes per entry of all jobs, jobs in order) and checks them (inside the plane,
+  // strictly increasing, as many as `count`, the encoding well formed) and every new entry against its
+  // policy, writing no live byte. Returns the first refused job (in job order) or nullopt. CPU twin:
+  // refit::decode_indices + check_tensor_delta. The default (host memory) refuses: the host path decodes on
+  // the host.
+  virtual Result<std::optional<SparseRefusal>> decode_sparse(std::span<const SparsePlaneJob> jobs,
+                                                             std::span<uint8_t> positions);
+  // Step 2, after a decode that refused nothing: every job's entries written through its layout, the old
+  // bytes saved to its undo first (and kept checksum sums updated), all jobs in one pass. Asynchronous.
+  virtual Status scatter_sparse(std::span<const SparsePlaneJob> jobs, std::span<const uint8_t> positions);
+  // Whether `bytes` lies in page-locked host memory this memory can upload from without staging.
+  virtual bool host_pinned(std::span<const uint8_t> bytes) const;
   // Every job's checksum, in one batch (the CUDA memory hashes all tensors at once).
   virtual Status checksums(std::span<const ChecksumJob> jobs) = 0;
   // Full writes of several tensors (write_plane of both planes) and each one's checksum. The default writes

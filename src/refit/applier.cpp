@@ -8,10 +8,15 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <new>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
+
+#include "refit/index_codec.h"
 
 namespace mxq::refit {
 namespace {
@@ -24,7 +29,8 @@ double ms_since(Clock::time_point t) {
 }
 
 // Entries of plane p (0 values, 1 scales) of the record's tensor; 0 when its shape has none.
-int64_t plane_entries(const TensorDelta& t, int p) {
+template <class T>
+int64_t plane_entries(const T& t, int p) {
   auto g = tensor_geometry(t.format, t.shape, t.name);
   return g ? (*g)[static_cast<size_t>(p)].entries : 0;
 }
@@ -47,16 +53,37 @@ void parallel_records(size_t n, F&& f) {
 struct UndoStep {
   size_t record = 0;
   bool anchor = false;
-  Plane plane = Plane::kValues;  // sparse only
-  size_t offset = 0;             // first byte of the saved old bytes in the log
+  Plane plane = Plane::kValues;        // sparse only
+  size_t offset = 0;                   // first byte of the saved old bytes in the log
+  std::span<const int32_t> positions;  // the plane's decoded positions in device memory (encoded deltas)
 };
+
+// W-05 policy of a plane's new entries, as the device checks it (model/weight_memory.h).
+NewBytePolicy policy_of(Format format, Plane plane) {
+  if (plane == Plane::kScales)
+    return traits(format).scale == ScaleKind::kE8M0 ? NewBytePolicy::kE8M0 : NewBytePolicy::kF32Scale;
+  switch (format) {
+    case Format::kMXFP8:
+    case Format::kFP8_B128:
+      return NewBytePolicy::kE4M3;
+    case Format::kBF16:
+      return NewBytePolicy::kBF16;
+    case Format::kF16:
+      return NewBytePolicy::kF16;
+    case Format::kF32:
+      return NewBytePolicy::kF32;
+    default:
+      return NewBytePolicy::kNone;
+  }
+}
 
 // Where each record's old bytes go in the log, laid out in record order: an anchor's values then scales
 // planes, a sparse record's old value entries then old scale entries.
-std::vector<size_t> undo_offsets(const Delta& delta) {
+template <class D>
+std::vector<size_t> undo_offsets(const D& delta) {
   std::vector<size_t> at;
   size_t next = 0;
-  for (const TensorDelta& t : delta.tensors) {
+  for (const auto& t : delta.tensors) {
     at.push_back(next);
     next += t.values.bytes.size() + t.scales.bytes.size();
   }
@@ -64,18 +91,32 @@ std::vector<size_t> undo_offsets(const Delta& delta) {
   return at;
 }
 
+// D: Delta (decoded; host or device store) or DeltaView (index sets in their wire encoding; device store).
+template <class D>
 class Applier {
+  static constexpr bool kDecoded = std::is_same_v<D, Delta>;
+
  public:
-  Applier(WeightStore& store, const Delta& delta, const ApplyOptions& options)
+  Applier(WeightStore& store, const D& delta, const ApplyOptions& options)
       : store_(store), delta_(delta), options_(options), offsets_(undo_offsets(delta)) {}
 
   Status run(uint64_t& live_version) {
     if (auto s = store_.servable(); !s)
       return fail("delta {} -> {} refused: {}", from(), to(), s.error().message);
     const auto t0 = Clock::now();
-    if (auto s = validate_delta(delta_, tensor_table(store_), live_version); !s) return s;
-    if (options_.timings) *options_.timings = {ms_since(t0), 0, 0, 0};
-    if (store_.on_device()) return run_on_device(live_version);
+    if constexpr (!kDecoded) {
+      if (auto s = validate_delta_view(delta_, tensor_table(store_), live_version); !s) return s;
+      if (options_.timings) *options_.timings = {ms_since(t0), 0, 0, 0};
+      return run_encoded_on_device(live_version);
+    } else {
+      if (auto s = validate_delta(delta_, tensor_table(store_), live_version); !s) return s;
+      if (options_.timings) *options_.timings = {ms_since(t0), 0, 0, 0};
+      return store_.on_device() ? run_on_device(live_version) : run_on_host(live_version);
+    }
+  }
+
+  // A store in host memory: record by record, each written and verified before the next.
+  Status run_on_host(uint64_t& live_version) {
     const size_t log_bytes = offsets_.back();
     log_ = options_.allocate_undo ? options_.allocate_undo(log_bytes)
                                   : std::unique_ptr<uint8_t[]>(new (std::nothrow) uint8_t[log_bytes]);
@@ -203,7 +244,7 @@ class Applier {
       if (auto s = store_.read_canonical(t.name, mxq::Plane::kScales, old_scales); !s)
         return roll_back(k, last, s.error().message);
       // note: the step is recorded before the write: restoring bytes that were never overwritten is harmless.
-      steps_.push_back({k, true, Plane::kValues, offsets_[k]});
+      steps_.push_back({k, true, Plane::kValues, offsets_[k], {}});
       anchors.push_back({t.name, dev[k][0].bytes, dev[k][1].bytes});
     }
     if (!anchors.empty())
@@ -217,7 +258,7 @@ class Applier {
       for (Plane p : {Plane::kValues, Plane::kScales}) {
         const DevicePlaneDelta& d = dev[k][p == Plane::kValues ? 0 : 1];
         if (d.count == 0) continue;
-        steps_.push_back({k, false, p, log_at});
+        steps_.push_back({k, false, p, log_at, {}});
         const auto undo_span = log(log_at, d.bytes.size());
         const int eb = entry_bytes(t.format, p);
         if (auto s = d.narrow.empty()
@@ -233,11 +274,229 @@ class Applier {
       if (auto s = store_.sync(); !s) return roll_back(0, last, s.error().message);
       options_.timings->write = ms_since(t_write);
     }
+    return verify_on_device(live_version, sparse);
+  }
+
+  // The device path for a delta whose index sets stay in their wire encoding (docs/refit-format.md "Device
+  // path"): the host checks the records (chain, coverage, shapes: O(records)) and turns runs into run
+  // tables (O(runs)); the encoded index bytes and new bytes go to the device as they are (one upload of the
+  // body when it already sits in pinned memory, else one pass packing them into pinned staging); the device
+  // decodes them to int32 positions and checks every index and new entry, and one read of its error word
+  // decides before the first write. A refusal is worded on the host by decoding that record
+  // (check_tensor_view), as the host path words it.
+  Status run_encoded_on_device(uint64_t& live_version) {
+    if (delta_.tensors.empty()) {
+      live_version = delta_.new_version;
+      return {};
+    }
+    const auto t_stage = Clock::now();
+    WeightMemory& mem = store_.memory();
+    const size_t n = delta_.tensors.size();
+    std::vector<std::array<std::vector<int32_t>, 2>> run_tables(n);
+    std::vector<Status> run_status(n);
+    // note: anchors' new bytes are checked here on the host (in place, all cores); sparse planes' on the
+    // device.
+    parallel_records(n, [&](size_t k) {
+      const auto& t = delta_.tensors[k];
+      if (t.anchor) run_status[k] = check_tensor_view(t);
+      for (int p = 0; p < 2 && !t.anchor; ++p) {
+        const PlaneView& v = p == 0 ? t.values : t.scales;
+        if (v.encoding != static_cast<uint8_t>(IndexEncoding::kRuns)) continue;
+        auto table = decode_run_table(v.index, v.count, plane_entries(t, p));
+        if (!table) {
+          run_status[k] = fail("{} {}: {}", t.name, p == 0 ? "values" : "scales", table.error().message);
+          return;
+        }
+        run_tables[k][static_cast<size_t>(p)] = std::move(*table);
+      }
+    });
+    for (Status& st : run_status)
+      if (!st) return st;
+    const size_t log_bytes = offsets_.back();
+    auto undo_scratch = mem.allocate_scratch(log_bytes);
+    if (!undo_scratch)
+      return fail(
+          "delta {} -> {}: undo log of {} bytes could not be allocated in {} memory ({}); nothing "
+          "written (W-26)",
+          from(), to(), log_bytes, mem.name(), undo_scratch.error().message);
+    Scratch log_guard{mem, *undo_scratch};
+    device_log_ = undo_scratch->data();
+    // The device image: [the body, when pinned | packed: run tables, and (body not pinned) every index set,
+    // new bytes and anchor plane], each packed segment 16-byte aligned.
+    const auto up16 = [](size_t n) { return (n + 15) / 16 * 16; };
+    const std::span<const uint8_t> body = delta_.body;
+    const bool zero_copy = mem.host_pinned(body);
+    struct Segment {
+      size_t index_at = 0, bytes_at = 0;
+    };
+    std::vector<std::array<Segment, 2>> seg(n);
+    const size_t body_part = zero_copy ? up16(body.size()) : 0;
+    size_t packed = 0, entries = 0;
+    for (size_t k = 0; k < n; ++k) {
+      const auto& t = delta_.tensors[k];
+      for (int p = 0; p < 2; ++p) {
+        const PlaneView& v = p == 0 ? t.values : t.scales;
+        Segment& sg = seg[k][static_cast<size_t>(p)];
+        const auto& runs = run_tables[k][static_cast<size_t>(p)];
+        entries += t.anchor ? 0 : static_cast<size_t>(v.count);
+        if (!runs.empty()) {
+          sg.index_at = body_part + packed, packed += up16(runs.size() * 4);
+        } else if (zero_copy) {
+          sg.index_at = static_cast<size_t>(v.index.data() - body.data());
+        } else {
+          sg.index_at = body_part + packed, packed += up16(v.index.size());
+        }
+        if (zero_copy) {
+          sg.bytes_at = v.bytes.empty() ? 0 : static_cast<size_t>(v.bytes.data() - body.data());
+        } else {
+          sg.bytes_at = body_part + packed, packed += up16(v.bytes.size());
+        }
+      }
+    }
+    const size_t image_bytes = body_part + packed;
+    auto image = mem.allocate_scratch(image_bytes);
+    if (!image)
+      return fail(
+          "delta {} -> {}: {} bytes of delta could not be placed in {} memory ({}); nothing written (W-26)",
+          from(), to(), image_bytes, mem.name(), image.error().message);
+    Scratch image_guard{mem, *image};
+    auto positions = mem.allocate_scratch(entries * 4);
+    if (!positions)
+      return fail(
+          "delta {} -> {}: {} decoded positions could not be placed in {} memory ({}); nothing "
+          "written (W-26)",
+          from(), to(), entries, mem.name(), positions.error().message);
+    Scratch positions_guard{mem, *positions};
+    // note: a zero-copy body may itself sit in the pinned staging (apply_delta_files), so its small pack (run
+    // tables) goes through pageable memory; no pinned memory to be had: pageable too, same bytes.
+    std::span<uint8_t> host = packed && !zero_copy ? mem.host_staging(packed) : std::span<uint8_t>{};
+    std::vector<uint8_t> fallback;
+    if (host.size() < packed) fallback.resize(packed), host = fallback;
+    parallel_records(n, [&](size_t k) {
+      const auto& t = delta_.tensors[k];
+      for (int p = 0; p < 2; ++p) {
+        const PlaneView& v = p == 0 ? t.values : t.scales;
+        const Segment& sg = seg[k][static_cast<size_t>(p)];
+        const auto& runs = run_tables[k][static_cast<size_t>(p)];
+        if (!runs.empty())
+          std::memcpy(host.data() + sg.index_at - body_part, runs.data(), runs.size() * 4);
+        else if (!zero_copy && !v.index.empty())
+          std::memcpy(host.data() + sg.index_at - body_part, v.index.data(), v.index.size());
+        if (!zero_copy && !v.bytes.empty())
+          std::memcpy(host.data() + sg.bytes_at - body_part, v.bytes.data(), v.bytes.size());
+      }
+    });
+    if (options_.timings) options_.timings->stage = ms_since(t_stage);
+    const auto t_upload = Clock::now();
+    if (zero_copy)
+      if (auto s = mem.upload(body, image->first(body.size())); !s) return s;
+    if (packed)
+      if (auto s = mem.upload(host.first(packed), image->subspan(body_part, packed)); !s) return s;
+    if (options_.timings) {
+      if (auto s = mem.sync(); !s) return s;
+      options_.timings->upload = ms_since(t_upload);
+    }
+    // Jobs: every sparse plane that carries entries or index bytes, in record order.
+    const auto t_decode = Clock::now();
+    std::vector<SparsePlaneJob> jobs;
+    std::vector<std::string> whats;
+    std::vector<size_t> job_record;
+    whats.reserve(2 * n);
+    size_t at = 0;
+    for (size_t k = 0; k < n; ++k) {
+      const auto& t = delta_.tensors[k];
+      if (t.anchor) continue;
+      size_t log_at = offsets_[k];
+      for (int p = 0; p < 2; ++p) {
+        const PlaneView& v = p == 0 ? t.values : t.scales;
+        const Plane plane = p == 0 ? Plane::kValues : Plane::kScales;
+        // note: an empty gaps or runs set is no work; a bitmap must still have its length checked.
+        if (v.count == 0 && v.index.empty() && v.encoding != static_cast<uint8_t>(IndexEncoding::kBitmap))
+          continue;
+        if (p == 1 && !is_quantized(t.format)) continue;
+        const Segment& sg = seg[k][static_cast<size_t>(p)];
+        const auto& runs = run_tables[k][static_cast<size_t>(p)];
+        const QTensor& live = store_.at(t.name);
+        SparsePlaneJob j;
+        whats.push_back(fmt::format("{} {}", t.name, p == 0 ? "values" : "scales"));
+        j.what = whats.back();
+        j.layout = &live.layout.plane(store_plane(plane));
+        j.native = p == 0 ? live.values : live.scales;
+        j.encoding = v.encoding;
+        j.index = image->subspan(sg.index_at, runs.empty() ? v.index.size() : runs.size() * 4);
+        j.count = v.count;
+        j.entries = plane_entries(t, p);
+        j.entry_bytes = entry_bytes(t.format, plane);
+        j.policy = policy_of(t.format, plane);
+        j.bytes = image->subspan(sg.bytes_at, v.bytes.size());
+        j.undo = log(log_at, v.bytes.size());
+        log_at += v.bytes.size();
+        jobs.push_back(j);
+        job_record.push_back(k);
+        steps_.push_back(
+            {k,
+             false,
+             plane,
+             static_cast<size_t>(j.undo.data() - device_log_),
+             {reinterpret_cast<const int32_t*>(positions->data()) + at, static_cast<size_t>(v.count)}});
+        at += static_cast<size_t>(v.count);
+      }
+    }
+    auto refused = mem.decode_sparse(jobs, *positions);
+    if (!refused) return tl::unexpected(refused.error());
+    if (*refused) {
+      steps_.clear();
+      const size_t k = job_record[(*refused)->job];
+      if (auto s = check_tensor_view(delta_.tensors[k]); !s) return s;
+      return fail(
+          "{}: the device refused entry {} (its index or new bytes), the host finds no fault; nothing "
+          "written",
+          jobs[(*refused)->job].what, (*refused)->position);
+    }
+    if (options_.timings) options_.timings->decode = ms_since(t_decode);
+    if (auto s = hook({ApplyStage::kValidated, 0, {}}); !s) return s;  // nothing written yet
+    const auto t_write = Clock::now();
+    for (const auto& t : delta_.tensors) old_checksums_.push_back(store_.at(t.name).checksum);
+    const size_t last = n - 1;
+    // note: the sparse steps are recorded above; anchors' steps go first in the log of undo order.
+    std::vector<UndoStep> sparse_steps = std::move(steps_);
+    steps_.clear();
+    std::vector<TensorWrite> anchors;
+    for (size_t k = 0; k < n; ++k) {
+      const auto& t = delta_.tensors[k];
+      if (!t.anchor) continue;
+      const auto old_values = log(offsets_[k], t.values.bytes.size());
+      const auto old_scales = log(offsets_[k] + old_values.size(), t.scales.bytes.size());
+      if (auto s = store_.read_canonical(t.name, mxq::Plane::kValues, old_values); !s)
+        return roll_back(k, last, s.error().message);
+      if (auto s = store_.read_canonical(t.name, mxq::Plane::kScales, old_scales); !s)
+        return roll_back(k, last, s.error().message);
+      steps_.push_back({k, true, Plane::kValues, offsets_[k], {}});
+      anchors.push_back({t.name, image->subspan(seg[k][0].bytes_at, t.values.bytes.size()),
+                         image->subspan(seg[k][1].bytes_at, t.scales.bytes.size())});
+    }
+    if (!anchors.empty())
+      if (auto s = store_.apply_tensors(anchors); !s) return roll_back(0, last, s.error().message);
+    steps_.insert(steps_.end(), sparse_steps.begin(), sparse_steps.end());
+    if (auto s = mem.scatter_sparse(jobs, *positions); !s) return roll_back(0, last, s.error().message);
+    std::vector<std::string_view> sparse;
+    for (const auto& t : delta_.tensors)
+      if (!t.anchor) sparse.push_back(t.name);
+    if (options_.timings) {
+      if (auto s = store_.sync(); !s) return roll_back(0, last, s.error().message);
+      options_.timings->write = ms_since(t_write);
+    }
+    return verify_on_device(live_version, sparse);
+  }
+
+  // Every touched tensor's checksum in one device batch, then the comparisons and hooks in record order.
+  Status verify_on_device(uint64_t& live_version, std::span<const std::string_view> sparse) {
+    const size_t last = delta_.tensors.size() - 1;
     const auto t_sum = Clock::now();
     if (auto s = store_.refresh_checksums(sparse); !s) return roll_back(0, last, s.error().message);
     const auto n = static_cast<int64_t>(delta_.tensors.size());
     for (size_t k = 0; k < delta_.tensors.size(); ++k) {
-      const TensorDelta& t = delta_.tensors[k];
+      const auto& t = delta_.tensors[k];
       if (auto s = hook({ApplyStage::kTensorWritten, k, t.name}); !s)
         return roll_back(k, last, s.error().message);
       const uint64_t sum = store_.at(t.name).checksum;
@@ -280,7 +539,7 @@ class Applier {
       if (auto s = store_.read_canonical(t.name, mxq::Plane::kValues, old_values); !s) return s;
       if (auto s = store_.read_canonical(t.name, mxq::Plane::kScales, old_scales); !s) return s;
       if (auto s = store_.apply_tensor(t.name, t.values.bytes, t.scales.bytes); !s) return s;
-      steps_.push_back({k, true, Plane::kValues, at});
+      steps_.push_back({k, true, Plane::kValues, at, {}});
     } else {
       for (Plane p : {Plane::kValues, Plane::kScales}) {
         const PlaneDelta& d = p == Plane::kValues ? t.values : t.scales;
@@ -289,7 +548,7 @@ class Applier {
                                          log(at, d.bytes.size()));
             !s)
           return s;
-        steps_.push_back({k, false, p, at});
+        steps_.push_back({k, false, p, at, {}});
         at += d.bytes.size();
       }
     }
@@ -317,7 +576,7 @@ class Applier {
     const std::string reason = fmt::format("delta {} -> {}, tensor {} of {} {}: {}", from(), to(), k + 1,
                                            delta_.tensors.size(), delta_.tensors[k].name, why);
     for (auto step = steps_.rbegin(); step != steps_.rend(); ++step) {
-      const TensorDelta& t = delta_.tensors[step->record];
+      const auto& t = delta_.tensors[step->record];
       Status fault = hook({ApplyStage::kUndoStep, step->record, t.name});
       for (int attempt = 1; attempt < kUndoAttempts && !fault; ++attempt)
         fault = hook({ApplyStage::kUndoStep, step->record, t.name});
@@ -339,13 +598,18 @@ class Applier {
   // note: a sparse undo writes the saved entries back at the same canonical indices, so the layout sends
   // them to the very native bytes they came from; an anchor's saved planes are canonical and go back whole.
   Status undo(const UndoStep& step) {
-    const TensorDelta& t = delta_.tensors[step.record];
+    const auto& t = delta_.tensors[step.record];
     if (step.anchor)
       return store_.apply_tensor(t.name, log(step.offset, t.values.bytes.size()),
                                  log(step.offset + t.values.bytes.size(), t.scales.bytes.size()));
-    const PlaneDelta& d = step.plane == Plane::kValues ? t.values : t.scales;
-    return store_.apply_sparse(t.name, store_plane(step.plane), d.indices, entry_bytes(t.format, step.plane),
-                               log(step.offset, d.bytes.size()));
+    const auto& d = step.plane == Plane::kValues ? t.values : t.scales;
+    if (!step.positions.empty())
+      return store_.apply_sparse(t.name, store_plane(step.plane), step.positions,
+                                 entry_bytes(t.format, step.plane), log(step.offset, d.bytes.size()));
+    if constexpr (kDecoded)
+      return store_.apply_sparse(t.name, store_plane(step.plane), d.indices,
+                                 entry_bytes(t.format, step.plane), log(step.offset, d.bytes.size()));
+    return {};
   }
 
   Status give_up(const std::string& reason, const std::string& undo_error) {
@@ -355,7 +619,7 @@ class Applier {
   }
 
   WeightStore& store_;
-  const Delta& delta_;
+  const D& delta_;
   const ApplyOptions& options_;
   const std::vector<size_t> offsets_;
   std::unique_ptr<uint8_t[]> log_;
@@ -390,15 +654,39 @@ uint64_t undo_log_bytes(const Delta& delta) { return undo_offsets(delta).back();
 
 Status apply_delta(WeightStore& store, uint64_t& live_version, const Delta& delta,
                    const ApplyOptions& options) {
-  return Applier(store, delta, options).run(live_version);
+  return Applier<Delta>(store, delta, options).run(live_version);
+}
+
+// note: a host store, or a plane too large for int32 positions, takes the decoded path (the host decodes
+// every index set, then applies as above).
+Status apply_delta(WeightStore& store, uint64_t& live_version, const DeltaView& delta,
+                   const ApplyOptions& options) {
+  bool encoded = store.on_device();
+  for (const TensorView& t : delta.tensors)
+    for (int p = 0; p < 2 && encoded; ++p) encoded = plane_entries(t, p) <= INT32_MAX;
+  if (encoded) return Applier<DeltaView>(store, delta, options).run(live_version);
+  auto decoded = decode_delta_view(delta);
+  if (!decoded) return tl::unexpected(decoded.error());
+  return apply_delta(store, live_version, *decoded, options);
 }
 
 Status apply_delta_files(WeightStore& store, uint64_t& live_version, std::span<const std::string> paths,
                          const ApplyOptions& options) {
   for (const std::string& path : paths) {
-    auto delta = read_delta_file(path);
-    if (!delta) return tl::unexpected(delta.error());  // already names the file
-    if (auto s = apply_delta(store, live_version, *delta, options); !s) return fail_in(path, s.error());
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return fail("{}: cannot open", path);
+    const std::vector<uint8_t> file((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    auto size = body_size(file);
+    if (!size) return fail_in(path, size.error());
+    // note: a device store decompresses into its pinned staging, so the body uploads without a copy.
+    std::vector<uint8_t> pageable;
+    std::span<uint8_t> body;
+    if (store.on_device()) body = store.memory().host_staging(static_cast<size_t>(*size));
+    if (body.size() < *size) pageable.resize(static_cast<size_t>(*size)), body = pageable;
+    if (auto s = decompress_body(file, body); !s) return fail_in(path, s.error());
+    auto view = parse_delta_view(body);
+    if (!view) return fail_in(path, view.error());
+    if (auto s = apply_delta(store, live_version, *view, options); !s) return fail_in(path, s.error());
   }
   return {};
 }

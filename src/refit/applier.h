@@ -51,6 +51,9 @@ inline constexpr int kUndoAttempts = 3;
 struct ApplyTimings {
   double validate = 0;  // validate_delta (host, all cores)
   double stage = 0;     // device path: packing indices (int32 where they fit) and new bytes, one upload
+                        // (encoded path: run tables and the pack into pinned staging, when needed)
+  double upload = 0;    // encoded path: the host-to-device copy of the body or the packed bytes
+  double decode = 0;    // encoded path: device decode + checks of every index set and new entry
   double write = 0;     // undo capture, anchor writes, sparse scatters
   double checksum = 0;  // every touched tensor's checksum (device path: one batch) and the comparison
 };
@@ -74,6 +77,12 @@ uint64_t undo_log_bytes(const Delta& delta);
 // an undo log that cannot be allocated (W-26). After the first write a checksum mismatch (W-06, W-09) or a
 // fault restores every byte and reports "tensor k of n NAME: why".
 Status apply_delta(WeightStore& store, uint64_t& live_version, const Delta& delta,
+                   const ApplyOptions& options = {});
+
+// The same for a delta read up to its encoded index sets (parse_delta_view): a device store decodes and
+// checks them on the device (docs/refit-format.md "Device path"), a host store decodes them first.
+// Refusals are those of apply_delta on decode_delta_view(delta), worded the same way, before any write.
+Status apply_delta(WeightStore& store, uint64_t& live_version, const DeltaView& delta,
                    const ApplyOptions& options = {});
 
 // `mxq generate --apply-delta`: reads and applies each delta file in order; the first failure stops the

@@ -160,20 +160,31 @@ size_t indices_scan(std::span<const int64_t> idx, int64_t entries) {
   return idx.size();
 }
 
+// One plane of a record: `indices` (empty for an anchor) and its new bytes.
+struct PlaneSpans {
+  std::span<const int64_t> indices;
+  std::span<const uint8_t> bytes;
+};
+
+// note: the anchor check reads spans, so an undecoded view's anchors are checked in place (no copy).
+Status check_anchor_plane(Format format, const std::vector<int64_t>& shape, Plane plane, PlaneSpans p,
+                          const PlaneGeometry& g) {
+  const int w = entry_bytes(format, plane);
+  if (!p.indices.empty())
+    return fail("anchor {} carry {} indices, expected none", plane_name(plane), p.indices.size());
+  if (static_cast<int64_t>(p.bytes.size()) != g.bytes)
+    return fail("anchor {} plane of {} bytes, expected {} for {} [{}] (W-08)", plane_name(plane),
+                p.bytes.size(), g.bytes, traits(format).name, fmt::join(shape, ", "));
+  for (auto i = static_cast<int64_t>(entries_scan(format, plane, p.bytes.data(), p.bytes.size()));
+       i < g.entries; ++i)
+    if (auto s = check_entry(format, plane, p.bytes.data() + i * w, i); !s) return s;
+  return {};
+}
+
 Status check_plane(const TensorDelta& t, Plane plane, const PlaneGeometry& g) {
   const PlaneDelta& p = plane == Plane::kValues ? t.values : t.scales;
   const int w = entry_bytes(t.format, plane);
-  if (t.anchor) {
-    if (!p.indices.empty())
-      return fail("anchor {} carry {} indices, expected none", plane_name(plane), p.indices.size());
-    if (static_cast<int64_t>(p.bytes.size()) != g.bytes)
-      return fail("anchor {} plane of {} bytes, expected {} for {} [{}] (W-08)", plane_name(plane),
-                  p.bytes.size(), g.bytes, traits(t.format).name, fmt::join(t.shape, ", "));
-    for (auto i = static_cast<int64_t>(entries_scan(t.format, plane, p.bytes.data(), p.bytes.size()));
-         i < g.entries; ++i)
-      if (auto s = check_entry(t.format, plane, p.bytes.data() + i * w, i); !s) return s;
-    return {};
-  }
+  if (t.anchor) return check_anchor_plane(t.format, t.shape, plane, {p.indices, p.bytes}, g);
   if (indices_scan(p.indices, g.entries) < p.indices.size())
     if (auto s = check_indices(p.indices, g.entries); !s)
       return fail("{}: {}", plane_name(plane), s.error().message);
@@ -323,11 +334,13 @@ Status write_delta_file(const Delta& delta, const std::filesystem::path& path, i
 // ---------------------------------------------------------------------------------------------------
 namespace {
 
-Result<PlaneDelta> read_plane(Cursor& c, const TensorDelta& t, Plane plane, const PlaneGeometry& g) {
-  PlaneDelta p;
+// note: the view keeps the index set encoded; the new bytes must be present before anything is decoded,
+// which bounds every later allocation by the body.
+Result<PlaneView> read_plane_view(Cursor& c, const TensorView& t, Plane plane, const PlaneGeometry& g) {
+  PlaneView p;
   if (t.anchor) {
     MXQ_TRY_ASSIGN(bytes, c.take(static_cast<uint64_t>(g.bytes), "anchor plane"));
-    p.bytes.assign(bytes.begin(), bytes.end());
+    p.bytes = bytes;
     return p;
   }
   MXQ_TRY_ASSIGN(enc, c.get<uint8_t>("index encoding"));
@@ -337,21 +350,30 @@ Result<PlaneDelta> read_plane(Cursor& c, const TensorDelta& t, Plane plane, cons
   MXQ_TRY_ASSIGN(index_bytes, c.get<uint64_t>("index byte count"));
   MXQ_TRY_ASSIGN(index_data, c.take(index_bytes, "index data"));
   const uint64_t w = static_cast<uint64_t>(entry_bytes(t.format, plane));
-  // note: the new bytes must be present before any index is decoded, which bounds every allocation by the
-  // body.
   if (count > static_cast<uint64_t>(g.entries) || count * w > c.left())
     return fail("{} changed entries of {} bytes: the plane has {} entries and {} body bytes are left (W-03)",
                 count, w, g.entries, c.left());
-  MXQ_TRY_ASSIGN(indices, decode_indices(static_cast<IndexEncoding>(enc), index_data,
-                                         static_cast<int64_t>(count), g.entries));
-  p.indices = std::move(indices);
+  p.encoding = enc;
+  p.count = static_cast<int64_t>(count);
+  p.index = index_data;
   MXQ_TRY_ASSIGN(bytes, c.take(count * w, "new bytes"));
-  p.bytes.assign(bytes.begin(), bytes.end());
+  p.bytes = bytes;
   return p;
 }
 
-Result<TensorDelta> read_tensor(Cursor& c) {
-  TensorDelta t;
+Result<PlaneDelta> decode_plane_view(const PlaneView& v, bool anchor, int64_t entries) {
+  PlaneDelta p;
+  if (!anchor) {
+    MXQ_TRY_ASSIGN(indices,
+                   decode_indices(static_cast<IndexEncoding>(v.encoding), v.index, v.count, entries));
+    p.indices = std::move(indices);
+  }
+  p.bytes.assign(v.bytes.begin(), v.bytes.end());
+  return p;
+}
+
+Result<TensorView> read_tensor_view(Cursor& c) {
+  TensorView t;
   MXQ_TRY_ASSIGN(name_len, c.get<uint16_t>("name length"));
   MXQ_TRY_ASSIGN(name, c.take(name_len, "name"));
   t.name.assign(name.begin(), name.end());
@@ -379,19 +401,33 @@ Result<TensorDelta> read_tensor(Cursor& c) {
   t.anchor = kind == kKindAnchor;
   MXQ_TRY_ASSIGN(checksum, c.get<uint64_t>("checksum"));
   t.checksum = checksum;
-  auto values = read_plane(c, t, Plane::kValues, g[0]);
+  auto values = read_plane_view(c, t, Plane::kValues, g[0]);
   if (!values) return fail_in(t.name + " values", values.error());
-  t.values = std::move(*values);
+  t.values = *values;
   if (is_quantized(t.format)) {
-    auto scales = read_plane(c, t, Plane::kScales, g[1]);
+    auto scales = read_plane_view(c, t, Plane::kScales, g[1]);
     if (!scales) return fail_in(t.name + " scales", scales.error());
-    t.scales = std::move(*scales);
+    t.scales = *scales;
   }
   return t;
 }
 
 }  // namespace
 
+Result<TensorDelta> decode_tensor_view(const TensorView& v) {
+  MXQ_TRY_ASSIGN(g, tensor_geometry(v.format, v.shape, v.name));
+  TensorDelta t{v.name, v.format, v.shape, v.anchor, v.checksum, {}, {}};
+  auto values = decode_plane_view(v.values, v.anchor, g[0].entries);
+  if (!values) return fail_in(v.name + " values", values.error());
+  t.values = std::move(*values);
+  if (!is_quantized(v.format)) return t;
+  auto scales = decode_plane_view(v.scales, v.anchor, g[1].entries);
+  if (!scales) return fail_in(v.name + " scales", scales.error());
+  t.scales = std::move(*scales);
+  return t;
+}
+
+// note: a record is decoded as soon as it is read, so the first refusal in body order is the one reported.
 Result<Delta> decode_delta_body(std::span<const uint8_t> body) {
   Cursor c(body);
   Delta d;
@@ -401,7 +437,9 @@ Result<Delta> decode_delta_body(std::span<const uint8_t> body) {
   d.base_version = base;
   d.new_version = next;
   for (uint32_t i = 0; i < count; ++i) {
-    auto t = read_tensor(c);
+    auto v = read_tensor_view(c);
+    if (!v) return fail("record {} of {}: {}", i, count, v.error().message);
+    auto t = decode_tensor_view(*v);
     if (!t) return fail("record {} of {}: {}", i, count, t.error().message);
     d.tensors.push_back(std::move(*t));
   }
@@ -409,18 +447,43 @@ Result<Delta> decode_delta_body(std::span<const uint8_t> body) {
   return d;
 }
 
-// The header is checked before the frame is touched, and the frame's declared content size against the header
-// before the body is allocated: a forged size costs nothing beyond `limits.max_body_bytes`.
-Result<Delta> read_delta(std::span<const uint8_t> file, const ReadLimits& limits) {
+Result<DeltaView> parse_delta_view(std::span<const uint8_t> body) {
+  Cursor c(body);
+  DeltaView d;
+  d.body = body;
+  MXQ_TRY_ASSIGN(base, c.get<uint64_t>("base version"));
+  MXQ_TRY_ASSIGN(next, c.get<uint64_t>("new version"));
+  MXQ_TRY_ASSIGN(count, c.get<uint32_t>("tensor count"));
+  d.base_version = base;
+  d.new_version = next;
+  for (uint32_t i = 0; i < count; ++i) {
+    auto t = read_tensor_view(c);
+    if (!t) return fail("record {} of {}: {}", i, count, t.error().message);
+    d.tensors.push_back(std::move(*t));
+  }
+  if (c.left()) return fail("{} bytes after the last of {} records", c.left(), count);
+  return d;
+}
+
+Result<Delta> decode_delta_view(const DeltaView& view) {
+  Delta d{view.base_version, view.new_version, {}};
+  for (size_t i = 0; i < view.tensors.size(); ++i) {
+    auto t = decode_tensor_view(view.tensors[i]);
+    if (!t) return fail("record {} of {}: {}", i, view.tensors.size(), t.error().message);
+    d.tensors.push_back(std::move(*t));
+  }
+  return d;
+}
+
+Result<uint64_t> body_size(std::span<const uint8_t> file, const ReadLimits& limits) {
   if (file.size() < kFileHeaderBytes)
     return fail("{} bytes, shorter than the {}-byte delta header", file.size(), kFileHeaderBytes);
   if (std::memcmp(file.data(), kDeltaMagic, 8) != 0) return fail("not an mxq delta (bad magic)");
   uint32_t version, flags;
-  uint64_t body_bytes, body_hash;
+  uint64_t body_bytes;
   std::memcpy(&version, file.data() + 8, 4);
   std::memcpy(&flags, file.data() + 12, 4);
   std::memcpy(&body_bytes, file.data() + 16, 8);
-  std::memcpy(&body_hash, file.data() + 24, 8);
   if (version != kWireVersion) return fail("wire version {}, this reader speaks {}", version, kWireVersion);
   if (flags != 0) return fail("flags 0x{:08X}, expected 0", flags);
   if (body_bytes > limits.max_body_bytes)
@@ -432,11 +495,29 @@ Result<Delta> read_delta(std::span<const uint8_t> file, const ReadLimits& limits
   const unsigned long long content = ZSTD_getFrameContentSize(frame.data(), frame.size());
   if (content != body_bytes)
     return fail("zstd frame declares {} content bytes, header says {}", content, body_bytes);
-  std::vector<uint8_t> body(static_cast<size_t>(body_bytes));
+  return body_bytes;
+}
+
+Status decompress_body(std::span<const uint8_t> file, std::span<uint8_t> body) {
+  MXQ_TRY_ASSIGN(body_bytes, body_size(file));
+  if (body.size() != body_bytes)
+    return fail("body buffer of {} bytes for a body of {}", body.size(), body_bytes);
+  uint64_t body_hash;
+  std::memcpy(&body_hash, file.data() + 24, 8);
+  const auto frame = file.subspan(kFileHeaderBytes);
   const size_t got = ZSTD_decompress(body.data(), body.size(), frame.data(), frame.size());
   if (ZSTD_isError(got) || got != body.size())
     return fail("zstd body does not decompress to {} bytes", body_bytes);
   if (XXH3_64bits(body.data(), body.size()) != body_hash) return fail("body XXH3-64 differs from the header");
+  return {};
+}
+
+// The header is checked before the frame is touched, and the frame's declared content size against the header
+// before the body is allocated: a forged size costs nothing beyond `limits.max_body_bytes`.
+Result<Delta> read_delta(std::span<const uint8_t> file, const ReadLimits& limits) {
+  MXQ_TRY_ASSIGN(body_bytes, body_size(file, limits));
+  std::vector<uint8_t> body(static_cast<size_t>(body_bytes));
+  if (auto s = decompress_body(file, body); !s) return tl::unexpected(s.error());
   return decode_delta_body(body);
 }
 
@@ -463,10 +544,13 @@ std::string CoverageReport::summary() const {
                      missing.size(), list(missing), duplicated.size(), list(duplicated));
 }
 
-CoverageReport coverage(const Delta& delta, const TensorTable& table) {
+namespace {
+
+template <class D>
+CoverageReport coverage_of(const D& delta, const TensorTable& table) {
   CoverageReport r;
   std::map<std::string_view, int> seen;
-  for (const TensorDelta& t : delta.tensors)
+  for (const auto& t : delta.tensors)
     if (++seen[t.name] == 2) r.duplicated.push_back(t.name);
   for (const auto& [name, n] : seen)
     if (!table.count(name)) r.unknown.emplace_back(name);
@@ -477,7 +561,8 @@ CoverageReport coverage(const Delta& delta, const TensorTable& table) {
 
 // note: the chain rule goes first: a delta for another version is reported as such, not as the coverage or
 // type mismatches that a model from another version would also show.
-Status validate_delta(const Delta& delta, const TensorTable& table, uint64_t live_version) {
+template <class D>
+Status validate_records(const D& delta, const TensorTable& table, uint64_t live_version) {
   if (delta.new_version == live_version && delta.base_version != live_version)
     return fail("delta {} -> {} is already applied: live version is {} (W-12)", delta.base_version,
                 delta.new_version, live_version);
@@ -487,16 +572,25 @@ Status validate_delta(const Delta& delta, const TensorTable& table, uint64_t liv
   if (delta.new_version <= delta.base_version)
     return fail("delta new version {} does not exceed its base version {} (W-12)", delta.new_version,
                 delta.base_version);
-  if (CoverageReport r = coverage(delta, table); !r.complete())
+  if (CoverageReport r = coverage_of(delta, table); !r.complete())
     return fail("delta {} -> {} does not cover the model's {} tensors exactly: {} (W-07)", delta.base_version,
                 delta.new_version, table.size(), r.summary());
-  for (const TensorDelta& t : delta.tensors) {
+  for (const auto& t : delta.tensors) {
     const TensorSpec& spec = table.find(t.name)->second;
     if (t.format != spec.format || t.shape != spec.shape)
       return fail("{}: delta record is {} [{}], the live tensor is {} [{}] (W-08)", t.name,
                   traits(t.format).name, fmt::join(t.shape, ", "), traits(spec.format).name,
                   fmt::join(spec.shape, ", "));
   }
+  return {};
+}
+
+}  // namespace
+
+CoverageReport coverage(const Delta& delta, const TensorTable& table) { return coverage_of(delta, table); }
+
+Status validate_delta(const Delta& delta, const TensorTable& table, uint64_t live_version) {
+  if (auto s = validate_records(delta, table, live_version); !s) return s;
   // note: the per-entry checks (index order and range, the new-byte policy) dominate for large deltas and
   // are independent per record: all host cores take records in turn; the first failing record in delta
   // order is reported, as a serial scan would.
@@ -517,6 +611,26 @@ Status validate_delta(const Delta& delta, const TensorTable& table, uint64_t liv
   for (Status& s : results)
     if (!s) return s;
   return {};
+}
+
+// note: the parser already checked every count against its plane and the bytes present (W-03 included:
+// the new bytes are count x entry_bytes by construction); a plain tensor has no scales plane to carry.
+Status validate_delta_view(const DeltaView& view, const TensorTable& table, uint64_t live_version) {
+  return validate_records(view, table, live_version);
+}
+
+Status check_tensor_view(const TensorView& t) {
+  if (t.anchor) {
+    MXQ_TRY_ASSIGN(g, tensor_geometry(t.format, t.shape, t.name));
+    if (auto s = check_anchor_plane(t.format, t.shape, Plane::kValues, {{}, t.values.bytes}, g[0]); !s)
+      return fail_in(t.name, s.error());
+    if (!is_quantized(t.format)) return {};
+    if (auto s = check_anchor_plane(t.format, t.shape, Plane::kScales, {{}, t.scales.bytes}, g[1]); !s)
+      return fail_in(t.name, s.error());
+    return {};
+  }
+  MXQ_TRY_ASSIGN(d, decode_tensor_view(t));
+  return check_tensor_delta(d);
 }
 
 #undef MXQ_TRY_ASSIGN

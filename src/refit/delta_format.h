@@ -25,6 +25,7 @@ inline constexpr uint32_t kWireVersion = 1;
 inline constexpr size_t kFileHeaderBytes = 32;
 
 enum class Plane : uint8_t { kValues, kScales };
+using IndexEncodingCode = uint8_t;  // refit::IndexEncoding's wire code
 
 // Changed entries of one canonical plane. An entry is the plane's unit of change: one element for 8/16/32-bit
 // values (a packed byte of two elements for MXFP4), one scale (1 byte E8M0, 4 bytes f32) for scales.
@@ -78,6 +79,39 @@ struct ReadLimits {
 Result<Delta> decode_delta_body(std::span<const uint8_t> body);
 Result<Delta> read_delta(std::span<const uint8_t> file, const ReadLimits& limits = {});
 Result<Delta> read_delta_file(const std::filesystem::path& path, const ReadLimits& limits = {});
+// The header checks of read_delta and the body decompressed into `body` (which must hold the header's body
+// bytes; body_size() says how many). read_delta is decompress_body + decode_delta_body.
+Result<uint64_t> body_size(std::span<const uint8_t> file, const ReadLimits& limits = {});
+Status decompress_body(std::span<const uint8_t> file, std::span<uint8_t> body);
+
+// ---- undecoded view (the device path: docs/refit-format.md "Device path")
+// A delta read up to the index sets, which stay in their wire encoding: every span points into the body,
+// which must outlive the view. Parsing checks everything but the contents of the index data and new bytes
+// (the structure, counts against the plane and against the bytes present), in O(records).
+struct PlaneView {
+  IndexEncodingCode encoding = 0;  // wire code: 0 gaps, 1 bitmap, 2 runs (refit/index_codec.h)
+  int64_t count = 0;               // changed entries (sparse)
+  std::span<const uint8_t> index;  // encoded index set (sparse)
+  std::span<const uint8_t> bytes;  // new bytes: count x entry_bytes, or the whole plane (anchor)
+};
+struct TensorView {
+  std::string name;
+  Format format;
+  std::vector<int64_t> shape;
+  bool anchor = false;
+  uint64_t checksum = 0;
+  PlaneView values, scales;
+};
+struct DeltaView {
+  uint64_t base_version = 0;
+  uint64_t new_version = 0;
+  std::vector<TensorView> tensors;
+  std::span<const uint8_t> body;
+};
+Result<DeltaView> parse_delta_view(std::span<const uint8_t> body);
+// One record decoded (its index sets through decode_indices) / the whole view: what decode_delta_body reads.
+Result<TensorDelta> decode_tensor_view(const TensorView& t);
+Result<Delta> decode_delta_view(const DeltaView& view);
 
 // Internal consistency of one tensor record, with no engine knowledge: supported format, shape, index ranges
 // and order (W-01/02/04), byte counts (W-03), anchor sizes (W-08) and new-byte policy (W-05).
@@ -105,5 +139,11 @@ CoverageReport coverage(const Delta& delta, const TensorTable& table);
 // new > base), exact coverage of the table (W-07), each record's format and shape against the table (W-08)
 // and check_tensor_delta. The first failure comes back as one line naming the tensor.
 Status validate_delta(const Delta& delta, const TensorTable& table, uint64_t live_version);
+
+// validate_delta for a view without the per-entry checks (index contents, new-byte policy), which the
+// device path runs on the device: chain (W-12), coverage (W-07), format and shape (W-08). A record whose
+// per-entry checks fail is worded by check_tensor_view (decode + check_tensor_delta), as the host path would.
+Status validate_delta_view(const DeltaView& view, const TensorTable& table, uint64_t live_version);
+Status check_tensor_view(const TensorView& t);
 
 }  // namespace mxq::refit

@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cassert>
+#include <climits>
 
 namespace mxq::refit {
 namespace {
@@ -211,6 +212,35 @@ Result<std::vector<int64_t>> decode_runs(std::span<const uint8_t> data, int64_t 
 }
 
 }  // namespace
+
+// note: the same checks and messages as decode_runs, without materializing the entries.
+Result<std::vector<int32_t>> decode_run_table(std::span<const uint8_t> data, int64_t count, int64_t entries) {
+  if (count < 0 || count > entries) return fail("{} changed entries in a plane of {}", count, entries);
+  if (entries > INT32_MAX) return fail("run table of a plane of {} entries (at most 2^31 - 1)", entries);
+  std::vector<int32_t> out;
+  VarintReader r(data);
+  int64_t end = 0, covered = 0;
+  while (!r.done()) {
+    auto skip = r.next();
+    if (!skip) return tl::unexpected(skip.error());
+    auto length = r.next();
+    if (!length) return tl::unexpected(length.error());
+    if (covered > 0 && *skip == 0) return fail("run at entry {} touches the previous run", end);
+    if (*length == 0) return fail("empty run after entry {}", end);
+    if (*skip > entries - end || *length > entries - end - *skip)
+      return fail("run of {} after skip {} from entry {} passes the plane end {} (W-01)", *length, *skip, end,
+                  entries);
+    if (*length > count - covered)
+      return fail("runs cover more than the {} changed entries the record says (W-03)", count);
+    out.push_back(static_cast<int32_t>(end + *skip));
+    out.push_back(static_cast<int32_t>(covered));
+    end += *skip + *length;
+    covered += *length;
+  }
+  if (covered != count)
+    return fail("runs cover {} entries, the record says {} changed (W-03)", covered, count);
+  return out;
+}
 
 Result<std::vector<int64_t>> decode_indices(IndexEncoding encoding, std::span<const uint8_t> data,
                                             int64_t count, int64_t entries) {

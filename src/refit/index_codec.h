@@ -42,4 +42,8 @@ void encode_indices(IndexEncoding encoding, std::span<const int64_t> indices, in
 Result<std::vector<int64_t>> decode_indices(IndexEncoding encoding, std::span<const uint8_t> data,
                                             int64_t count, int64_t entries);
 
+// A runs-encoded set as a run table, O(runs): per run, int32 (first entry, its position in the list),
+// refusing what decode_indices refuses. Planes of < 2^31 entries (the device path's int32 positions).
+Result<std::vector<int32_t>> decode_run_table(std::span<const uint8_t> data, int64_t count, int64_t entries);
+
 }  // namespace mxq::refit

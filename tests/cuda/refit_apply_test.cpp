@@ -6,6 +6,8 @@
 // weights.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "layout/probe.h"
 #include "refit/applier.h"
 #include "refit/delta_encoder.h"
+#include "refit/delta_format.h"
 
 namespace mxq::cuda {
 namespace {
@@ -174,23 +177,44 @@ void expect_checksums(const WeightStore& store, const Model& m) {
     EXPECT_EQ(store.at(name).checksum, canonical_checksum(p.values, p.scales)) << name;
 }
 
-// note: both tests run with and without incremental checksums (kept block sums updated by the scatters).
-class CudaRefitModes : public ::testing::TestWithParam<bool> {};
+// The wire path: the delta's body (encode_delta_body), read up to its encoded index sets
+// (parse_delta_view), the index sets decoded and checked on the device. The body lives in `keep`.
+Status apply_wire(WeightStore& store, uint64_t& version, const Delta& d, const refit::ApplyOptions& o,
+                  std::vector<uint8_t>& keep) {
+  auto body = refit::encode_delta_body(d);
+  if (!body) return tl::unexpected(body.error());
+  keep = std::move(*body);
+  auto view = refit::parse_delta_view(keep);
+  if (!view) return tl::unexpected(view.error());
+  return refit::apply_delta(store, version, *view, o);
+}
+
+// note: both tests run with and without incremental checksums (kept block sums updated by the scatters),
+// each through the decoded delta (int32 indices uploaded) and through the wire path (device decode).
+class CudaRefitModes : public ::testing::TestWithParam<std::tuple<bool, bool>> {
+ protected:
+  bool incremental() const { return std::get<0>(GetParam()); }
+  Status apply(WeightStore& store, uint64_t& version, const Delta& d, const refit::ApplyOptions& o = {}) {
+    if (!std::get<1>(GetParam())) return refit::apply_delta(store, version, d, o);
+    return apply_wire(store, version, d, o, body_);
+  }
+  std::vector<uint8_t> body_;
+};
 
 TEST_P(CudaRefitModes, ABAAndChainBitExactAtFixedAddresses) {
   const uint32_t seed = static_cast<uint32_t>(test::fresh_seed());
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const Model a = mutate({}, 1.0, seed), b = mutate(a, 0.05, seed + 1);
-  WeightStore store = make_store(a, SIZE_MAX, GetParam());
+  WeightStore store = make_store(a, SIZE_MAX, incremental());
   const Native start = native(store);
   EXPECT_EQ(canonical(store), a);
   expect_checksums(store, a);
   uint64_t version = 1;
-  ASSERT_TRUE(refit::apply_delta(store, version, make_delta(a, b, 1, 2, false)));
+  ASSERT_TRUE(apply(store, version, make_delta(a, b, 1, 2, false)));
   EXPECT_EQ(version, 2u);
   EXPECT_EQ(canonical(store), b);
   expect_checksums(store, b);
-  ASSERT_TRUE(refit::apply_delta(store, version, make_delta(b, a, 2, 3, false)));
+  ASSERT_TRUE(apply(store, version, make_delta(b, a, 2, 3, false)));
   const Native back = native(store);
   EXPECT_EQ(back.bytes, start.bytes) << "A -> B -> A restores every live byte";
   EXPECT_EQ(back.at, start.at);
@@ -199,8 +223,7 @@ TEST_P(CudaRefitModes, ABAAndChainBitExactAtFixedAddresses) {
   const double fractions[] = {0.02, 1.0, 0.4, 0.005};
   for (int k = 0; k < 4; ++k) {
     const Model next = mutate(cur, fractions[k] >= 1.0 ? 0.3 : fractions[k], seed + 10 + k);
-    ASSERT_TRUE(
-        refit::apply_delta(store, version, make_delta(cur, next, version, version + 1, fractions[k] >= 1.0)));
+    ASSERT_TRUE(apply(store, version, make_delta(cur, next, version, version + 1, fractions[k] >= 1.0)));
     cur = next;
     EXPECT_EQ(canonical(store), cur) << "step " << k;
     expect_checksums(store, cur);
@@ -220,7 +243,7 @@ TEST_P(CudaRefitModes, EveryFaultLeavesTheOldBytes) {
   const Delta anchors = make_delta(a, b, 5, 6, true);
   d.tensors[1] = anchors.tensors[1];
   d.tensors[4] = anchors.tensors[4];
-  WeightStore store = make_store(a, SIZE_MAX, GetParam());
+  WeightStore store = make_store(a, SIZE_MAX, incremental());
   const Native before = native(store);
   const size_t n = d.tensors.size();
   int faults = 0;
@@ -233,7 +256,7 @@ TEST_P(CudaRefitModes, EveryFaultLeavesTheOldBytes) {
         return {};
       };
       uint64_t version = 5;
-      auto s = refit::apply_delta(store, version, d, o);
+      auto s = apply(store, version, d, o);
       ASSERT_FALSE(s) << refit::stage_name(stage) << " " << k;
       EXPECT_EQ(version, 5u);
       EXPECT_TRUE(store.servable());
@@ -254,7 +277,7 @@ TEST_P(CudaRefitModes, EveryFaultLeavesTheOldBytes) {
       return {};
     };
     uint64_t version = 5;
-    ASSERT_FALSE(refit::apply_delta(store, version, d, o));
+    ASSERT_FALSE(apply(store, version, d, o));
     EXPECT_EQ(native(store).bytes, before.bytes) << "transient undo faults";
     EXPECT_TRUE(store.servable());
   }
@@ -263,14 +286,14 @@ TEST_P(CudaRefitModes, EveryFaultLeavesTheOldBytes) {
     Delta bad = d;
     bad.tensors[2].checksum ^= 1;
     uint64_t version = 5;
-    auto s = refit::apply_delta(store, version, bad);
+    auto s = apply(store, version, bad);
     ASSERT_FALSE(s);
     EXPECT_NE(s.error().message.find("W-06"), std::string::npos) << s.error().message;
     EXPECT_EQ(native(store).bytes, before.bytes);
   }
   // the same delta applies cleanly afterwards
   uint64_t version = 5;
-  ASSERT_TRUE(refit::apply_delta(store, version, d)) << faults;
+  ASSERT_TRUE(apply(store, version, d)) << faults;
   EXPECT_EQ(canonical(store), b);
   // a persistent undo fault: the store refuses to serve
   {
@@ -281,14 +304,158 @@ TEST_P(CudaRefitModes, EveryFaultLeavesTheOldBytes) {
       if (p.stage == ApplyStage::kUndoStep) return fail("persistent");
       return {};
     };
-    auto s = refit::apply_delta(store, version, back, o);
+    auto s = apply(store, version, back, o);
     ASSERT_FALSE(s);
     EXPECT_FALSE(store.servable());
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Checksums, CudaRefitModes, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "incremental" : "full"; });
+INSTANTIATE_TEST_SUITE_P(Checksums, CudaRefitModes, ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "incremental" : "full") +
+                                  (std::get<1>(info.param) ? "_wire" : "_decoded");
+                         });
+
+// The wire path against the host path, bitwise: every encoding (gaps at low fractions, bitmaps above 1/8,
+// runs for clustered changes), from a pinned and from a pageable body, on a CUDA store and on a host store
+// that decodes on the host.
+TEST(CudaRefitWire, EveryEncodingLandsAsOnTheHost) {
+  const uint32_t seed = static_cast<uint32_t>(test::fresh_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Model a = mutate({}, 1.0, seed);
+  // b: scales 30% changed (bitmaps), values rewritten in their first half (one run)
+  Model b = mutate(a, 0.3, seed + 1);
+  for (auto& [name, p] : b) {
+    p.values = a.at(name).values;
+    // note: 0x10 / 0x11 are valid in every format here (E4M3, E2M1 pairs, low bytes of bf16 / f32 entries)
+    for (size_t i = 0; i < p.values.size() / 2; ++i) p.values[i] = p.values[i] == 0x10 ? 0x11 : 0x10;
+  }
+  const Model c = mutate(b, 0.004, seed + 2);  // gaps
+  WeightStore store = make_store(a, SIZE_MAX, true);
+  WeightStore host;
+  for (const Spec& s : kSpecs) {
+    ASSERT_TRUE(host.add(s.name, s.format, s.shape));
+    ASSERT_TRUE(host.apply_tensor(s.name, a.at(s.name).values, a.at(s.name).scales));
+  }
+  uint64_t version = 1, host_version = 1;
+  int encodings[3] = {0, 0, 0};
+  using Step = std::pair<const Model*, const Model*>;
+  for (const auto& [from, to] : {Step{&a, &b}, Step{&b, &c}, Step{&c, &a}}) {
+    const Delta d = make_delta(*from, *to, version, version + 1, false);
+    auto body = refit::encode_delta_body(d);
+    ASSERT_TRUE(body);
+    auto view = refit::parse_delta_view(*body);
+    ASSERT_TRUE(view) << view.error().message;
+    for (const auto& t : view->tensors) ++encodings[t.values.encoding], ++encodings[t.scales.encoding];
+    // note: the pinned copy takes the zero-copy upload, the pageable one the packed staging.
+    const bool pinned = from == &b;
+    uint8_t* pin = nullptr;
+    ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pin), body->size(), cudaHostAllocDefault), cudaSuccess);
+    std::memcpy(pin, body->data(), body->size());
+    auto pinned_view = refit::parse_delta_view({pin, body->size()});
+    ASSERT_TRUE(pinned_view);
+    auto s = refit::apply_delta(store, version, pinned ? *pinned_view : *view);
+    cudaFreeHost(pin);
+    ASSERT_TRUE(s) << s.error().message;
+    ASSERT_TRUE(refit::apply_delta(host, host_version, *view));
+    EXPECT_EQ(canonical(store), *to);
+    EXPECT_EQ(canonical(host), *to);
+    for (const auto& [name, t] : host.tensors()) EXPECT_EQ(store.at(name).checksum, t.checksum) << name;
+  }
+  EXPECT_EQ(version, host_version);
+  EXPECT_GT(encodings[0], 0);
+  EXPECT_GT(encodings[1], 0);
+  EXPECT_GT(encodings[2], 0);
+}
+
+// A corrupted index set or new entry that the parser lets through (the structure is intact) is refused on
+// the device before any write, worded as the host words it (check_tensor_view).
+TEST(CudaRefitWire, CorruptIndexSetsAndBytesAreRefusedBeforeAnyWrite) {
+  const uint32_t seed = static_cast<uint32_t>(test::fresh_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Model a = mutate({}, 1.0, seed), b = mutate(a, 0.05, seed + 1);
+  WeightStore store = make_store(a, SIZE_MAX, true);
+  const Native before = native(store);
+  const Delta d = make_delta(a, b, 1, 2, false);
+  auto good = refit::encode_delta_body(d);
+  ASSERT_TRUE(good);
+  auto view = refit::parse_delta_view(*good);
+  ASSERT_TRUE(view);
+  struct Corruption {
+    std::string what;
+    size_t record;
+    bool scales;
+    std::function<bool(uint8_t* index, size_t n, uint8_t* bytes, size_t nb)> apply;  // false: not applicable
+  };
+  auto single = [](const uint8_t* x, size_t i) { return x[i] < 0x80 && (i == 0 || x[i - 1] < 0x80); };
+  std::vector<Corruption> cases = {
+      {"zero gap (W-02)", 0, false,
+       [&](uint8_t* x, size_t n, uint8_t*, size_t) {
+         for (size_t i = 1; i < n; ++i)
+           if (single(x, i)) return x[i] = 0, true;
+         return false;
+       }},
+      {"non-minimal varint", 1, false,
+       [&](uint8_t* x, size_t n, uint8_t*, size_t) {
+         for (size_t i = 1; i + 1 < n; ++i)
+           if (single(x, i) && single(x, i + 1)) return x[i] |= 0x80, x[i + 1] = 0, true;
+         return false;
+       }},
+      {"varint of ten bytes", 0, false,
+       [&](uint8_t* x, size_t n, uint8_t*, size_t) {
+         if (n < 12) return false;
+         for (size_t i = 0; i < 10; ++i) x[i] = 0x80;
+         x[10] = 0x01;
+         return true;
+       }},
+      {"cut off inside a varint", 1, false,
+       [&](uint8_t* x, size_t n, uint8_t*, size_t) { return n > 0 ? (x[n - 1] |= 0x80, true) : false; }},
+      {"index past the plane (W-01)", 4, false,
+       [&](uint8_t* x, size_t n, uint8_t*, size_t) {
+         // note: every one-byte gap made 127: two of them already pass the 200 entries of the norm
+         int made = 0;
+         for (size_t i = 0; i < n; ++i)
+           if (single(x, i)) x[i] = 0x7F, ++made;
+         return made >= 2;
+       }},
+      {"E4M3 NaN new value (W-05)", 0, false,
+       [&](uint8_t*, size_t, uint8_t* v, size_t nb) { return nb > 0 ? (v[nb / 2] = 0x7F, true) : false; }},
+      {"E8M0 NaN new scale (W-05)", 1, true,
+       [&](uint8_t*, size_t, uint8_t* v, size_t nb) { return nb > 0 ? (v[0] = 0xFF, true) : false; }},
+      {"f32 scale <= 0 (W-05)", 3, true,
+       [&](uint8_t*, size_t, uint8_t* v, size_t nb) { return nb >= 4 ? (v[3] |= 0x80, true) : false; }},
+      {"bf16 Inf (W-05)", 4, false,
+       [&](uint8_t*, size_t, uint8_t* v, size_t nb) {
+         return nb >= 2 ? (v[0] = 0x80, v[1] = 0x7F, true) : false;
+       }},
+  };
+  int applied = 0;
+  for (const Corruption& c : cases) {
+    std::vector<uint8_t> body = *good;
+    const refit::PlaneView& pv = c.scales ? view->tensors[c.record].scales : view->tensors[c.record].values;
+    uint8_t* index = body.data() + (pv.index.data() - good->data());
+    uint8_t* bytes = body.data() + (pv.bytes.data() - good->data());
+    if (!c.apply(index, pv.index.size(), bytes, pv.bytes.size())) continue;
+    ++applied;
+    auto bad = refit::parse_delta_view(body);
+    ASSERT_TRUE(bad) << c.what << ": the structure stays intact";
+    auto host_says = refit::check_tensor_view(bad->tensors[c.record]);
+    ASSERT_FALSE(host_says) << c.what << ": the host refuses it too";
+    uint64_t version = 1;
+    auto s = refit::apply_delta(store, version, *bad);
+    ASSERT_FALSE(s) << c.what;
+    EXPECT_EQ(s.error().message, host_says.error().message) << c.what;
+    EXPECT_NE(s.error().message.find(kSpecs[c.record].name), std::string::npos) << s.error().message;
+    EXPECT_EQ(version, 1u);
+    EXPECT_EQ(native(store).bytes, before.bytes) << c.what << ": nothing written";
+  }
+  EXPECT_GE(applied, 7);
+  uint64_t version = 1;
+  std::vector<uint8_t> keep;
+  ASSERT_TRUE(apply_wire(store, version, d, {}, keep)) << "the intact delta still applies";
+  EXPECT_EQ(canonical(store), b);
+  expect_checksums(store, b);
+}
 
 TEST(CudaRefit, UndoLogThatDoesNotFitIsRefusedBeforeAnyWrite) {
   const uint32_t seed = static_cast<uint32_t>(test::fresh_seed());

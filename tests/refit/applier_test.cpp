@@ -196,6 +196,43 @@ TEST_P(ApplyDelta, LandsTheTrainersPlanesAndAdvancesTheVersion) {
   }
 }
 
+// The same delta read as an undecoded view (apply_delta on a DeltaView: a host store decodes it first)
+// lands the same bytes; a view of a spoiled index set is refused with nothing written.
+TEST_P(ApplyDelta, TheWireViewLandsTheSameBytes) {
+  const ApplyCase& c = GetParam();
+  const ModelPlanes a = random_model(1), b = step(a, c.p, 2);
+  WeightStore store = make_store(a, c.layout);
+  uint64_t version = 7;
+  auto body = encode_delta_body(make_delta(a, b, 7, 8, c.anchors));
+  ASSERT_TRUE(body);
+  auto view = parse_delta_view(*body);
+  ASSERT_TRUE(view) << view.error().message;
+  ASSERT_TRUE(apply_delta(store, version, *view));
+  EXPECT_EQ(version, 8u);
+  EXPECT_TRUE(canonical(store) == b);
+  expect_checksums(store, b);
+  // back to a through a view whose first gaps set ends inside a varint: refused, b stays
+  auto back = encode_delta_body(make_delta(b, a, 8, 9, c.anchors));
+  ASSERT_TRUE(back);
+  auto back_view = parse_delta_view(*back);
+  ASSERT_TRUE(back_view);
+  for (const TensorView& t : back_view->tensors) {
+    if (t.anchor || t.values.encoding != 0 || t.values.index.empty()) continue;
+    std::vector<uint8_t> spoiled = *back;
+    spoiled[static_cast<size_t>(t.values.index.data() - back->data()) + t.values.index.size() - 1] |= 0x80;
+    auto bad = parse_delta_view(spoiled);
+    ASSERT_TRUE(bad);
+    const ModelPlanes before = native(store);
+    auto s = apply_delta(store, version, *bad);
+    ASSERT_FALSE(s);
+    EXPECT_NE(s.error().message.find(t.name + " values: varint cut off"), std::string::npos)
+        << s.error().message;
+    EXPECT_EQ(version, 8u);
+    EXPECT_TRUE(native(store) == before);
+    break;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Records, ApplyDelta,
                          ::testing::Values(ApplyCase{"sparse_1pct", 0.01, false, false},
                                            ApplyCase{"sparse_20pct", 0.2, false, false},

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "refit/delta_encoder.h"
+#include "refit/index_codec.h"
 
 namespace mxq::refit {
 namespace {
@@ -78,6 +79,67 @@ TEST(DeltaFile, RoundTripsEveryRecordKind) {
   }
   EXPECT_TRUE(m.delta.tensors[4].anchor);
   EXPECT_FALSE(m.delta.tensors[0].anchor);
+}
+
+// The undecoded view (refit's device path) holds the same delta: decoding it gives what the reader gives,
+// its spans point into the body, and validate_delta_view agrees with validate_delta on the record checks.
+TEST(DeltaView, DecodesToWhatTheReaderReads) {
+  Model m = small_model();
+  auto body = encode_delta_body(m.delta);
+  ASSERT_TRUE(body);
+  auto view = parse_delta_view(*body);
+  ASSERT_TRUE(view) << view.error().message;
+  ASSERT_EQ(view->tensors.size(), m.delta.tensors.size());
+  for (const TensorView& t : view->tensors) {
+    EXPECT_TRUE(check_tensor_view(t)) << t.name;
+    for (Plane plane : {Plane::kValues, Plane::kScales}) {
+      const PlaneView& p = plane == Plane::kValues ? t.values : t.scales;
+      if (!p.bytes.empty()) {
+        EXPECT_TRUE(p.bytes.data() >= body->data() && p.bytes.data() < body->data() + body->size());
+      }
+      if (!t.anchor) {
+        EXPECT_EQ(p.bytes.size(), static_cast<size_t>(p.count * entry_bytes(t.format, plane))) << t.name;
+      }
+    }
+  }
+  auto decoded = decode_delta_view(*view);
+  ASSERT_TRUE(decoded) << decoded.error().message;
+  EXPECT_TRUE(same(*decoded, m.delta));
+  EXPECT_TRUE(validate_delta_view(*view, m.table, 3));
+  auto stale = validate_delta_view(*view, m.table, 2);
+  ASSERT_FALSE(stale);
+  EXPECT_EQ(stale.error().message, validate_delta(m.delta, m.table, 2).error().message);
+  // a zero gap passes the parse (structure intact) and is refused by the record check, as by the reader
+  std::vector<uint8_t> bad = *body;
+  const PlaneView& v = view->tensors[0].values;
+  ASSERT_EQ(v.encoding, 0) << "two changed entries of 256: gaps";
+  ASSERT_GE(v.index.size(), 2u);  // indices 1 and 255: varints 01, FE 01
+  bad[static_cast<size_t>(v.index.data() - body->data()) + 1] = 0;
+  auto bad_view = parse_delta_view(bad);
+  ASSERT_TRUE(bad_view);
+  auto why = check_tensor_view(bad_view->tensors[0]);
+  ASSERT_FALSE(why);
+  EXPECT_NE(why.error().message.find("a.mxfp8 values: index 1 repeats at position 1 (W-02)"),
+            std::string::npos)
+      << why.error().message;
+  EXPECT_FALSE(decode_delta_body(bad));
+}
+
+// Run tables (the device path's form of a runs set) against decode_indices, and its refusals.
+TEST(IndexCodec, RunTableMatchesDecodeIndices) {
+  const std::vector<int64_t> idx = {0, 1, 2, 200, 201, 290};
+  std::vector<uint8_t> data;
+  encode_indices(IndexEncoding::kRuns, idx, 300, data);
+  auto table = decode_run_table(data, 6, 300);
+  ASSERT_TRUE(table);
+  EXPECT_EQ(*table, (std::vector<int32_t>{0, 0, 200, 3, 290, 5}));
+  EXPECT_FALSE(decode_run_table(data, 5, 300));
+  EXPECT_FALSE(decode_run_table(data, 7, 300));
+  EXPECT_FALSE(decode_run_table(data, 6, 290));
+  std::vector<uint8_t> touching = {0x00, 0x02, 0x00, 0x01};
+  auto t = decode_run_table(touching, 3, 10);
+  ASSERT_FALSE(t);
+  EXPECT_EQ(t.error().message, decode_indices(IndexEncoding::kRuns, touching, 3, 10).error().message);
 }
 
 // ---- reader refusals: each case edits the file or its body
