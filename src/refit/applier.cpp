@@ -35,6 +35,9 @@ int64_t plane_entries(const T& t, int p) {
   return g ? (*g)[static_cast<size_t>(p)].entries : 0;
 }
 
+// n rounded up to a multiple of 16 (device image segments start 16-byte aligned).
+size_t up16(size_t n) { return (n + 15) / 16 * 16; }
+
 // f(k) for k < n on all host cores (records in turn).
 template <class F>
 void parallel_records(size_t n, F&& f) {
@@ -147,19 +150,12 @@ class Applier {
     }
     const auto t_stage = Clock::now();  // note: the stage includes the scratch allocations
     WeightMemory& mem = store_.memory();
-    const size_t log_bytes = offsets_.back();
-    auto undo_scratch = mem.allocate_scratch(log_bytes);
-    if (!undo_scratch)
-      return fail(
-          "delta {} -> {}: undo log of {} bytes could not be allocated in {} memory ({}); nothing "
-          "written (W-26)",
-          from(), to(), log_bytes, mem.name(), undo_scratch.error().message);
+    auto undo_scratch = allocate_device_log(mem);
+    if (!undo_scratch) return tl::unexpected(undo_scratch.error());
     Scratch log_guard{mem, *undo_scratch};
-    device_log_ = undo_scratch->data();
     // The delta's indices and new bytes, each segment 16-byte aligned, packed on all host cores into the
     // memory's (pinned) host staging and uploaded with one copy. note: indices go as int32 where the plane
     // has fewer than 2^31 entries (every plane of a model today), half the bytes of the decoded int64.
-    const auto up16 = [](size_t n) { return (n + 15) / 16 * 16; };
     struct Segment {
       size_t index_at = 0, bytes_at = 0;
       bool narrow = false;
@@ -312,18 +308,11 @@ class Applier {
     });
     for (Status& st : run_status)
       if (!st) return st;
-    const size_t log_bytes = offsets_.back();
-    auto undo_scratch = mem.allocate_scratch(log_bytes);
-    if (!undo_scratch)
-      return fail(
-          "delta {} -> {}: undo log of {} bytes could not be allocated in {} memory ({}); nothing "
-          "written (W-26)",
-          from(), to(), log_bytes, mem.name(), undo_scratch.error().message);
+    auto undo_scratch = allocate_device_log(mem);
+    if (!undo_scratch) return tl::unexpected(undo_scratch.error());
     Scratch log_guard{mem, *undo_scratch};
-    device_log_ = undo_scratch->data();
     // The device image: [the body, when pinned | packed: run tables, and (body not pinned) every index set,
     // new bytes and anchor plane], each packed segment 16-byte aligned.
-    const auto up16 = [](size_t n) { return (n + 15) / 16 * 16; };
     const std::span<const uint8_t> body = delta_.body;
     const bool zero_copy = mem.host_pinned(body);
     struct Segment {
@@ -525,6 +514,18 @@ class Applier {
   uint64_t from() const { return delta_.base_version; }
   uint64_t to() const { return delta_.new_version; }
   Status hook(const StagePoint& p) const { return options_.fault ? options_.fault(p) : Status{}; }
+  // The undo log in `mem`'s scratch (device_log_ points at it; the caller frees it through a Scratch guard).
+  Result<std::span<uint8_t>> allocate_device_log(WeightMemory& mem) {
+    const size_t log_bytes = offsets_.back();
+    auto undo_scratch = mem.allocate_scratch(log_bytes);
+    if (!undo_scratch)
+      return fail(
+          "delta {} -> {}: undo log of {} bytes could not be allocated in {} memory ({}); nothing "
+          "written (W-26)",
+          from(), to(), log_bytes, mem.name(), undo_scratch.error().message);
+    device_log_ = undo_scratch->data();
+    return *undo_scratch;
+  }
   std::span<uint8_t> log(size_t offset, size_t bytes) {
     return {(device_log_ ? device_log_ : log_.get()) + offset, bytes};
   }
