@@ -1,5 +1,6 @@
 // Device-side reads of a DevicePlane (refit_launch.h) in canonical coordinates: one byte, or one 8-byte
-// little-endian word, through the layout's tables. Used by the scatter and the XXH3 checksum kernels.
+// little-endian word, through the layout's tables; and the job lookup of the batched kernels. Used by the
+// scatter, sparse decode, incremental-sum and XXH3 checksum kernels.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -89,6 +90,20 @@ __device__ __forceinline__ uint64_t plane_word(const DevicePlane& p, uint64_t q)
   const int align = p.run < 8 ? p.run : 8;
   if (c % align == 0 && c + 8 <= p.row_bytes) return row_word(p, r, c);
   return bytewise_word(p, q);
+}
+
+// The job of batch item x: the last j with first[j] <= x, for x < first[n] (first: n + 1 non-decreasing
+// words, a job's first item). One thread per item of all jobs finds its job by this binary search.
+__device__ __forceinline__ int job_of(const uint64_t* first, int n, uint64_t x) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first[mid] <= x)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
 }
 
 }  // namespace mxq::cuda

@@ -55,19 +55,6 @@ __device__ __forceinline__ void scatter_entry(const DevicePlane& p, uint64_t ind
   }
 }
 
-// The last j with first[j] <= x (first: n + 1 non-decreasing words, x < first[n]).
-__device__ __forceinline__ int job_of(const uint64_t* first, int n, uint64_t x) {
-  int lo = 0, hi = n - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (first[mid] <= x)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
 // One thread per entry of all jobs (refit's device path: positions decoded and checked by sparse_decode.cu).
 __global__ void sparse_scatter_batch(const SparseJobDevice* jobs, const uint64_t* first_entry, int job_count,
                                      uint64_t total, const int32_t* positions) {

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
 
+#include "cuda/refit_plane.cuh"
 #include "cuda/sparse_decode_launch.h"
 
 namespace mxq::cuda {
@@ -42,19 +43,6 @@ constexpr uint8_t kGaps = 0, kBitmap = 1, kRuns = 2;
 __device__ __forceinline__ void refuse(unsigned long long* error, int job, int64_t position) {
   const auto pos = static_cast<unsigned long long>(position < 0xFFFFFFFFll ? position : 0xFFFFFFFFll);
   atomicMin(error, static_cast<unsigned long long>(job) << 32 | pos);
-}
-
-// The last j with first[j] <= x, for x < first[n] (first: n + 1 non-decreasing words).
-__device__ __forceinline__ int find_job(const uint64_t* first, int n, uint64_t x) {
-  int lo = 0, hi = n - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (first[mid] <= x)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
 }
 
 // The varint ending at byte b (b has bit 7 clear) of data[0..]: its value, its length in bytes (stops
@@ -108,7 +96,7 @@ __global__ void __launch_bounds__(kThreads)
   using Reduce = cub::BlockScan<unsigned long long, kThreads>;
   __shared__ typename Reduce::TempStorage tmp_n, tmp_s;
   const uint64_t c = blockIdx.x;
-  const int j = find_job(first_chunk, job_count, c);
+  const int j = job_of(first_chunk, job_count, c);
   const SparseJobDevice& job = jobs[j];
   int64_t lo, hi;
   thread_bytes(job, c - first_chunk[j], lo, hi);
@@ -159,7 +147,7 @@ __global__ void __launch_bounds__(kThreads)
   using Scan = cub::BlockScan<unsigned long long, kThreads>;
   __shared__ typename Scan::TempStorage tmp_n, tmp_s;
   const uint64_t c = blockIdx.x;
-  const int j = find_job(first_chunk, job_count, c);
+  const int j = job_of(first_chunk, job_count, c);
   const SparseJobDevice& job = jobs[j];
   int64_t lo, hi;
   thread_bytes(job, c - first_chunk[j], lo, hi);
@@ -249,7 +237,7 @@ __global__ void entry_pass(const SparseJobDevice* jobs, const uint64_t* first_en
                            uint64_t total, int32_t* positions, unsigned long long* error) {
   for (uint64_t e = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x; e < total;
        e += static_cast<uint64_t>(gridDim.x) * kThreads) {
-    const int j = find_job(first_entry, job_count, e);
+    const int j = job_of(first_entry, job_count, e);
     const SparseJobDevice& job = jobs[j];
     const auto k = static_cast<int64_t>(e - first_entry[j]);
     if (job.encoding == kRuns) {

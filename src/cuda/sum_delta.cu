@@ -73,14 +73,7 @@ __global__ void sum_delta_batch(const SparseJobDevice* jobs, const uint64_t* fir
                                 uint64_t total, const int32_t* positions) {
   for (uint64_t e = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x; e < total;
        e += static_cast<uint64_t>(gridDim.x) * kThreads) {
-    int lo = 0, hi = job_count - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (first_entry[mid] <= e)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
+    const int lo = job_of(first_entry, job_count, e);
     const SparseJobDevice& job = jobs[lo];
     if (job.sums == nullptr) continue;
     sum_delta_entry(job.plane, positions + first_entry[lo], job.count,
