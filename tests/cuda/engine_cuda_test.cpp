@@ -225,6 +225,19 @@ Result<std::vector<std::vector<SampledToken>>> run_engine(CudaEngine& e, const s
   return out;
 }
 
+// Two runs of the same requests gave the same tokens and logprobs, bit for bit.
+void expect_same_tokens(const std::vector<std::vector<SampledToken>>& a,
+                        const std::vector<std::vector<SampledToken>>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].size(), b[i].size());
+    for (size_t t = 0; t < a[i].size(); ++t) {
+      EXPECT_EQ(a[i][t].id, b[i][t].id) << "request " << i << " token " << t;
+      EXPECT_EQ(a[i][t].logprob, b[i][t].logprob) << "request " << i << " token " << t;
+    }
+  }
+}
+
 struct Case {
   const char* name;
   Kind kind;
@@ -422,13 +435,7 @@ TEST_P(EngineCuda, GraphReplayEqualsEager) {
   // note: MoE decode steps too (grouped expert linears driven by the device grouping, issue #5)
   EXPECT_GE(graph->runner->graphs_captured(), 1);
   EXPECT_GE(graph->runner->graph_replays(), 10);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    ASSERT_EQ((*a)[i].size(), (*b)[i].size());
-    for (size_t t = 0; t < (*a)[i].size(); ++t) {
-      EXPECT_EQ((*a)[i][t].id, (*b)[i][t].id) << "request " << i << " token " << t;
-      EXPECT_EQ((*a)[i][t].logprob, (*b)[i][t].logprob) << "request " << i << " token " << t;
-    }
-  }
+  expect_same_tokens(*a, *b);
 }
 
 // Programmatic dependent launch (cuda/pdl.h) changes when kernels start, never what they compute: graph
@@ -455,13 +462,7 @@ TEST_P(EngineCuda, PdlEqualsPlainLaunch) {
   ASSERT_TRUE(pdl);
   auto b = run_engine(*pdl, reqs);
   ASSERT_TRUE(a && b);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    ASSERT_EQ((*a)[i].size(), (*b)[i].size());
-    for (size_t t = 0; t < (*a)[i].size(); ++t) {
-      EXPECT_EQ((*a)[i][t].id, (*b)[i][t].id) << "request " << i << " token " << t;
-      EXPECT_EQ((*a)[i][t].logprob, (*b)[i][t].logprob) << "request " << i << " token " << t;
-    }
-  }
+  expect_same_tokens(*a, *b);
 }
 
 // A refit written in place into the CUDA store (every tensor of another checkpoint of the same shapes),
