@@ -35,7 +35,8 @@ void PrintTo(const GroupedCase& c, std::ostream* os) {
       << " hot=" << c.hot;
 }
 
-// Random canonical planes for `mats` stacked [n, k] matrices: non-NaN codes, scales keeping products normal.
+// Random canonical planes for `mats` stacked [n, k] matrices: non-NaN codes, scales keeping products normal;
+// bf16 weights N(0, 1).
 HostPlanes random_planes(std::mt19937_64& rng, Format f, int64_t mats, int64_t n, int64_t k) {
   HostPlanes p;
   if (f == Format::kBF16) {
@@ -44,23 +45,8 @@ HostPlanes random_planes(std::mt19937_64& rng, Format f, int64_t mats, int64_t n
     std::memcpy(p.values.data(), w.data(), p.values.size());
     return p;
   }
-  p.values.resize(static_cast<size_t>(mats * values_bytes(f, n, k)));
-  p.scales.resize(static_cast<size_t>(mats * scales_bytes(f, n, k)));
-  const bool e4m3 = f != Format::kMXFP4;
-  for (auto& b : p.values) {
-    do b = static_cast<uint8_t>(rng());
-    while (e4m3 && (b & 0x7F) == 0x7F);  // note: E4M3 NaN codes are not weights
-  }
-  if (f == Format::kFP8_B128) {
-    for (size_t i = 0; i < p.scales.size(); i += 4) {
-      const float s =
-          std::ldexp(1.0f + static_cast<float>(rng() % 1024) / 1024.0f, -12 + static_cast<int>(rng() % 6));
-      std::memcpy(p.scales.data() + i, &s, 4);
-    }
-  } else {
-    for (auto& b : p.scales) b = static_cast<uint8_t>(116 + rng() % 8);
-  }
-  return p;
+  // note: the other formats' planes are op_test_util.h's (its default scale ranges)
+  return test::random_planes(rng, f, mats * values_bytes(f, n, k), mats * scales_bytes(f, n, k));
 }
 
 class MoeGroupedLinear : public ::testing::TestWithParam<GroupedCase> {};
