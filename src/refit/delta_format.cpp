@@ -427,10 +427,12 @@ Result<TensorDelta> decode_tensor_view(const TensorView& v) {
   return t;
 }
 
-// note: a record is decoded as soon as it is read, so the first refusal in body order is the one reported.
-Result<Delta> decode_delta_body(std::span<const uint8_t> body) {
+// The body's header into d, then each record read and turned into d's element by `take`, then the check for
+// trailing bytes. note: a record is taken as soon as it is read, so the first refusal in body order is the
+// one reported.
+template <class D, class Take>
+Result<D> read_body(std::span<const uint8_t> body, D d, Take take) {
   Cursor c(body);
-  Delta d;
   MXQ_TRY_ASSIGN(base, c.get<uint64_t>("base version"));
   MXQ_TRY_ASSIGN(next, c.get<uint64_t>("new version"));
   MXQ_TRY_ASSIGN(count, c.get<uint32_t>("tensor count"));
@@ -439,7 +441,7 @@ Result<Delta> decode_delta_body(std::span<const uint8_t> body) {
   for (uint32_t i = 0; i < count; ++i) {
     auto v = read_tensor_view(c);
     if (!v) return fail("record {} of {}: {}", i, count, v.error().message);
-    auto t = decode_tensor_view(*v);
+    auto t = take(std::move(*v));
     if (!t) return fail("record {} of {}: {}", i, count, t.error().message);
     d.tensors.push_back(std::move(*t));
   }
@@ -447,22 +449,14 @@ Result<Delta> decode_delta_body(std::span<const uint8_t> body) {
   return d;
 }
 
+Result<Delta> decode_delta_body(std::span<const uint8_t> body) {
+  return read_body(body, Delta{}, [](const TensorView& v) { return decode_tensor_view(v); });
+}
+
 Result<DeltaView> parse_delta_view(std::span<const uint8_t> body) {
-  Cursor c(body);
   DeltaView d;
   d.body = body;
-  MXQ_TRY_ASSIGN(base, c.get<uint64_t>("base version"));
-  MXQ_TRY_ASSIGN(next, c.get<uint64_t>("new version"));
-  MXQ_TRY_ASSIGN(count, c.get<uint32_t>("tensor count"));
-  d.base_version = base;
-  d.new_version = next;
-  for (uint32_t i = 0; i < count; ++i) {
-    auto t = read_tensor_view(c);
-    if (!t) return fail("record {} of {}: {}", i, count, t.error().message);
-    d.tensors.push_back(std::move(*t));
-  }
-  if (c.left()) return fail("{} bytes after the last of {} records", c.left(), count);
-  return d;
+  return read_body(body, std::move(d), [](TensorView&& v) -> Result<TensorView> { return std::move(v); });
 }
 
 Result<Delta> decode_delta_view(const DeltaView& view) {
