@@ -207,10 +207,8 @@ cudaError_t launch_gemv_parts_fp8_b128(const uint16_t* x, int m, const GemvParts
 cudaError_t launch_gemv_fp8_b128(const uint16_t* x, int m, const uint8_t* values, const float* scales,
                                  int64_t s_row, int64_t s_col, uint16_t* y, int n, int k,
                                  cudaStream_t stream) {
-  GemvParts p;
-  p.values[0] = values, p.scales[0] = reinterpret_cast<const uint8_t*>(scales), p.y[0] = y, p.n[0] = n;
-  p.s_row[0] = s_row, p.s_col[0] = s_col, p.count = 1;
-  return launch_gemv_parts_fp8_b128(x, m, p, k, stream);
+  return launch_gemv_parts_fp8_b128(
+      x, m, GemvParts::one(values, reinterpret_cast<const uint8_t*>(scales), y, n, s_row, s_col), k, stream);
 }
 
 }  // namespace mxq::cuda

@@ -25,6 +25,15 @@ struct GemvParts {
   int n[kMaxGemvParts] = {};
   int64_t s_row[kMaxGemvParts] = {}, s_col[kMaxGemvParts] = {};  // FP8-B128 scale strides (floats)
   int count = 0;
+
+  // One projection (scales: the format's scale plane as bytes; FP8-B128 strides s_row, s_col).
+  static GemvParts one(const uint8_t* values, const uint8_t* scales, uint16_t* y, int n, int64_t s_row = 0,
+                       int64_t s_col = 0) {
+    GemvParts p;
+    p.values[0] = values, p.scales[0] = scales, p.y[0] = y, p.n[0] = n;
+    p.s_row[0] = s_row, p.s_col[0] = s_col, p.count = 1;
+    return p;
+  }
 };
 cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p, int k, cudaStream_t stream);
 cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p, int k, cudaStream_t stream);

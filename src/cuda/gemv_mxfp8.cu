@@ -92,9 +92,7 @@ cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p
 
 cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
                               uint16_t* y, int n, int k, cudaStream_t stream) {
-  GemvParts p;
-  p.values[0] = values, p.scales[0] = scales, p.y[0] = y, p.n[0] = n, p.count = 1;
-  return launch_gemv_parts_mxfp8(x, m, p, k, stream);
+  return launch_gemv_parts_mxfp8(x, m, GemvParts::one(values, scales, y, n), k, stream);
 }
 
 }  // namespace mxq::cuda
