@@ -212,6 +212,50 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantCase{Format::kFP8_B128, 256, 4096}),
     [](const auto& info) { return case_name(info.param); });
 
+// Every finite bf16 pattern as an element of an MX block, at five block scales: block k holds 31 consecutive
+// patterns (both signs, subnormals and zeros included) and, first, its largest magnitude times 2^s (s = 0..4,
+// where finite), so each value is encoded at its own scale and at four larger ones (codes 0..7, every tie).
+class GpuQuantizeEveryBf16 : public ::testing::TestWithParam<Format> {};
+
+TEST_P(GpuQuantizeEveryBf16, BitwiseEqualsSpecReference) {  // covers N-11, N-12
+  const Format f = GetParam();
+  std::vector<uint16_t> finite;
+  for (uint32_t b = 0; b < 0x10000; ++b)
+    if ((b & 0x7F80u) != 0x7F80u) finite.push_back(static_cast<uint16_t>(b));
+  std::vector<uint16_t> x;
+  for (int s = 0; s <= 4; ++s)
+    for (size_t k = 0; k < finite.size(); k += 31) {
+      float amax = 0.0f;
+      for (size_t j = k; j < std::min(finite.size(), k + 31); ++j) amax = std::max(amax, std::fabs(bf16_to_f32(finite[j])));
+      const float lead = std::ldexp(amax, s);
+      uint32_t bits = 0;
+      std::memcpy(&bits, &lead, 4);
+      x.push_back(lead <= 3.0e38f ? static_cast<uint16_t>(bits >> 16) : finite[k]);  // note: amax is a bf16
+      for (size_t j = k; j < k + 31; ++j) x.push_back(finite[std::min(j, finite.size() - 1)]);
+    }
+  const int64_t cols = 32, rows = static_cast<int64_t>(x.size()) / cols;
+  const Planes ref = ref_quantize(f, x, rows, cols);
+  auto dx = test::upload(x);
+  auto dv = test::poisoned<uint8_t>(ref.values.size());
+  auto ds = test::poisoned<uint8_t>(ref.scales.size());
+  ASSERT_TRUE(dx && dv && ds);
+  const Status st =
+      quantize_bf16(f, dx->as<uint16_t>(), rows, cols, dv->as<uint8_t>(), ds->as(), "test.weight", nullptr);
+  ASSERT_TRUE(st) << st.error().message;
+  auto values = test::download<uint8_t>(*dv, ref.values.size());
+  auto scales = test::download<uint8_t>(*ds, ref.scales.size());
+  ASSERT_TRUE(values && scales);
+  for (size_t i = 0; i < ref.scales.size(); ++i) ASSERT_EQ((*scales)[i], ref.scales[i]) << "scale byte " << i;
+  for (size_t i = 0; i < ref.values.size(); ++i) {
+    const size_t elem = f == Format::kMXFP4 ? 2 * i : i;
+    ASSERT_EQ((*values)[i], ref.values[i]) << "value byte " << i << ", input bf16 0x" << std::hex << x[elem]
+                                           << " 0x" << x[elem + 1] << ", block lead 0x" << x[elem / 32 * 32];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, GpuQuantizeEveryBf16, ::testing::Values(Format::kMXFP8, Format::kMXFP4),
+                         [](const auto& info) { return std::string(traits(info.param).name); });
+
 class GpuQuantizeRefuses : public ::testing::TestWithParam<Format> {};
 
 TEST_P(GpuQuantizeRefuses, NanOrInfBlockByIndex) {  // covers N-10
