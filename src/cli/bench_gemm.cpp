@@ -45,6 +45,10 @@ Status run_bench(const std::vector<Format>& formats, const std::vector<int64_t>&
   MXQ_CUDA_CHECK(cublasCreate(&blas));
   MXQ_CUDA_CHECK(cublasSetStream(blas, stream));
   auto blas_ws = DeviceBuffer::alloc(64 << 20);  // note: a fixed workspace keeps cuBLAS graph-capturable
+  // note: the split-K scratch LinearContext gives the MX GEMM in the engine (gemm_mx.h)
+  auto splitk_buf = DeviceBuffer::alloc(static_cast<size_t>(cuda::kGemmSplitKFloats) * sizeof(float));
+  if (!splitk_buf) return tl::unexpected(splitk_buf.error());
+  const std::span<float> splitk{splitk_buf->as<float>(), static_cast<size_t>(cuda::kGemmSplitKFloats)};
   if (!blas_ws) return tl::unexpected(blas_ws.error());
   MXQ_CUDA_CHECK(cublasSetWorkspace(blas, blas_ws->as(), blas_ws->bytes()));
   fmt::print("device: {} ({} SMs, L2 {} MB)\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -91,8 +95,8 @@ Status run_bench(const std::vector<Format>& formats, const std::vector<int64_t>&
         auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) {
           const cuda::MxGemvWeights w{f, (*wv)[static_cast<size_t>(i % copies)].as<uint8_t>(),
                                       (*ws)[static_cast<size_t>(i % copies)].as<uint8_t>(), s.n, s.k};
-          return f == Format::kMXFP8 ? cuda::gemm_mxfp8(xp, m, w, yp, stream)
-                                     : cuda::gemm_mxfp4(xp, m, w, yp, stream);
+          return f == Format::kMXFP8 ? cuda::gemm_mxfp8(xp, m, w, yp, stream, splitk)
+                                     : cuda::gemm_mxfp4(xp, m, w, yp, stream, splitk);
         });
         if (!us) return tl::unexpected(us.error());
         const double flop = 2.0 * m * s.n * s.k;

@@ -9,10 +9,10 @@ namespace mxq::cuda {
 namespace {
 
 using Launcher = cudaError_t (*)(const uint16_t*, int, const uint8_t*, const uint8_t*, uint16_t*, int, int,
-                                 GemmPath, cudaStream_t);
+                                 GemmPath, float*, int64_t, cudaStream_t);
 
 Status checked_gemm(Format expected, Launcher launch, const uint16_t* x, int64_t m, const MxGemvWeights& w,
-                    uint16_t* y, cudaStream_t stream) {
+                    uint16_t* y, cudaStream_t stream, std::span<float> splitk) {
   const std::string_view name = traits(expected).name;
   if (w.format != expected)
     return fail("gemm_{}: weights are {} (expected {})", name, traits(w.format).name, name);
@@ -24,19 +24,24 @@ Status checked_gemm(Format expected, Launcher launch, const uint16_t* x, int64_t
   if (!x || !y || !w.values || !w.scales) return fail("gemm_{}: null device pointer", name);
   // note: x is read by 16-byte copies (TMA tensor map on sm_90a, cp.async elsewhere).
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return fail("gemm_{}: x is not 16-byte aligned", name);
+  if (reinterpret_cast<uintptr_t>(splitk.data()) % 16 != 0)
+    return fail("gemm_{}: split-K scratch is not 16-byte aligned", name);
   MXQ_CUDA_CHECK(launch(x, static_cast<int>(m), w.values, w.scales, y, static_cast<int>(w.n),
-                        static_cast<int>(w.k), GemmPath::kAuto, stream));
+                        static_cast<int>(w.k), GemmPath::kAuto, splitk.data(),
+                        static_cast<int64_t>(splitk.size()), stream));
   return {};
 }
 
 }  // namespace
 
-Status gemm_mxfp8(const uint16_t* x, int64_t m, const MxGemvWeights& w, uint16_t* y, cudaStream_t stream) {
-  return checked_gemm(Format::kMXFP8, launch_gemm_mxfp8, x, m, w, y, stream);
+Status gemm_mxfp8(const uint16_t* x, int64_t m, const MxGemvWeights& w, uint16_t* y, cudaStream_t stream,
+                  std::span<float> splitk) {
+  return checked_gemm(Format::kMXFP8, launch_gemm_mxfp8, x, m, w, y, stream, splitk);
 }
 
-Status gemm_mxfp4(const uint16_t* x, int64_t m, const MxGemvWeights& w, uint16_t* y, cudaStream_t stream) {
-  return checked_gemm(Format::kMXFP4, launch_gemm_mxfp4, x, m, w, y, stream);
+Status gemm_mxfp4(const uint16_t* x, int64_t m, const MxGemvWeights& w, uint16_t* y, cudaStream_t stream,
+                  std::span<float> splitk) {
+  return checked_gemm(Format::kMXFP4, launch_gemm_mxfp4, x, m, w, y, stream, splitk);
 }
 
 }  // namespace mxq::cuda

@@ -215,12 +215,15 @@ __device__ __forceinline__ void tile_of(int bid, int tiles_m, int& tile_n, int& 
   tile_m = first + r % in_group;
 }
 
-// Stores one accumulator pair row of the lane: y[col][row] and y[col+1][row] (y is [m, n] row-major).
-__device__ __forceinline__ void store_pair(__nv_bfloat16* y, int m, int n, int row, int col, float v0,
-                                           float v1) {
+// Stores one accumulator pair row of the lane: y[col][row] and y[col+1][row] (y is [m, n] row-major), bf16
+// (the output) or f32 (a split-K partial).
+__device__ __forceinline__ void store_one(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store_one(float* p, float v) { *p = v; }
+template <class T>
+__device__ __forceinline__ void store_pair(T* y, int m, int n, int row, int col, float v0, float v1) {
   if (row >= n) return;
-  if (col < m) y[static_cast<int64_t>(col) * n + row] = __float2bfloat16_rn(v0);
-  if (col + 1 < m) y[static_cast<int64_t>(col + 1) * n + row] = __float2bfloat16_rn(v1);
+  if (col < m) store_one(y + static_cast<int64_t>(col) * n + row, v0);
+  if (col + 1 < m) store_one(y + static_cast<int64_t>(col + 1) * n + row, v1);
 }
 
 }  // namespace mxq::cuda::gemm

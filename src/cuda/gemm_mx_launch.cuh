@@ -4,6 +4,8 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
+
 #include "cuda/gemm_mx_launch.h"
 #include "cuda/gemm_mx_sm80.cuh"
 #include "cuda/gemm_mx_sm90.cuh"
@@ -46,10 +48,20 @@ inline cudaError_t is_sm90(bool* yes) {
   return cudaSuccess;
 }
 
+// The K splits of an sm_90a launch of `tiles` tiles over `stages` 64-wide K stages: 1 when the tiles fill the
+// GPU; else up to 8, each SM one tile and split, each split at least 4 stages, and the f32 partials
+// (splits x m x n) within the workspace.
+inline int splitk_splits(int64_t tiles, int stages, int sms, int64_t mn, int64_t ws_floats) {
+  if (tiles >= sms || ws_floats <= 0) return 1;
+  int z = static_cast<int>(std::min<int64_t>({8, sms / tiles, stages / 4}));
+  while (z > 1 && (static_cast<int64_t>(z) * mn > ws_floats || (z - 1) * ((stages + z - 1) / z) >= stages)) --z;
+  return std::max(z, 1);
+}
+
 // Arguments were checked by gemm_mx.cpp.
 template <class Fmt>
 cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales, uint16_t* y,
-                        int n, int k, GemmPath path, cudaStream_t stream) {
+                        int n, int k, GemmPath path, float* ws, int64_t ws_floats, cudaStream_t stream) {
   auto* yb = reinterpret_cast<__nv_bfloat16*>(y);
   bool sm90 = false;
   if (path == GemmPath::kAuto)
@@ -86,11 +98,18 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
     const int bm = waves128 * 115 < waves256 * 200 ? 128 : 256;
     CUtensorMap map;
     if (cudaError_t e = make_x_map(&map, x, m, k, bm); e != cudaSuccess) return e;
-    const dim3 grid(tiles_n * ((m + bm - 1) / bm));
+    const int64_t tiles = static_cast<int64_t>(tiles_n) * ((m + bm - 1) / bm), mn = static_cast<int64_t>(m) * n;
+    const int splits = splitk_splits(tiles, (k + kStageK - 1) / kStageK, sms, mn, ws_floats);
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
     const bool tail = k % Fmt::kGroupK != 0;
     auto kernel = bm == 256 ? (tail ? gemm_mx_sm90<Fmt, true, 256> : gemm_mx_sm90<Fmt, false, 256>)
                             : (tail ? gemm_mx_sm90<Fmt, true, 128> : gemm_mx_sm90<Fmt, false, 128>);
-    kernel<<<grid, kSm90Threads, sm90_smem_bytes(bm), stream>>>(map, m, values, scales, yb, n, k);
+    kernel<<<grid, kSm90Threads, sm90_smem_bytes(bm), stream>>>(map, m, values, scales, yb, n, k,
+                                                                splits > 1 ? ws : nullptr);
+    if (splits > 1) {
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+      splitk_reduce<<<static_cast<unsigned>((mn / 4 + 256) / 256), 256, 0, stream>>>(ws, splits, mn, yb);
+    }
     return cudaGetLastError();
   }
   static const cudaError_t attr =

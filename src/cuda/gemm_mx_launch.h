@@ -12,9 +12,12 @@ namespace mxq::cuda {
 // mma.sync kernel everywhere (tests run it on Hopper too).
 enum class GemmPath { kAuto, kPortable };
 
+// ws: f32 scratch of ws_floats for split-K partials (sm_90a, grids that leave SMs idle); null/0: no split.
 cudaError_t launch_gemm_mxfp8(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
-                              uint16_t* y, int n, int k, GemmPath path, cudaStream_t stream);
+                              uint16_t* y, int n, int k, GemmPath path, float* ws, int64_t ws_floats,
+                              cudaStream_t stream);
 cudaError_t launch_gemm_mxfp4(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
-                              uint16_t* y, int n, int k, GemmPath path, cudaStream_t stream);
+                              uint16_t* y, int n, int k, GemmPath path, float* ws, int64_t ws_floats,
+                              cudaStream_t stream);
 
 }  // namespace mxq::cuda

@@ -126,14 +126,17 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
 }
 #endif
 
-// Grid: cdiv(n, 128) * cdiv(m, kBM) blocks (tile_of), 384 threads, sm90_smem_bytes(kBM) of dynamic shared
-// memory.
+// Grid: x = cdiv(n, 128) * cdiv(m, kBM) tiles (tile_of), y = K splits; 384 threads, sm90_smem_bytes(kBM) of
+// dynamic shared memory. Split-K (gridDim.y > 1, small grids): split z runs stages [z·c, z·c + c) of the
+// cdiv(K, 64) (c = cdiv(stages, splits)) and stores its f32 partial tile, row scale applied, to
+// ws[z][m][n]; splitk_reduce sums the splits in order into y (deterministic). ws is null without a split.
 // kTail: K has a short last layout group (K % 64 for MXFP8, K % 128 for MXFP4); without one the weight
 // loads need no bounds and the scale pairs are 2-byte aligned.
 template <class Fmt, bool kTail, int kBM>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     gemm_mx_sm90(const __grid_constant__ CUtensorMap xmap, int m, const uint8_t* __restrict__ wv,
-                 const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k) {
+                 const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k,
+                 float* __restrict__ partial) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStageBytes = sm90_stage_bytes(kBM);
   extern __shared__ uint8_t smem_raw[];
@@ -141,7 +144,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + kSm90Stages * kStageBytes);
   uint64_t* empty = full + kSm90Stages;
-  const int wg = threadIdx.x / 128, stages = (k + kStageK - 1) / kStageK;
+  const int wg = threadIdx.x / 128, all_stages = (k + kStageK - 1) / kStageK;
+  const int chunk = (all_stages + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
+  const int s0 = static_cast<int>(blockIdx.y) * chunk, stages = min(chunk, all_stages - s0);
   int tile_n, tile_m;
   tile_of(blockIdx.x, (m + kBM - 1) / kBM, tile_n, tile_m);
   const int n0 = tile_n * kSm90BlockN, m0 = tile_m * kBM;
@@ -159,7 +164,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         const int slot = s % kSm90Stages;
         if (s >= kSm90Stages) mbar_wait(empty + slot, ((s / kSm90Stages) - 1) & 1);
         mbar_expect_tx(full + slot, kStageBytes);
-        tma_load_2d(ring + slot * kStageBytes, &xmap, s * kStageK, m0, full + slot);
+        tma_load_2d(ring + slot * kStageBytes, &xmap, (s0 + s) * kStageK, m0, full + slot);
       }
     }
   } else {
@@ -180,8 +185,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     RawStage<Fmt::kWords> raw[2][2];  // [stage % 2][row a, row b]: raw bytes of stage s+2 (s+3)
     uint32_t frag[3][4][4];           // [stage % 3][k-step][register]
     auto load_stage = [&](int s, RawStage<Fmt::kWords>(&r)[2]) {
-      load_raw<Fmt, kTail>(va, sa, k, s, t, r[0]);
-      load_raw<Fmt, kTail>(vb, sb, k, s, t, r[1]);
+      load_raw<Fmt, kTail>(va, sa, k, s0 + s, t, r[0]);
+      load_raw<Fmt, kTail>(vb, sb, k, s0 + s, t, r[1]);
     };
     load_stage(0, raw[0]);
     if (stages > 1) load_stage(1, raw[1]);
@@ -235,14 +240,45 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 
     // Epilogue: acc[4j + c] holds row (c < 2 ? g : g+8), activation column 8j + 2t + (c & 1).
     const float post_a = post_scale(bref_a), post_b = post_scale(bref_b);
+    float* part = partial ? partial + static_cast<int64_t>(blockIdx.y) * m * n : nullptr;
 #pragma unroll
     for (int j = 0; j < kBM / 8; ++j) {
       const int col = m0 + 8 * j + 2 * t;
-      store_pair(y, m, n, row_a, col, acc[4 * j] * post_a, acc[4 * j + 1] * post_a);
-      store_pair(y, m, n, row_b, col, acc[4 * j + 2] * post_b, acc[4 * j + 3] * post_b);
+      if (part) {
+        store_pair(part, m, n, row_a, col, acc[4 * j] * post_a, acc[4 * j + 1] * post_a);
+        store_pair(part, m, n, row_b, col, acc[4 * j + 2] * post_b, acc[4 * j + 3] * post_b);
+      } else {
+        store_pair(y, m, n, row_a, col, acc[4 * j] * post_a, acc[4 * j + 1] * post_a);
+        store_pair(y, m, n, row_b, col, acc[4 * j + 2] * post_b, acc[4 * j + 3] * post_b);
+      }
     }
   }
 #endif
 }
+
+// y [m, n] bf16 = the sum over z of ws[z][m][n] (f32), z in order: 4 elements a thread. note: internal
+// linkage, one copy per format's translation unit.
+namespace {
+__global__ void splitk_reduce(const float* __restrict__ ws, int splits, int64_t count, __nv_bfloat16* y) {
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+  if (i >= count) return;
+  if (i + 4 <= count && count % 4 == 0) {
+    float4 acc = *reinterpret_cast<const float4*>(ws + i);
+    for (int z = 1; z < splits; ++z) {
+      const float4 v = *reinterpret_cast<const float4*>(ws + z * count + i);
+      acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+    }
+    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(y + i);
+    out[0] = __floats2bfloat162_rn(acc.x, acc.y);
+    out[1] = __floats2bfloat162_rn(acc.z, acc.w);
+    return;
+  }
+  for (int64_t e = i; e < min(count, i + 4); ++e) {
+    float acc = ws[e];
+    for (int z = 1; z < splits; ++z) acc += ws[z * count + e];
+    y[e] = __float2bfloat16_rn(acc);
+  }
+}
+}  // namespace
 
 }  // namespace mxq::cuda::gemm

@@ -13,8 +13,9 @@
 namespace mxq::cuda {
 
 cudaError_t launch_gemm_mxfp4(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,
-                              uint16_t* y, int n, int k, GemmPath path, cudaStream_t stream) {
-  return gemm::launch_gemm<gemm::Fp4>(x, m, values, scales, y, n, k, path, stream);
+                              uint16_t* y, int n, int k, GemmPath path, float* ws, int64_t ws_floats,
+                              cudaStream_t stream) {
+  return gemm::launch_gemm<gemm::Fp4>(x, m, values, scales, y, n, k, path, ws, ws_floats, stream);
 }
 
 }  // namespace mxq::cuda

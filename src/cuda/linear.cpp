@@ -228,6 +228,9 @@ Result<std::unique_ptr<LinearContext>> LinearContext::create(Arch arch) {
   if (!ws) return tl::unexpected(ws.error());
   c->blas_workspace_ = std::move(*ws);
   MXQ_CUDA_CHECK(cublasSetWorkspace(c->blas_, c->blas_workspace_.as(), c->blas_workspace_.bytes()));
+  auto splitk = DeviceBuffer::alloc(static_cast<size_t>(kGemmSplitKFloats) * sizeof(float));
+  if (!splitk) return tl::unexpected(splitk.error());
+  c->splitk_ = std::move(*splitk);
   auto fp8 = Fp8B128Gemm::create();
   if (!fp8) return tl::unexpected(fp8.error());
   c->fp8_ = std::move(*fp8);
@@ -296,9 +299,9 @@ Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int
       return ctx.fp8().run(x, m, Fp8B128Weights{w.values, reinterpret_cast<const float*>(w.scales), w.n, w.k},
                            y, stream);
     case Kernel::kGemmMxfp8:
-      return gemm_mxfp8(x, m, MxGemvWeights{w.format, w.values, w.scales, w.n, w.k}, y, stream);
+      return gemm_mxfp8(x, m, MxGemvWeights{w.format, w.values, w.scales, w.n, w.k}, y, stream, ctx.splitk());
     case Kernel::kGemmMxfp4:
-      return gemm_mxfp4(x, m, MxGemvWeights{w.format, w.values, w.scales, w.n, w.k}, y, stream);
+      return gemm_mxfp4(x, m, MxGemvWeights{w.format, w.values, w.scales, w.n, w.k}, y, stream, ctx.splitk());
   }
   return fail("linear: unreachable kernel kind");  // not reached: the switch covers every kind
 }

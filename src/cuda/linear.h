@@ -74,6 +74,10 @@ class LinearContext {
   // every change of stream (a pool allocation inside a graph capture would break the capture).
   Result<cublasHandle_t> blas(cudaStream_t stream);
   Fp8B128Gemm& fp8() { return *fp8_; }
+  // f32 scratch for the MX GEMM's split-K partials (gemm_mx.h), kGemmSplitKFloats, allocated at create.
+  std::span<float> splitk() {
+    return {splitk_.as<float>(), splitk_.bytes() / sizeof(float)};
+  }
 
  private:
   LinearContext() = default;
@@ -82,6 +86,7 @@ class LinearContext {
   cudaStream_t blas_stream_ = nullptr;
   bool blas_bound_ = false;
   DeviceBuffer blas_workspace_;
+  DeviceBuffer splitk_;
   std::unique_ptr<Fp8B128Gemm> fp8_;
 };
 

@@ -69,7 +69,7 @@ std::vector<double> f64_reference(const Problem& p) {
   return ref;
 }
 
-enum class Kernel { kGemmAuto, kGemmPortable, kGemv };
+enum class Kernel { kGemmAuto, kGemmSplitK, kGemmPortable, kGemv };
 
 // Runs one kernel on the problem with a poisoned output; returns y as floats.
 Result<std::vector<float>> run_gpu(const Problem& p, Kernel kernel) {
@@ -85,13 +85,22 @@ Result<std::vector<float>> run_gpu(const Problem& p, Kernel kernel) {
   if (kernel == Kernel::kGemmAuto) {
     if (Status st = fp8 ? gemm_mxfp8(x, p.m, w, y, nullptr) : gemm_mxfp4(x, p.m, w, y, nullptr); !st)
       return tl::unexpected(st.error());
+  } else if (kernel == Kernel::kGemmSplitK) {
+    // note: the scratch is poisoned too (NaN), so a partial a split failed to write shows as NaN in y.
+    auto ws = test::poisoned<float>(static_cast<size_t>(kGemmSplitKFloats));
+    if (!ws) return fail("gemm test: device allocation failed");
+    const std::span<float> splitk{ws->as<float>(), static_cast<size_t>(kGemmSplitKFloats)};
+    if (Status st = fp8 ? gemm_mxfp8(x, p.m, w, y, nullptr, splitk) : gemm_mxfp4(x, p.m, w, y, nullptr, splitk);
+        !st)
+      return tl::unexpected(st.error());
+    MXQ_CUDA_CHECK(cudaDeviceSynchronize());
   } else if (kernel == Kernel::kGemv) {
     if (Status st = fp8 ? gemv_mxfp8(x, p.m, w, y, nullptr) : gemv_mxfp4(x, p.m, w, y, nullptr); !st)
       return tl::unexpected(st.error());
   } else {
     const auto launch = fp8 ? launch_gemm_mxfp8 : launch_gemm_mxfp4;
     MXQ_CUDA_CHECK(launch(x, static_cast<int>(p.m), w.values, w.scales, y, static_cast<int>(p.n),
-                          static_cast<int>(p.k), GemmPath::kPortable, nullptr));
+                          static_cast<int>(p.k), GemmPath::kPortable, nullptr, 0, nullptr));
   }
   MXQ_CUDA_CHECK(cudaGetLastError());
   auto yh = test::download<uint16_t>(*dy, static_cast<size_t>(p.m * p.n));
@@ -125,8 +134,10 @@ TEST_P(GemmMx, MatchesCpuLinear) {
   const std::vector<double> ref = f64_reference(p);
   std::vector<double> twin_d(twin.begin(), twin.end());
   const double tol = traits(c.format).nmse_tolerance;
-  for (Kernel kernel : {Kernel::kGemmAuto, Kernel::kGemmPortable}) {
-    SCOPED_TRACE(kernel == Kernel::kGemmAuto ? "auto kernel" : "portable kernel");
+  for (Kernel kernel : {Kernel::kGemmAuto, Kernel::kGemmSplitK, Kernel::kGemmPortable}) {
+    SCOPED_TRACE(kernel == Kernel::kGemmAuto     ? "auto kernel"
+                 : kernel == Kernel::kGemmSplitK ? "auto kernel, split-K scratch"
+                                                 : "portable kernel");
     auto y = run_gpu(p, kernel);
     ASSERT_TRUE(y) << y.error().message;
     EXPECT_LE(test::nmse(*y, twin_d), tol) << "vs CPU linear; NaN means an output was left unwritten";
@@ -149,6 +160,12 @@ std::vector<GemmCase> gemm_cases() {
     // 128-row tiles, two), with and without a K tail; the cases above run its 128-row tiles.
     cases.push_back({f, 300, 6100, 96});
     cases.push_back({f, 300, 6100, 128});
+    // Split-K on sm_90a (with scratch): few tiles and long K. 3 tiles x 8 splits of 4 stages; 8 tiles x 4
+    // splits of 5, 5, 5, 2 stages with a K tail (MXFP8 32, MXFP4 32); 2 tiles, M = 5; 32 tiles x 4 splits.
+    cases.push_back({f, 17, 300, 2048});
+    cases.push_back({f, 100, 1000, 1056});
+    cases.push_back({f, 5, 129, 3072});
+    cases.push_back({f, 64, 4096, 4096});
   }
   return cases;
 }
