@@ -11,6 +11,7 @@
 #include <cuda.h>
 
 #include <type_traits>
+#include <utility>
 
 #include "cuda/gemm_mx_kernel.cuh"
 
@@ -18,6 +19,10 @@ namespace mxq::cuda::gemm {
 
 // note: kBM (activation rows per tile) is 256, or 128 when 256-row tiles would leave SMs idle (small M).
 inline constexpr int kSm90BlockN = 128, kSm90Stages = 4, kSm90Threads = 384;
+// Raw weight stages loaded ahead of decoding: 4 for 128-row activation tiles (hides more load latency where a
+// stage's wgmmas are short); 2 for 256-row tiles, whose 128 accumulator registers leave no room (ptxas
+// spills ~1 KB with 4).
+constexpr int sm90_raw_stages(int bm) { return bm == 256 ? 2 : 4; }
 constexpr int sm90_stage_bytes(int bm) { return bm * kStageK * 2; }
 // note: + 1024 so the stage ring can start on a 1024-byte boundary (128-byte swizzle atoms), + barriers.
 constexpr int sm90_smem_bytes(int bm) {
@@ -182,8 +187,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     float acc[kBM / 2];
 #pragma unroll
     for (int i = 0; i < kBM / 2; ++i) acc[i] = 0.f;
-    RawStage<Fmt::kWords> raw[2][2];  // [stage % 2][row a, row b]: raw bytes of stage s+2 (s+3)
-    uint32_t frag[3][4][4];           // [stage % 3][k-step][register]
+    // note: kRaw stages of raw weight bytes in flight (s+2 .. s+1+kRaw while stage s runs): at small M a
+    // stage's wgmmas are short and the global loads' latency is what a CTA waits on.
+    constexpr int kRaw = sm90_raw_stages(kBM);
+    RawStage<Fmt::kWords> raw[kRaw][2];  // [stage % kRaw][row a, row b]
+    uint32_t frag[3][4][4];              // [stage % 3][k-step][register]
     auto load_stage = [&](int s, RawStage<Fmt::kWords>(&r)[2]) {
       load_raw<Fmt, kTail>(va, sa, k, s0 + s, t, r[0]);
       load_raw<Fmt, kTail>(vb, sb, k, s0 + s, t, r[1]);
@@ -192,12 +200,13 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     if (stages > 1) load_stage(1, raw[1]);
     stage_fragments<Fmt, true>(raw[0][0], raw[0][1], bref_a, bref_b, t, frag[0]);
     if (stages > 1) stage_fragments<Fmt, true>(raw[1][0], raw[1][1], bref_a, bref_b, t, frag[1]);
-    if (stages > 2) load_stage(2, raw[0]);
-    if (stages > 3) load_stage(3, raw[1]);
-    // One stage s (fragments in frag[F = s % 3], raw[R = s % 2] holding stage s+2): wait for its x tile,
-    // issue 4 wgmmas, retire stage s-1 (wait_group 1) and free its slot, then decode stage s+2 into the
-    // fragments stage s-1 used and refill raw[R] with stage s+4. Two stages stay queued on the tensor
-    // cores while a third is decoded.
+#pragma unroll
+    for (int q = 2; q < 2 + kRaw; ++q)
+      if (q < stages) load_stage(q, raw[q % kRaw]);
+    // One stage s (fragments in frag[F = s % 3], raw[R = (s + 2) % kRaw] holding stage s+2): wait for its x
+    // tile, issue 4 wgmmas, retire stage s-1 (wait_group 1) and free its slot, then decode stage s+2 into
+    // the fragments stage s-1 used and refill raw[R] with stage s+2+kRaw. Two stages stay queued on the
+    // tensor cores while a third is decoded.
     // note: fragments are written 2 stages ahead, never while the wgmma they feed has an older wgmma in
     // flight that was issued after the write: ptxas then keeps the wgmmas asynchronous (writing them one
     // stage ahead with wait_group 1 triggers C7513 serialisation).
@@ -219,22 +228,21 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       if (s > 0 && lane == 0) mbar_arrive(empty + (s + kSm90Stages - 1) % kSm90Stages);
       if (s + 2 < stages) {
         stage_fragments<Fmt, true>(raw[R][0], raw[R][1], bref_a, bref_b, t, frag[(F + 2) % 3]);
-        if (s + 4 < stages) load_stage(s + 4, raw[R]);
+        if (s + 2 + kRaw < stages) load_stage(s + 2 + kRaw, raw[R]);
       }
     };
-    using std::integral_constant;
-    for (int s = 0; s < stages; s += 6) {
-      stage(s, integral_constant<int, 0>{}, integral_constant<int, 0>{});
-      if (s + 1 >= stages) break;
-      stage(s + 1, integral_constant<int, 1>{}, integral_constant<int, 1>{});
-      if (s + 2 >= stages) break;
-      stage(s + 2, integral_constant<int, 2>{}, integral_constant<int, 0>{});
-      if (s + 3 >= stages) break;
-      stage(s + 3, integral_constant<int, 0>{}, integral_constant<int, 1>{});
-      if (s + 4 >= stages) break;
-      stage(s + 4, integral_constant<int, 1>{}, integral_constant<int, 0>{});
-      if (s + 5 >= stages) break;
-      stage(s + 5, integral_constant<int, 2>{}, integral_constant<int, 1>{});
+    // note: the register indices must be compile-time: the loop body is the lcm(3, kRaw) stages of one
+    // period, each with its own (F, R); the fold stops at the last stage.
+    constexpr int kPeriod = kRaw % 3 == 0 ? kRaw : 3 * kRaw;  // lcm(3, kRaw)
+    for (int s = 0; s < stages; s += kPeriod) {
+      [&]<int... O>(std::integer_sequence<int, O...>) {
+        (void)((s + O < stages
+                    ? (stage(s + O, std::integral_constant<int, O % 3>{},
+                             std::integral_constant<int, (O + 2) % kRaw>{}),
+                       true)
+                    : false) &&
+               ...);
+      }(std::make_integer_sequence<int, kPeriod>{});
     }
     wgmma_wait<0>();
 

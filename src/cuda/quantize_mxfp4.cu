@@ -1,8 +1,9 @@
 // MXFP4 quantize, rule ct: bf16 [rows, cols] → packed E2M1 values (16 bytes per block at i*16) + E8M0 scales.
-// Layout: four threads per 1x32 block; block i covers x[i*32, i*32+32) of the flattened row-major input (cols
-// is a multiple of 32, so blocks never straddle rows). Thread q of block i reads elements [8q, 8q+8) (one
-// 16-byte load: a warp reads 512 contiguous bytes), writes value bytes [4q, 4q+4) of the block, and thread 0
-// writes scale byte i, which is exactly the row-major [rows, cols/32] scales plane.
+// Layout: four threads per 1x32 block, each thread kUnroll such parts; block i covers x[i*32, i*32+32) of
+// the flattened row-major input (cols is a multiple of 32, so blocks never straddle rows). Thread q of block
+// i reads elements [8q, 8q+8) (one 16-byte load: a warp reads 512 contiguous bytes), writes value bytes
+// [4q, 4q+4) of the block, and thread 0 writes scale byte i, which is exactly the row-major [rows, cols/32]
+// scales plane.
 //
 // note: the encode works on bf16 pairs, two elements per instruction (the ALU pipe bounded the one-element
 // f32 encode at ~70% of copy). For |x| scaled by the block's power of two, t = |x| · 2^(127-b) < 8 (rule ct),
@@ -21,7 +22,7 @@
 namespace mxq::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256, kUnroll = 4;
 
 __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
@@ -65,33 +66,43 @@ __device__ __forceinline__ uint32_t e2m1_pair(uint32_t w, uint32_t a, uint32_t f
 __global__ void __launch_bounds__(kThreads)
     quantize_mxfp4_ct_kernel(const uint16_t* __restrict__ x, int64_t blocks, uint8_t* __restrict__ values,
                              uint8_t* __restrict__ scales, unsigned long long* bad_block) {
-  const int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  const int64_t i = g >> 2;
-  // note: no early return: the four threads of a block shuffle with the whole warp, and the last warp may
-  // hold threads past the last block (they load nothing and store nothing).
-  const bool live = i < blocks;
-  const uint4 r = live ? __ldg(reinterpret_cast<const uint4*>(x) + g) : make_uint4(0, 0, 0, 0);
-  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-  uint32_t a[4], m = 0;
+  // note: a CTA covers kUnroll x kThreads / 4 blocks; its j-th pass covers kThreads / 4 consecutive blocks
+  // (a warp reads 512 contiguous bytes), and all kUnroll loads are issued before the first use.
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
+  uint4 r[kUnroll];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) a[j] = w[j] & 0x7FFF7FFFu, m = max_u16x2(m, a[j]);
-  m = max(m & 0xFFFFu, m >> 16);
-  m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
-  m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
-  const bool q0 = live && (g & 3) == 0;
-  if (m >= 0x7F80u && q0) atomicMin(bad_block, static_cast<unsigned long long>(i));
-  const uint32_t b = quant::mxfp4_ct_scale(quant::bf16_bits_to_f32(m));
-  const uint32_t f = __float_as_uint(quant::exp2_int(127 - static_cast<int>(b))) >> 16;
-  const uint32_t f2 = f | f << 16;
-  uint32_t t[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t c = e2m1_pair(w[j], a[j], f2);
-    t[j] = c | c >> 12;  // note: byte 0 = element 2j in bits 3:0, element 2j+1 in bits 7:4
+  for (int j = 0; j < kUnroll; ++j) {
+    const int64_t g = base + j * kThreads;
+    // note: no early return: the four threads of a block shuffle with the whole warp, and the last warps
+    // may hold threads past the last block (they load nothing and store nothing).
+    r[j] = (g >> 2) < blocks ? __ldg(reinterpret_cast<const uint4*>(x) + g) : make_uint4(0, 0, 0, 0);
   }
-  const uint32_t lo = __byte_perm(t[0], t[1], 0x0040), hi = __byte_perm(t[2], t[3], 0x0040);
-  if (live) reinterpret_cast<uint32_t*>(values)[g] = __byte_perm(lo, hi, 0x5410);
-  if (q0) scales[i] = static_cast<uint8_t>(b);
+#pragma unroll
+  for (int j = 0; j < kUnroll; ++j) {
+    const int64_t g = base + j * kThreads, i = g >> 2;
+    const bool live = i < blocks;
+    const uint32_t w[4] = {r[j].x, r[j].y, r[j].z, r[j].w};
+    uint32_t a[4], m = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) a[e] = w[e] & 0x7FFF7FFFu, m = max_u16x2(m, a[e]);
+    m = max(m & 0xFFFFu, m >> 16);
+    m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+    m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+    const bool q0 = live && (g & 3) == 0;
+    if (m >= 0x7F80u && q0) atomicMin(bad_block, static_cast<unsigned long long>(i));
+    const uint32_t b = quant::mxfp4_ct_scale(quant::bf16_bits_to_f32(m));
+    const uint32_t f = __float_as_uint(quant::exp2_int(127 - static_cast<int>(b))) >> 16;
+    const uint32_t f2 = f | f << 16;
+    uint32_t t[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t c = e2m1_pair(w[e], a[e], f2);
+      t[e] = c | c >> 12;  // note: byte 0 = element 2e in bits 3:0, element 2e+1 in bits 7:4
+    }
+    const uint32_t lo = __byte_perm(t[0], t[1], 0x0040), hi = __byte_perm(t[2], t[3], 0x0040);
+    if (live) reinterpret_cast<uint32_t*>(values)[g] = __byte_perm(lo, hi, 0x5410);
+    if (q0) scales[i] = static_cast<uint8_t>(b);
+  }
 }
 
 }  // namespace
@@ -100,7 +111,7 @@ cudaError_t launch_quantize_mxfp4_ct(const uint16_t* x, int64_t rows, int64_t co
                                      uint8_t* scales, unsigned long long* bad_block, cudaStream_t stream) {
   const int64_t blocks = rows * (cols / 32);
   if (blocks == 0) return cudaSuccess;
-  const auto grid = static_cast<unsigned>((blocks * 4 + kThreads - 1) / kThreads);
+  const auto grid = static_cast<unsigned>((blocks * 4 + kThreads * kUnroll - 1) / (kThreads * kUnroll));
   quantize_mxfp4_ct_kernel<<<grid, kThreads, 0, stream>>>(x, blocks, values, scales, bad_block);
   return cudaGetLastError();
 }
