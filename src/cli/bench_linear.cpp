@@ -126,7 +126,7 @@ Result<double> read_ceiling_us(std::mt19937_64& rng, int64_t bytes, cudaStream_t
 // M <= 32 called directly, and gemm_mx at the same M > 16 (MX formats), against the copy and read-only
 // ceilings; one row each.
 Status gemv_study(const RotatedWeights& w, const Shape& s, const std::vector<int64_t>& ms, const uint16_t* xp,
-                  uint16_t* yp, double copy_gbs, double read_us, cudaStream_t stream) {
+                  uint16_t* yp, double copy_gbs, double read_us, std::span<float> splitk, cudaStream_t stream) {
   const bool fp8 = w.format == Format::kMXFP8;
   auto row = [&](int64_t m, const char* kernel, double us) {
     const double gbs = static_cast<double>(w.bytes) / (us * 1e-6) / 1e9;
@@ -155,7 +155,8 @@ Status gemv_study(const RotatedWeights& w, const Shape& s, const std::vector<int
     auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) {
       const cuda::LinearWeights lw = w.at(i);
       const cuda::MxGemvWeights gw{w.format, lw.values, lw.scales, w.n, w.k};
-      return fp8 ? cuda::gemm_mxfp8(xp, m, gw, yp, stream) : cuda::gemm_mxfp4(xp, m, gw, yp, stream);
+      return fp8 ? cuda::gemm_mxfp8(xp, m, gw, yp, stream, splitk)
+                 : cuda::gemm_mxfp4(xp, m, gw, yp, stream, splitk);
     });
     if (!us) return tl::unexpected(us.error());
     row(m, fp8 ? "gemm_mxfp8" : "gemm_mxfp4", *us);
@@ -253,7 +254,7 @@ Status run_bench(const Run& run) {
             100.0 * *read_us / *us);
       }
       if (run.gemv_study)
-        if (Status st = gemv_study(*w, s, run.ms, xp, yp, *copy_gbs, *read_us, stream); !st) return st;
+        if (Status st = gemv_study(*w, s, run.ms, xp, yp, *copy_gbs, *read_us, (*ctx)->splitk(), stream); !st) return st;
       if (!refused.empty())
         fmt::print("{:<22} {:>8} {:>5} {:>5} M={} refused: {}\n", s.name, traits(f).name, s.n, s.k, refused,
                    refusal.substr(0, refusal.find(" (arch")));

@@ -42,18 +42,22 @@ constexpr int64_t kAnyM = std::numeric_limits<int>::max();
 // serves M 9..16 at the M = 16 cost); sm_80, which has no cuBLASLt entry, takes the GEMV to M = 32
 // (bench/RESULTS.md, "GEMV M <= 32").
 constexpr int64_t kFp8GemvMaxMSm90 = 8;
+// note: with split-K (session 5), sm_90a's MX GEMM beats the GEMV at M = 32 on all four Qwen3-8B shapes (sum
+// 191 vs 231 µs MXFP8) and loses at M = 16 (sum 97 vs 125 µs GEMV); linear interpolation of the GEMV puts the
+// per-shape crossovers at M 22..30, so sm_90a's MX GEMV stops at 24 (bench/RESULTS.md, session 5).
+constexpr int64_t kMxGemvMaxMSm90 = 24;
 // note: the closed table (see linear.h); a (format, arch, M) with no entry is refused as missing. gemm_mx
 // picks its wgmma (sm_90a) or mma.sync (sm_80) kernel itself; both read the GEMV's native layout.
 constexpr Entry kTable[] = {
     {Format::kBF16, Arch::kSm90a, 1, kAnyM, Kernel::kCublasBf16, "cublas_bf16"},
     {Format::kBF16, Arch::kSm80, 1, kAnyM, Kernel::kCublasBf16, "cublas_bf16"},
-    {Format::kMXFP8, Arch::kSm90a, 1, kGemvMaxM, Kernel::kGemvMxfp8, "gemv_mxfp8"},
+    {Format::kMXFP8, Arch::kSm90a, 1, kMxGemvMaxMSm90, Kernel::kGemvMxfp8, "gemv_mxfp8"},
     {Format::kMXFP8, Arch::kSm80, 1, kGemvMaxM, Kernel::kGemvMxfp8, "gemv_mxfp8"},
-    {Format::kMXFP8, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp8, "gemm_mxfp8"},
+    {Format::kMXFP8, Arch::kSm90a, kMxGemvMaxMSm90 + 1, kAnyM, Kernel::kGemmMxfp8, "gemm_mxfp8"},
     {Format::kMXFP8, Arch::kSm80, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp8, "gemm_mxfp8"},
-    {Format::kMXFP4, Arch::kSm90a, 1, kGemvMaxM, Kernel::kGemvMxfp4, "gemv_mxfp4"},
+    {Format::kMXFP4, Arch::kSm90a, 1, kMxGemvMaxMSm90, Kernel::kGemvMxfp4, "gemv_mxfp4"},
     {Format::kMXFP4, Arch::kSm80, 1, kGemvMaxM, Kernel::kGemvMxfp4, "gemv_mxfp4"},
-    {Format::kMXFP4, Arch::kSm90a, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp4, "gemm_mxfp4"},
+    {Format::kMXFP4, Arch::kSm90a, kMxGemvMaxMSm90 + 1, kAnyM, Kernel::kGemmMxfp4, "gemm_mxfp4"},
     {Format::kMXFP4, Arch::kSm80, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp4, "gemm_mxfp4"},
     {Format::kFP8_B128, Arch::kSm90a, 1, kFp8GemvMaxMSm90, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
     {Format::kFP8_B128, Arch::kSm80, 1, kGemvFp8B128MaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
