@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,32 @@ std::vector<uint16_t> regime_bf16(std::mt19937_64& rng, size_t count) {
   return v;
 }
 
+// Runs the GPU quantizer on x [rows, cols] (poisoned outputs) and expects `want`'s planes byte for byte; a
+// values mismatch names the input pair and the block's first element.
+void expect_gpu_planes(Format f, const std::vector<uint16_t>& x, int64_t rows, int64_t cols, const Planes& want) {
+  auto dx = test::upload(x);
+  auto dv = test::poisoned<uint8_t>(want.values.size());
+  auto ds = test::poisoned<uint8_t>(want.scales.size());
+  ASSERT_TRUE(dx && dv && ds);
+  const Status st =
+      quantize_bf16(f, dx->as<uint16_t>(), rows, cols, dv->as<uint8_t>(), ds->as(), "test.weight", nullptr);
+  ASSERT_TRUE(st) << st.error().message;
+  auto values = test::download<uint8_t>(*dv, want.values.size());
+  auto scales = test::download<uint8_t>(*ds, want.scales.size());
+  ASSERT_TRUE(values && scales);
+  for (size_t i = 0; i < want.scales.size(); ++i) ASSERT_EQ((*scales)[i], want.scales[i]) << "scale byte " << i;
+  const size_t per_byte = f == Format::kMXFP4 ? 2 : 1;
+  auto describe = [&](size_t i) {
+    const size_t elem = per_byte * i, lead = f == Format::kFP8_B128 ? elem : elem / 32 * 32;
+    std::ostringstream os;
+    os << "value byte " << i << ", input bf16 0x" << std::hex << x[elem];
+    if (per_byte == 2) os << " 0x" << x[elem + 1];
+    os << ", block lead 0x" << x[lead];
+    return os.str();
+  };
+  for (size_t i = 0; i < want.values.size(); ++i) ASSERT_EQ((*values)[i], want.values[i]) << describe(i);
+}
+
 // ---- cases ----------------------------------------------------------------------------------------------
 struct QuantCase {
   Format format;
@@ -152,23 +179,7 @@ TEST_P(GpuQuantize, BitwiseEqualsSpecReference) {  // covers N-11, N-12
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   const std::vector<uint16_t> x = regime_bf16(rng, static_cast<size_t>(c.rows * c.cols));
-  const Planes ref = ref_quantize(c.format, x, c.rows, c.cols);
-
-  auto dx = test::upload(x);
-  auto dv = test::poisoned<uint8_t>(ref.values.size());
-  auto ds = test::poisoned<uint8_t>(ref.scales.size());
-  ASSERT_TRUE(dx && dv && ds);
-  const Status st = quantize_bf16(c.format, dx->as<uint16_t>(), c.rows, c.cols, dv->as<uint8_t>(), ds->as(),
-                                  "test.weight", nullptr);
-  ASSERT_TRUE(st) << st.error().message;
-  auto values = test::download<uint8_t>(*dv, ref.values.size());
-  auto scales = test::download<uint8_t>(*ds, ref.scales.size());
-  ASSERT_TRUE(values && scales);
-  for (size_t i = 0; i < ref.scales.size(); ++i) ASSERT_EQ((*scales)[i], ref.scales[i]) << "scale byte " << i;
-  for (size_t i = 0; i < ref.values.size(); ++i) {
-    const size_t elem = c.format == Format::kMXFP4 ? 2 * i : i;
-    ASSERT_EQ((*values)[i], ref.values[i]) << "value byte " << i << ", input bf16 0x" << std::hex << x[elem];
-  }
+  expect_gpu_planes(c.format, x, c.rows, c.cols, ref_quantize(c.format, x, c.rows, c.cols));
 }
 
 // The CPU twin (format/quantize.h, default rules) on the same fresh input: identical planes, byte for byte.
@@ -183,22 +194,7 @@ TEST_P(GpuQuantize, BitwiseEqualsCpuQuantize) {  // covers N-12
   const Status cpu = quantize(c.format, default_scale_rule(c.format), Format::kBF16, x.data(), c.rows, c.cols,
                               cpu_values.data(), cpu_scales.data(), "test.weight");
   ASSERT_TRUE(cpu) << cpu.error().message;
-
-  auto dx = test::upload(x);
-  auto dv = test::poisoned<uint8_t>(cpu_values.size());
-  auto ds = test::poisoned<uint8_t>(cpu_scales.size());
-  ASSERT_TRUE(dx && dv && ds);
-  const Status st = quantize_bf16(c.format, dx->as<uint16_t>(), c.rows, c.cols, dv->as<uint8_t>(), ds->as(),
-                                  "test.weight", nullptr);
-  ASSERT_TRUE(st) << st.error().message;
-  auto values = test::download<uint8_t>(*dv, cpu_values.size());
-  auto scales = test::download<uint8_t>(*ds, cpu_scales.size());
-  ASSERT_TRUE(values && scales);
-  for (size_t i = 0; i < cpu_scales.size(); ++i) ASSERT_EQ((*scales)[i], cpu_scales[i]) << "scale byte " << i;
-  for (size_t i = 0; i < cpu_values.size(); ++i) {
-    const size_t elem = c.format == Format::kMXFP4 ? 2 * i : i;
-    ASSERT_EQ((*values)[i], cpu_values[i]) << "value byte " << i << ", input bf16 0x" << std::hex << x[elem];
-  }
+  expect_gpu_planes(c.format, x, c.rows, c.cols, Planes{std::move(cpu_values), std::move(cpu_scales)});
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -234,23 +230,7 @@ TEST_P(GpuQuantizeEveryBf16, BitwiseEqualsSpecReference) {  // covers N-11, N-12
       for (size_t j = k; j < k + 31; ++j) x.push_back(finite[std::min(j, finite.size() - 1)]);
     }
   const int64_t cols = 32, rows = static_cast<int64_t>(x.size()) / cols;
-  const Planes ref = ref_quantize(f, x, rows, cols);
-  auto dx = test::upload(x);
-  auto dv = test::poisoned<uint8_t>(ref.values.size());
-  auto ds = test::poisoned<uint8_t>(ref.scales.size());
-  ASSERT_TRUE(dx && dv && ds);
-  const Status st =
-      quantize_bf16(f, dx->as<uint16_t>(), rows, cols, dv->as<uint8_t>(), ds->as(), "test.weight", nullptr);
-  ASSERT_TRUE(st) << st.error().message;
-  auto values = test::download<uint8_t>(*dv, ref.values.size());
-  auto scales = test::download<uint8_t>(*ds, ref.scales.size());
-  ASSERT_TRUE(values && scales);
-  for (size_t i = 0; i < ref.scales.size(); ++i) ASSERT_EQ((*scales)[i], ref.scales[i]) << "scale byte " << i;
-  for (size_t i = 0; i < ref.values.size(); ++i) {
-    const size_t elem = f == Format::kMXFP4 ? 2 * i : i;
-    ASSERT_EQ((*values)[i], ref.values[i]) << "value byte " << i << ", input bf16 0x" << std::hex << x[elem]
-                                           << " 0x" << x[elem + 1] << ", block lead 0x" << x[elem / 32 * 32];
-  }
+  expect_gpu_planes(f, x, rows, cols, ref_quantize(f, x, rows, cols));
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, GpuQuantizeEveryBf16, ::testing::Values(Format::kMXFP8, Format::kMXFP4),
