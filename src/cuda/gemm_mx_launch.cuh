@@ -5,6 +5,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/gemm_mx_launch.h"
 #include "cuda/gemm_mx_sm80.cuh"
@@ -75,35 +76,42 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
       return count;
     }();
     static const cudaError_t attr = [] {
-      for (auto kernel : {gemm_mx_sm90<Fmt, true, 256>, gemm_mx_sm90<Fmt, false, 256>})
-        if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 sm90_smem_bytes(256));
-            e != cudaSuccess)
-          return e;
-      for (auto kernel : {gemm_mx_sm90<Fmt, true, 128>, gemm_mx_sm90<Fmt, false, 128>})
-        if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 sm90_smem_bytes(128));
-            e != cudaSuccess)
-          return e;
-      return cudaSuccess;
+      cudaError_t e = cudaSuccess;
+      auto set = [&e](auto kernel, int bm) {
+        if (e == cudaSuccess)
+          e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90_smem_bytes(bm));
+      };
+      set(gemm_mx_sm90<Fmt, true, 256>, 256), set(gemm_mx_sm90<Fmt, false, 256>, 256);
+      set(gemm_mx_sm90<Fmt, true, 128>, 128), set(gemm_mx_sm90<Fmt, false, 128>, 128);
+      set(gemm_mx_sm90<Fmt, true, 64>, 64), set(gemm_mx_sm90<Fmt, false, 64>, 64);
+      set(gemm_mx_sm90<Fmt, true, 32>, 32), set(gemm_mx_sm90<Fmt, false, 32>, 32);
+      return e;
     }();
     if (attr != cudaSuccess) return attr;
     const int tiles_n = (n + kSm90BlockN - 1) / kSm90BlockN;
-    // Activation tile: the one with the smaller estimated time, waves x rows per tile, a 128-row tile
-    // costing 1.15x half a 256-row one (shorter wgmmas, same decode work).
+    // Activation tile: M <= 64 takes the smallest of 32 / 64 rows that holds it (one tile; K splits fill
+    // the GPU); else the one with the smaller estimated time, waves x rows per tile, a 128-row tile costing
+    // 1.15x half a 256-row one (shorter wgmmas, same decode work).
     // note: bench/RESULTS.md run 3: 128 always below 2 waves made 6144x4096 at M = 512 1.5 waves (91 µs vs
     // 59 µs with 256), while it halved 4096x4096 at M = 32..512 and gate_up at M = 32..128.
     const int64_t waves256 = (static_cast<int64_t>(tiles_n) * ((m + 255) / 256) + sms - 1) / sms;
     const int64_t waves128 = (static_cast<int64_t>(tiles_n) * ((m + 127) / 128) + sms - 1) / sms;
-    const int bm = waves128 * 115 < waves256 * 200 ? 128 : 256;
+    const int bm = m <= 32 ? 32 : m <= 64 ? 64 : waves128 * 115 < waves256 * 200 ? 128 : 256;
     CUtensorMap map;
     if (cudaError_t e = make_x_map(&map, x, m, k, bm); e != cudaSuccess) return e;
     const int64_t tiles = static_cast<int64_t>(tiles_n) * ((m + bm - 1) / bm), mn = static_cast<int64_t>(m) * n;
     const int splits = splitk_splits(tiles, (k + kStageK - 1) / kStageK, sms, mn, ws_floats);
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
     const bool tail = k % Fmt::kGroupK != 0;
-    auto kernel = bm == 256 ? (tail ? gemm_mx_sm90<Fmt, true, 256> : gemm_mx_sm90<Fmt, false, 256>)
-                            : (tail ? gemm_mx_sm90<Fmt, true, 128> : gemm_mx_sm90<Fmt, false, 128>);
+    auto pick = [tail](auto t) {
+      constexpr int b = decltype(t)::value;
+      return tail ? gemm_mx_sm90<Fmt, true, b> : gemm_mx_sm90<Fmt, false, b>;
+    };
+    using std::integral_constant;
+    auto kernel = bm == 256   ? pick(integral_constant<int, 256>{})
+                  : bm == 128 ? pick(integral_constant<int, 128>{})
+                  : bm == 64  ? pick(integral_constant<int, 64>{})
+                              : pick(integral_constant<int, 32>{});
     kernel<<<grid, kSm90Threads, sm90_smem_bytes(bm), stream>>>(map, m, values, scales, yb, n, k,
                                                                 splits > 1 ? ws : nullptr);
     if (splits > 1) {

@@ -17,7 +17,8 @@
 
 namespace mxq::cuda::gemm {
 
-// note: kBM (activation rows per tile) is 256, or 128 when 256-row tiles would leave SMs idle (small M).
+// note: kBM (activation rows per tile) is 256, or 128 when 256-row tiles would leave SMs idle; 64 or 32 when M
+// itself is that small (a 128-row tile would spend 2-4x the tensor time on zero rows).
 inline constexpr int kSm90BlockN = 128, kSm90Stages = 4, kSm90Threads = 384;
 // Raw weight stages loaded ahead of decoding: 4 for 128-row activation tiles (hides more load latency where a
 // stage's wgmmas are short); 2 for 256-row tiles, whose 128 accumulator registers leave no room (ptxas
@@ -129,6 +130,33 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
         "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
 }
+
+// d[32] += A (registers, 64 x 16 over the warpgroup) · B (shared, K-major 16 x 64).
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
+}
+
+// d[16] += A (registers, 64 x 16 over the warpgroup) · B (shared, K-major 16 x 32).
+__device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
+}
 #endif
 
 // Grid: x = cdiv(n, 128) * cdiv(m, kBM) tiles (tile_of), y = K splits; 384 threads, sm90_smem_bytes(kBM) of
@@ -220,8 +248,12 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       for (int j = 0; j < 4; ++j) {
         if constexpr (kBM == 256)
           wgmma_m64n256k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
-        else
+        else if constexpr (kBM == 128)
           wgmma_m64n128k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
+        else if constexpr (kBM == 64)
+          wgmma_m64n64k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
+        else
+          wgmma_m64n32k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
       }
       wgmma_commit();
       wgmma_wait<1>();
