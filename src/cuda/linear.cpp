@@ -42,10 +42,11 @@ constexpr int64_t kAnyM = std::numeric_limits<int>::max();
 // serves M 9..16 at the M = 16 cost); sm_80, which has no cuBLASLt entry, takes the GEMV to M = 32
 // (bench/RESULTS.md, "GEMV M <= 32").
 constexpr int64_t kFp8GemvMaxMSm90 = 8;
-// note: with split-K (session 5), sm_90a's MX GEMM beats the GEMV at M = 32 on all four Qwen3-8B shapes (sum
-// 191 vs 231 µs MXFP8) and loses at M = 16 (sum 97 vs 125 µs GEMV); linear interpolation of the GEMV puts the
-// per-shape crossovers at M 22..30, so sm_90a's MX GEMV stops at 24 (bench/RESULTS.md, session 5).
-constexpr int64_t kMxGemvMaxMSm90 = 24;
+// note: with split-K and 32/64-row activation tiles (session 5), sm_90a's MX GEMM is flat at ~15-80 µs for
+// M = 8..48 on the Qwen3-8B shapes (sum 158 µs MXFP8) while the GEMV grows with M (sum 126 µs at M = 16, 231 at
+// 32); per shape the crossovers fall at M 19.5..22.6, so sm_90a's MX GEMV stops at 20 (bench/RESULTS.md,
+// session 5).
+constexpr int64_t kMxGemvMaxMSm90 = 20;
 // note: the closed table (see linear.h); a (format, arch, M) with no entry is refused as missing. gemm_mx
 // picks its wgmma (sm_90a) or mma.sync (sm_80) kernel itself; both read the GEMV's native layout.
 constexpr Entry kTable[] = {

@@ -2,8 +2,8 @@
 // device, W in its format and native layout. Keyed by (format, arch, M range):
 //   format    arch          M       kernel
 //   bf16      sm_90a, sm_80 1..     cuBLAS GEMM (bf16 in/out, f32 accumulate)
-//   mxfp8/4   sm_90a        1..24   gemv_mx (weight-only, gemv_mx.h)
-//   mxfp8/4   sm_90a        25..    gemm_mx (wgmma, split-K where tiles leave SMs idle; same native layout)
+//   mxfp8/4   sm_90a        1..20   gemv_mx (weight-only, gemv_mx.h)
+//   mxfp8/4   sm_90a        21..    gemm_mx (wgmma, split-K where tiles leave SMs idle; same native layout)
 //   mxfp8/4   sm_80         1..32   gemv_mx
 //   mxfp8/4   sm_80         33..    gemm_mx (mma.sync)
 //   fp8-b128  sm_90a        1..8    gemv_fp8_b128 (weight-only)
