@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "cuda/gemv_mx_launch.h"
@@ -429,10 +430,16 @@ inline int gemv_parts_tiles(const GemvParts& p) {
 // registers, so exactly 2 blocks of 256 threads fit an SM (64 K registers); the double-buffered sums take
 // 8 KiB of shared memory per block at one n-tile.
 inline int gemv_persist_blocks() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
-    sms = 1;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+  // note: the SM count per device is read once (a launch at m = 1 asks for it every time).
+  static std::atomic<int> sms_of[16] = {};
+  const int slot = dev >= 0 && dev < 16 ? dev : -1;
+  int sms = slot >= 0 ? sms_of[slot].load(std::memory_order_relaxed) : 0;
+  if (sms < 1) {
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1) return 2;
+    if (slot >= 0) sms_of[slot].store(sms, std::memory_order_relaxed);
+  }
   return 2 * sms;
 }
 
