@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/commands.h"
@@ -71,6 +72,7 @@ struct Run {
   std::vector<int64_t> ms;
   bool quantize = true;
   bool gemv_study = false;
+  std::string shape;  // only shapes whose name contains it (empty: all)
 };
 
 // Rotated device copies of one layer's native weights, and the LinearWeights of copy i.
@@ -195,6 +197,7 @@ Status run_bench(const Run& run) {
     fmt::print("study rows (after each format's rows): shape format N K M variant us GB/s %copy %read\n");
   std::mt19937_64 rng(20261129);
   for (const Shape& s : kShapes) {
+    if (std::string_view(s.name).find(run.shape) == std::string_view::npos) continue;
     auto x = replicate(random_bf16_bytes(rng, static_cast<size_t>(max_m * s.k)), 1);
     auto y = DeviceBuffer::alloc(static_cast<size_t>(max_m * s.n * 2));
     if (!x || !y) return fail("bench linear: device allocation failed for {}", s.name);
@@ -277,13 +280,15 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
   auto ms = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{1, 8, 32, 128, 512, 4096});
   auto no_quantize = std::make_shared<bool>(false);
   auto study = std::make_shared<bool>(false);
+  auto shape = std::make_shared<std::string>();
   cmd->add_option("--formats", *formats, "weight formats, comma-separated (mxfp8, mxfp4, fp8-b128)")
       ->delimiter(',');
   cmd->add_option("--m", *ms, "activation rows, comma-separated (1..8192)")->delimiter(',');
   cmd->add_flag("--no-quantize", *no_quantize, "skip the quantize-kernel table");
   cmd->add_flag("--gemv-study", *study,
                 "after each format's rows, every GEMV kernel variant at M <= 32 and gemm_mx at M 17..32");
-  cmd->callback([formats, ms, no_quantize, study, &exit_code] {
+  cmd->add_option("--shape", *shape, "only the shapes whose name contains this (e.g. q/o, gate_up)");
+  cmd->callback([formats, ms, no_quantize, study, shape, &exit_code] {
 #if defined(MXQ_HAVE_CUDA)
     Run run;
     for (const std::string& name : *formats) {
@@ -310,6 +315,7 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
     run.ms = *ms;
     run.quantize = !*no_quantize;
     run.gemv_study = *study;
+    run.shape = *shape;
     if (Status st = run_bench(run); !st) {
       spdlog::error("bench linear: {}", st.error().message);
       exit_code = 1;

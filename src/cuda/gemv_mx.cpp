@@ -40,6 +40,10 @@ const char* gemv_kernel_name(GemvKernel k) {
       return "register";
     case GemvKernel::kRegisterStep:
       return "register_step";
+    case GemvKernel::kPersist:
+      return "persist";
+    case GemvKernel::kPersistStep:
+      return "persist_step";
   }
   return "?";
 }

@@ -6,11 +6,17 @@
 // from zero; the E8M0 scale multiplies that partial in f32.
 // note: 1, 2 or 4 warps per tile with longer K slices measured slower on every Qwen3 shape, as did a
 // ping-pong register pipeline (bench/RESULTS.md, runs 3-4): 8 warps split one tile's K.
+// Grid: one block per 16-row tile, or persistent (gemv_mx_persist_kernel: min(tiles, 2 per SM) blocks, each
+// walking tiles b, b + grid, ..., its warps prefetching the next tile's first step while they compute the
+// last of the current one), bitwise the same. note: persistence measured only 4% faster, on the multi-wave
+// MXFP8 m = 1 shapes; at one tile per block and for MXFP4 it was slower (bench/RESULTS.md, session 4 gemv5).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "cuda/gemv_mx_launch.h"
@@ -100,6 +106,9 @@ struct FoldedScale {
   }
 };
 
+// Nonzero when some byte of v is 0 (the classic bit trick: 3 integer ops for 4 bytes).
+__device__ __forceinline__ uint32_t has_zero_byte(uint32_t v) { return (v - 0x01010101u) & ~v & 0x80808080u; }
+
 // Scale bytes of kCount consecutive blocks (2 or 4) at p; one vector load when p is known aligned.
 template <int kCount, bool kAligned>
 __device__ __forceinline__ uint32_t load_scales(const uint8_t* p) {
@@ -119,11 +128,15 @@ __device__ __forceinline__ uint32_t load_scales(const uint8_t* p) {
 // The tile's epilogue, shared by the MX and FP8-B128 GEMVs: each warp's partial sums of its K slice, acc
 // (mma.sync C fragments: c0, c1 row g, activations 2t, 2t+1; c2, c3 row g+8), are added across the block's
 // warps in shared memory, and warp 0 stores y rows < m, columns < n as bf16. Every thread must call it.
-template <int kNTiles>
+// kBufs = 2 (persistent blocks, one call per tile, buf = tile parity): tile i + 2 writes the buffer tile i
+// read only after the barrier of tile i + 1, which warp 0 passes after its reads of tile i, so one barrier
+// per tile suffices.
+template <int kNTiles, int kBufs = 1>
 __device__ __forceinline__ void store_tile_sums(const float (&acc)[kNTiles][4], int warp, int lane, int row0,
-                                                int m, __nv_bfloat16* __restrict__ y, int n) {
+                                                int m, __nv_bfloat16* __restrict__ y, int n, int buf = 0) {
   const int g = lane >> 2, t = lane & 3;
-  __shared__ float red[kWarps][kNTiles * 4][32];
+  __shared__ float red_all[kBufs][kWarps][kNTiles * 4][32];
+  auto& red = red_all[kBufs == 1 ? 0 : buf];
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -145,25 +158,39 @@ __device__ __forceinline__ void store_tile_sums(const float (&acc)[kNTiles][4], 
 // Policy (Fmt): kGroupK elements per group; kPairsPerWord bf16x2 pairs decoded from one 32-bit word, in MMA
 // slot order (MMA j: pair 2j feeds slots 2t..2t+1, pair 2j+1 feeds 2t+8..2t+9); kRowBytesNum/Den: row bytes
 // per element; load_tail(p) reads the 4 elements a lane owns of one MMA in a short group; kScaleFold: decoded
-// values are the true ones times 2^-kScaleFold (0: exact values), undone in the scale multiply.
+// values are the true ones times 2^-kScaleFold (0: exact values), undone in the scale multiply; kScaleVote
+// (exact decodes): the cheap scale path behind a vote (see kVote).
 // kStep (1 n-tile only): a whole step of kUnroll groups as one branch-free block (see the loop).
-// The tile body of one block: weight rows row0..row0+15 against activation rows 0..m-1 (x row i at
-// x + i·k, or with kGather at x + (x_rows[i] / x_div)·k: the grouped MoE entry, gemv_grouped.cuh).
-template <class Fmt, int kNTiles, bool kHasTail, bool kStep, bool kGather = false>
-__device__ __forceinline__ void gemv_mx_tile(const __nv_bfloat16* __restrict__ x, int m,
-                                             const int32_t* __restrict__ x_rows, int x_div,
-                                             const uint8_t* __restrict__ wv, const uint8_t* __restrict__ ws,
-                                             __nv_bfloat16* __restrict__ y, int n, int k, int row0) {
+// One tile: weight rows row0..row0+15 of the [n, k] matrix at wv / ws, output y [m, n].
+struct GemvTile {
+  const uint8_t* wv;
+  const uint8_t* ws;
+  __nv_bfloat16* y;
+  int n, row0;
+};
+// The tile body of one block, run for tiles get(0) .. get(count - 1) in turn, against activation rows
+// 0..m-1 (x row i at x + i·k, or with kGather at x + (x_rows[i] / x_div)·k: the grouped MoE entry,
+// gemv_grouped.cuh). kPersist (count > 1: persistent blocks): each warp's register pipeline runs on across
+// tiles, the last step of tile i prefetching tile i + 1's first step, so a warp's loads never wait for its
+// block's epilogue or for a new block to start; the epilogue double-buffers its shared sums. Each tile's
+// result is bitwise that of a one-tile run (same K slices per warp, same order of sums).
+template <class Fmt, int kNTiles, bool kHasTail, bool kStep, bool kGather, bool kPersist, class Get>
+__device__ __forceinline__ void gemv_mx_tiles(const __nv_bfloat16* __restrict__ x, int m,
+                                              const int32_t* __restrict__ x_rows, int x_div, int k, int count,
+                                              const Get& get) {
   constexpr int kMmas = Fmt::kGroupK / 16, kBlocks = Fmt::kGroupK / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  // note: rows past n read row n-1 (valid memory) and are never stored.
-  const int64_t ra = min(row0 + g, n - 1), rb = min(row0 + g + 8, n - 1);
   const int64_t row_bytes = static_cast<int64_t>(k) * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
-  const uint8_t* va = wv + ra * row_bytes;
-  const uint8_t* vb = wv + rb * row_bytes;
   const int kb = k / 32;
-  const uint8_t* sa = ws + ra * kb;
-  const uint8_t* sb = ws + rb * kb;
+  // The lane's two weight rows (g, g + 8) of a tile: values and scales.
+  struct Rows {
+    const uint8_t *va, *vb, *sa, *sb;
+  };
+  auto rows_of = [&](const GemvTile& tl) {
+    // note: rows past n read row n-1 (valid memory) and are never stored.
+    const int64_t ra = min(tl.row0 + g, tl.n - 1), rb = min(tl.row0 + g + 8, tl.n - 1);
+    return Rows{tl.wv + ra * row_bytes, tl.wv + rb * row_bytes, tl.ws + ra * kb, tl.ws + rb * kb};
+  };
   const __nv_bfloat16* xr[kNTiles];
   bool xok[kNTiles];
 #pragma unroll
@@ -172,16 +199,30 @@ __device__ __forceinline__ void gemv_mx_tile(const __nv_bfloat16* __restrict__ x
     const int xi = xok[nt] ? nt * 8 + g : 0;
     xr[nt] = x + static_cast<int64_t>(kGather ? x_rows[xi] / x_div : xi) * k + 4 * t;
   }
-  float acc[kNTiles][4] = {};
+  float acc[kNTiles][4];
 
   // One 16-k MMA-pair block: pairs = the lane's 4 bf16x2 words for MMAs (2b, 2b+1), kx = group start + 32b.
   // large: some lane of the warp holds a scale byte past FoldedScale::kLimit in this group (warp-uniform).
   using Fold = FoldedScale<Fmt::kScaleFold>;
+  // kVote: a warp-wide vote per group (per step with kStep) picks the scale path. Folded decodes: bytes past
+  // Fold::kLimit (above). Exact decodes with Fmt::kScaleVote (one n-tile): bytes 0 (2^-127, an f32
+  // subnormal) and 255 (NaN) take e8m0_to_f32, all others 2^(b-127) as b << 23, 2 instructions instead of
+  // ~5 per scale (MXFP4 converts 8 scales per group per lane). Both paths are exact: same bits.
+  constexpr bool kVote = Fmt::kScaleFold != 0 || (Fmt::kScaleVote && kNTiles == 1);
+  auto needs_exact = [](uint32_t a, uint32_t b) {
+    if constexpr (Fmt::kScaleFold != 0)
+      return Fold::any_large(a, b);
+    else
+      return (has_zero_byte(a) | has_zero_byte(~a) | has_zero_byte(b) | has_zero_byte(~b)) != 0;
+  };
   auto block_mma = [&](const uint32_t* pa, const uint32_t* pb, int kx, uint32_t sbyte_a, uint32_t sbyte_b,
                        bool large) {
     float s_a, s_b, pre_a = 1.f, pre_b = 1.f;
     if constexpr (Fmt::kScaleFold == 0) {
-      s_a = e8m0_to_f32(sbyte_a), s_b = e8m0_to_f32(sbyte_b);
+      if (kVote && !large)
+        s_a = __uint_as_float(sbyte_a << 23), s_b = __uint_as_float(sbyte_b << 23);
+      else
+        s_a = e8m0_to_f32(sbyte_a), s_b = e8m0_to_f32(sbyte_b);
     } else if (!large) {
       s_a = Fold::post_small(sbyte_a), s_b = Fold::post_small(sbyte_b);
     } else {
@@ -211,103 +252,130 @@ __device__ __forceinline__ void gemv_mx_tile(const __nv_bfloat16* __restrict__ x
   constexpr int kStride = kWarps * kUnroll;
   uint4 wa[kUnroll], wb[kUnroll], na[kUnroll], nb[kUnroll];
   uint32_t sca[kUnroll], scb[kUnroll], nsa[kUnroll], nsb[kUnroll];
-  auto load = [&](int q0, uint4(&la)[kUnroll], uint4(&lb)[kUnroll], uint32_t(&ls)[kUnroll],
+  auto load = [&](const Rows& r, int q0, uint4(&la)[kUnroll], uint4(&lb)[kUnroll], uint32_t(&ls)[kUnroll],
                   uint32_t(&lt)[kUnroll]) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (q0 + u >= nfull) break;
       const int q = q0 + u;
-      la[u] = load_stream16(va + q * 64 + 16 * t);  // note: a group is 64 bytes in both formats
-      lb[u] = load_stream16(vb + q * 64 + 16 * t);
-      ls[u] = load_scales<kBlocks, !kHasTail>(sa + q * kBlocks);
-      lt[u] = load_scales<kBlocks, !kHasTail>(sb + q * kBlocks);
+      la[u] = load_stream16(r.va + q * 64 + 16 * t);  // note: a group is 64 bytes in both formats
+      lb[u] = load_stream16(r.vb + q * 64 + 16 * t);
+      ls[u] = load_scales<kBlocks, !kHasTail>(r.sa + q * kBlocks);
+      lt[u] = load_scales<kBlocks, !kHasTail>(r.sb + q * kBlocks);
     }
   };
-  int q0 = warp * kUnroll;
-  if (q0 < nfull) load(q0, wa, wb, sca, scb);
+  const int first = warp * kUnroll;
+  // note: one-tile runs (kPersist false) read their tile once, here: the loop body then compiles to the
+  // one-tile kernel's code (the tile's pointers computed once, not per use).
+  const GemvTile tile0 = get(0);
+  const Rows rows0 = rows_of(tile0);
+  if (count > 0 && first < nfull) load(rows0, first, wa, wb, sca, scb);
   // note: under PDL (pdl.h) the first step's weights are in flight while the kernel before this one still
   // writes x; nothing the step writes is touched before this point. A bulk L2 prefetch of each tile's first
   // 4 KiB per row here, and a per-lane L2 prefetch of the next step, measured no faster in the 36-layer
   // Qwen3-8B decode (bench/RESULTS.md, session 4) and were dropped.
   pdl::enter();
-  // One group u of the current step.
-  auto group = [&](int u, int q0, bool large) {
-    uint32_t pa[kMmas * 2], pb[kMmas * 2];
-    const uint32_t wa4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w},
-                   wb4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
+  for (int ti = 0; ti < count; ++ti) {
+    const Rows cur = kPersist ? rows_of(get(ti)) : rows0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      Fmt::decode(wa4[i], pa + i * Fmt::kPairsPerWord);
-      Fmt::decode(wb4[i], pb + i * Fmt::kPairsPerWord);
-    }
-    const int kx = (q0 + u) * Fmt::kGroupK;
+    for (int nt = 0; nt < kNTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    // One group u of the current step.
+    auto group = [&](int u, int q0, bool large) {
+      uint32_t pa[kMmas * 2], pb[kMmas * 2];
+      const uint32_t wa4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w},
+                     wb4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
 #pragma unroll
-    for (int b = 0; b < kBlocks; ++b)
-      block_mma(pa + 4 * b, pb + 4 * b, kx + 32 * b, (sca[u] >> (8 * b)) & 0xFF, (scb[u] >> (8 * b)) & 0xFF,
-                large);
-  };
-  for (; q0 < nfull; q0 += kStride) {
-    if (q0 + kStride < nfull) load(q0 + kStride, na, nb, nsa, nsb);
-    if constexpr (kStep) {
-      const int valid = min(kUnroll, nfull - q0);
-      // note: one "large" vote per step instead of per group (the large path is exact for every byte), so
-      // a whole step without large bytes runs as one branch-free block: the compiler can overlap one group's
-      // decode with another's MMAs and x loads (per-group votes and bounds checks split it in 4, SASS).
-      // Only for one n-tile: with more, the merged block spills (ptxas, sm_90a: 64-96 B more at 2 n-tiles);
-      // at one n-tile it costs 0 (MXFP8), 8 (MXFP4) spill bytes. kStep = false: the per-group loop.
-      bool large = false;
-      if constexpr (Fmt::kScaleFold != 0) {
-        bool any = false;
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-          if (u < valid) any = any || Fold::any_large(sca[u], scb[u]);
-        large = __any_sync(0xFFFFFFFFu, any);
+      for (int i = 0; i < 4; ++i) {
+        Fmt::decode(wa4[i], pa + i * Fmt::kPairsPerWord);
+        Fmt::decode(wb4[i], pb + i * Fmt::kPairsPerWord);
       }
-      if (valid == kUnroll && !large) {
+      const int kx = (q0 + u) * Fmt::kGroupK;
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) group(u, q0, false);
+      for (int b = 0; b < kBlocks; ++b)
+        block_mma(pa + 4 * b, pb + 4 * b, kx + 32 * b, (sca[u] >> (8 * b)) & 0xFF, (scb[u] >> (8 * b)) & 0xFF,
+                  large);
+    };
+    for (int q0 = first; q0 < nfull; q0 += kStride) {
+      if (q0 + kStride < nfull)
+        load(cur, q0 + kStride, na, nb, nsa, nsb);
+      else if (kPersist && ti + 1 < count)
+        load(rows_of(get(ti + 1)), first, na, nb, nsa, nsb);
+      if constexpr (kStep) {
+        const int valid = min(kUnroll, nfull - q0);
+        // note: one "large" vote per step instead of per group (the large path is exact for every byte), so
+        // a whole step without large bytes runs as one branch-free block: the compiler can overlap one
+        // group's decode with another's MMAs and x loads (per-group votes and bounds checks split it in 4,
+        // SASS). Only for one n-tile: with more, the merged block spills (ptxas, sm_90a: 64-96 B more at 2
+        // n-tiles); at one n-tile it costs 0 (MXFP8), 8 (MXFP4) spill bytes. kStep = false: the per-group
+        // loop.
+        bool large = false;
+        if constexpr (kVote) {
+          bool any = false;
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u)
+            if (u < valid) any = any || needs_exact(sca[u], scb[u]);
+          large = __any_sync(0xFFFFFFFFu, any);
+        }
+        if (valid == kUnroll && !large) {
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) group(u, q0, false);
+        } else {
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            if (u >= valid) break;
+            group(u, q0, large);
+          }
+        }
       } else {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          if (u >= valid) break;
-          group(u, q0, large);
+          if (q0 + u >= nfull) break;
+          group(u, q0, kVote && __any_sync(0xFFFFFFFFu, needs_exact(sca[u], scb[u])));
         }
       }
-    } else {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (q0 + u >= nfull) break;
-        group(u, q0, Fmt::kScaleFold != 0 && __any_sync(0xFFFFFFFFu, Fold::any_large(sca[u], scb[u])));
-      }
+      for (int u = 0; u < kUnroll; ++u) wa[u] = na[u], wb[u] = nb[u], sca[u] = nsa[u], scb[u] = nsb[u];
     }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wa[u] = na[u], wb[u] = nb[u], sca[u] = nsa[u], scb[u] = nsb[u];
-  }
 
-  if constexpr (kHasTail) {
-    // note: the short last group (J = 2, 4 or 6 MMAs) is read per MMA; lane t's run starts at 4J·t.
-    const int k0 = nfull * Fmt::kGroupK, tail_blocks = (k - k0) / 32, tail_mmas = 2 * tail_blocks;
-    if (warp == kWarps - 1) {
-      for (int b = 0; b < tail_blocks; ++b) {
-        uint32_t pa[4], pb[4];
+    if constexpr (kHasTail) {
+      // note: the short last group (J = 2, 4 or 6 MMAs) is read per MMA; lane t's run starts at 4J·t.
+      const int k0 = nfull * Fmt::kGroupK, tail_blocks = (k - k0) / 32, tail_mmas = 2 * tail_blocks;
+      if (warp == kWarps - 1) {
+        for (int b = 0; b < tail_blocks; ++b) {
+          uint32_t pa[4], pb[4];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t elem = k0 + 4 * tail_mmas * t + 4 * (2 * b + h);
-          const int64_t byte = elem * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
-          uint32_t tmp[Fmt::kPairsPerWord];
-          Fmt::decode(Fmt::load_tail(va + byte), tmp);
-          pa[2 * h] = tmp[0], pa[2 * h + 1] = tmp[1];
-          Fmt::decode(Fmt::load_tail(vb + byte), tmp);
-          pb[2 * h] = tmp[0], pb[2 * h + 1] = tmp[1];
+          for (int h = 0; h < 2; ++h) {
+            const int64_t elem = k0 + 4 * tail_mmas * t + 4 * (2 * b + h);
+            const int64_t byte = elem * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
+            uint32_t tmp[Fmt::kPairsPerWord];
+            Fmt::decode(Fmt::load_tail(cur.va + byte), tmp);
+            pa[2 * h] = tmp[0], pa[2 * h + 1] = tmp[1];
+            Fmt::decode(Fmt::load_tail(cur.vb + byte), tmp);
+            pb[2 * h] = tmp[0], pb[2 * h + 1] = tmp[1];
+          }
+          const uint32_t tsa = __ldg(cur.sa + k0 / 32 + b), tsb = __ldg(cur.sb + k0 / 32 + b);
+          // note: exact decodes take e8m0_to_f32 in the short group (large = true).
+          const bool large = Fmt::kScaleFold == 0 || __any_sync(0xFFFFFFFFu, Fold::any_large(tsa, tsb));
+          block_mma(pa, pb, k0 + 32 * b, tsa, tsb, large);
         }
-        const uint32_t tsa = __ldg(sa + k0 / 32 + b), tsb = __ldg(sb + k0 / 32 + b);
-        const bool large = Fmt::kScaleFold != 0 && __any_sync(0xFFFFFFFFu, Fold::any_large(tsa, tsb));
-        block_mma(pa, pb, k0 + 32 * b, tsa, tsb, large);
       }
     }
-  }
 
-  store_tile_sums<kNTiles>(acc, warp, lane, row0, m, y, n);
+    // note: the persistent kernel recomputes its tile here rather than keep it live across the loop.
+    const GemvTile tl = kPersist ? get(ti) : tile0;
+    store_tile_sums<kNTiles, kPersist ? 2 : 1>(acc, warp, lane, tl.row0, m, tl.y, tl.n, ti & 1);
+  }
+}
+
+// One tile (the grouped MoE entry, gemv_grouped.cuh): weight rows row0..row0+15 of wv / ws into y.
+template <class Fmt, int kNTiles, bool kHasTail, bool kStep, bool kGather = false>
+__device__ __forceinline__ void gemv_mx_tile(const __nv_bfloat16* __restrict__ x, int m,
+                                             const int32_t* __restrict__ x_rows, int x_div,
+                                             const uint8_t* __restrict__ wv, const uint8_t* __restrict__ ws,
+                                             __nv_bfloat16* __restrict__ y, int n, int k, int row0) {
+  const GemvTile tile{wv, ws, y, n, row0};
+  gemv_mx_tiles<Fmt, kNTiles, kHasTail, kStep, kGather, false>(x, m, x_rows, x_div, k, 1,
+                                                               [&](int) { return tile; });
 }
 
 // Which GEMV part grid block b serves and its first weight row: parts are laid out one after another on the
@@ -323,30 +391,83 @@ __device__ __forceinline__ int gemv_part_of_block(const GemvParts& p, int b, int
   return q;
 }
 
+// Tile b of the grid's flat tile list over the parts of p.
+__device__ __forceinline__ GemvTile gemv_parts_tile(const GemvParts& p, int b) {
+  int row0;
+  const int q = gemv_part_of_block(p, b, row0);
+  return {p.values[q], p.scales[q], reinterpret_cast<__nv_bfloat16*>(p.y[q]), p.n[q], row0};
+}
+
 // One launch for every part of p (one projection, or q/k/v or gate/up of the same x): each block runs the
 // tile body on its part's weights, so each part's y equals its own launch's bit for bit.
 template <class Fmt, int kNTiles, bool kHasTail, bool kStep>
 __global__ void __launch_bounds__(kThreads, 2)
     gemv_mx_kernel(const __nv_bfloat16* __restrict__ x, int m, const GemvParts p, int k) {
-  int row0;
-  const int q = gemv_part_of_block(p, static_cast<int>(blockIdx.x), row0);
-  gemv_mx_tile<Fmt, kNTiles, kHasTail, kStep>(x, m, nullptr, 1, p.values[q], p.scales[q],
-                                              reinterpret_cast<__nv_bfloat16*>(p.y[q]), p.n[q], k, row0);
+  gemv_mx_tiles<Fmt, kNTiles, kHasTail, kStep, false, false>(
+      x, m, nullptr, 1, k, 1, [&](int) { return gemv_parts_tile(p, static_cast<int>(blockIdx.x)); });
+}
+
+// The same with persistent blocks (grid = min(tiles, 2 per SM)): block b runs tiles b, b + grid, ... with
+// its warps' register pipelines running on from tile to tile (gemv_mx_tiles, kPersist); y is bitwise the
+// one-tile-per-block kernel's.
+template <class Fmt, int kNTiles, bool kHasTail, bool kStep>
+__global__ void __launch_bounds__(kThreads, 2)
+    gemv_mx_persist_kernel(const __nv_bfloat16* __restrict__ x, int m, const GemvParts p, int k, int tiles) {
+  const int b = static_cast<int>(blockIdx.x), grid = static_cast<int>(gridDim.x);
+  gemv_mx_tiles<Fmt, kNTiles, kHasTail, kStep, false, true>(
+      x, m, nullptr, 1, k, (tiles - b + grid - 1) / grid,
+      [&](int i) { return gemv_parts_tile(p, b + i * grid); });
+}
+
+// Row tiles of all parts of p (the one-tile-per-block grid).
+inline int gemv_parts_tiles(const GemvParts& p) {
+  int tiles = 0;
+  for (int q = 0; q < p.count; ++q) tiles += (p.n[q] + kRowsPerTile - 1) / kRowsPerTile;
+  return tiles;
+}
+
+// The persistent grid: 2 blocks per SM. note: __launch_bounds__(kThreads, 2) caps the kernel at 128
+// registers, so exactly 2 blocks of 256 threads fit an SM (64 K registers); the double-buffered sums take
+// 8 KiB of shared memory per block at one n-tile.
+inline int gemv_persist_blocks() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+  // note: the SM count per device is read once (a launch at m = 1 asks for it every time).
+  static std::atomic<int> sms_of[16] = {};
+  const int slot = dev >= 0 && dev < 16 ? dev : -1;
+  int sms = slot >= 0 ? sms_of[slot].load(std::memory_order_relaxed) : 0;
+  if (sms < 1) {
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1) return 2;
+    if (slot >= 0) sms_of[slot].store(sms, std::memory_order_relaxed);
+  }
+  return 2 * sms;
 }
 
 // Template dispatch on (n-tiles, tail); arguments were checked by gemv_mx.cpp / linear.cpp. `step`: the
-// branch-free step body at one n-tile (m <= 8). kMaxNTiles: the largest n-tile count instantiated (the caller
-// keeps m <= 8 · kMaxNTiles).
+// branch-free step body at one n-tile (m <= 8). `persist`: persistent blocks at one n-tile (m <= 8; above,
+// the one-tile-per-block kernel). kMaxNTiles: the largest n-tile count instantiated (the caller keeps
+// m <= 8 · kMaxNTiles).
 template <class Fmt, int kMaxNTiles = 4>
-cudaError_t launch_gemv(const uint16_t* x, int m, const GemvParts& p, int k, bool step, cudaStream_t stream) {
+cudaError_t launch_gemv(const uint16_t* x, int m, const GemvParts& p, int k, bool step, bool persist,
+                        cudaStream_t stream) {
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
-  int tiles = 0;
-  for (int q = 0; q < p.count; ++q) tiles += (p.n[q] + kRowsPerTile - 1) / kRowsPerTile;
+  const int tiles = gemv_parts_tiles(p);
   const dim3 grid(static_cast<unsigned>(tiles));
   const bool tail = k % Fmt::kGroupK != 0;
-#define MXQ_GEMV_LAUNCH(NT, STEP)                                                                          \
+#define MXQ_GEMV_LAUNCH(NT, STEP)                                                                            \
   return launch_pdl(tail ? gemv_mx_kernel<Fmt, NT, true, STEP> : gemv_mx_kernel<Fmt, NT, false, STEP>, grid, \
                     dim3(kThreads), 0, stream, xb, m, p, k)
+#define MXQ_GEMV_PERSIST(STEP)                                                                               \
+  return launch_pdl(                                                                                         \
+      tail ? gemv_mx_persist_kernel<Fmt, 1, true, STEP> : gemv_mx_persist_kernel<Fmt, 1, false, STEP>,       \
+      dim3(static_cast<unsigned>(std::min(tiles, gemv_persist_blocks()))), dim3(kThreads), 0, stream, xb, m, \
+      p, k, tiles)
+  if (m <= 8 && persist) {
+    if (step)
+      MXQ_GEMV_PERSIST(true);
+    else
+      MXQ_GEMV_PERSIST(false);
+  }
   // note: 3 and 4 n-tiles (M 17..32) spill 130-230 bytes here (ptxas, sm_90a) and still measured as fast as
   // the streaming kernel at M = 24 (bench/RESULTS.md, GEMV M <= 32).
   if (m <= 8) {
@@ -363,6 +484,7 @@ cudaError_t launch_gemv(const uint16_t* x, int m, const GemvParts& p, int k, boo
       MXQ_GEMV_LAUNCH(4, false);
   }
 #undef MXQ_GEMV_LAUNCH
+#undef MXQ_GEMV_PERSIST
   return cudaErrorInvalidValue;  // m > 8 · kMaxNTiles: a caller's bug
 }
 

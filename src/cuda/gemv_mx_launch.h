@@ -41,17 +41,24 @@ cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p
 // Which GEMV kernel the launchers run, process-wide. kAuto (the default): the register kernel
 // (gemv_mx_kernel.cuh), with the branch-free step body at m <= 8 for MXFP8 and FP8-B128 and the per-group
 // loop for MXFP4 (the step body measured 2-12% faster for the first two and 1-25% slower for MXFP4 on the
-// H200, bench/RESULTS.md). The others force one kernel, to measure and test each from one build (tests,
-// `mxq bench linear --gemv-study`): kRegister, the per-group loop at every m; kRegisterStep, the step body
-// at m <= 8.
-// The FP8-B128 GEMV reads kRegister (per-group loop) vs anything else (step body at m <= 8).
+// H200, bench/RESULTS.md); for MXFP8 at m = 1 with more row tiles than 2 per SM, persistent blocks. The
+// others force one kernel, to measure and test each from one build (tests, `mxq bench linear --gemv-study`):
+// kRegister, the per-group loop at every m; kRegisterStep, the step body at m <= 8. The FP8-B128 GEMV reads
+// kRegister (per-group loop) vs anything else (step body at m <= 8).
 enum class GemvKernel : int {
   kAuto = 0,
   kRegister = 1,      // register kernel, per-group loop at every m (= kAuto for MXFP4)
   kRegisterStep = 2,  // register kernel, branch-free step body at m <= 8
+  kPersist = 3,       // kAuto's loop body, persistent blocks at every m <= 8 (gemv_mx_persist_kernel)
+  kPersistStep = 4,   // step body and persistent blocks at m <= 8
 };
 inline constexpr GemvKernel kGemvKernels[] = {GemvKernel::kAuto, GemvKernel::kRegister,
-                                              GemvKernel::kRegisterStep};
+                                              GemvKernel::kRegisterStep, GemvKernel::kPersist,
+                                              GemvKernel::kPersistStep};
+// True for the variants with persistent blocks.
+constexpr bool gemv_persistent(GemvKernel k) {
+  return k == GemvKernel::kPersist || k == GemvKernel::kPersistStep;
+}
 const char* gemv_kernel_name(GemvKernel k);
 void set_gemv_kernel(GemvKernel k);
 GemvKernel gemv_kernel();

@@ -4,11 +4,18 @@
 //           the canonical row in groups of 128 elements (tail 32, 64 or 96): canonical element
 //           k0 + 16j + 4t + e → native k0 + 4J·t + 4j + e (J = 8, or tail/16); bytes move whole;
 //   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
-// Kernel: the register kernel (gemv_mx_kernel.cuh), per-group loop (kRegisterStep forces the step body).
+// Kernel: the register kernel (gemv_mx_kernel.cuh), per-group loop (kRegisterStep forces the step body; the
+// persistent form measured 7-18% slower on every Qwen3-8B shape at m = 1, so kAuto never takes it).
+// Scales: at one n-tile a per-group warp vote sends groups without scale byte 0 or 255 through b << 23
+// (kScaleVote; 5.4% / 3.9% faster on gate_up / down at m = 1, equal elsewhere; MXQ_GEMV_SCALE=exact runs
+// the previous e8m0_to_f32-only path, bench/RESULTS.md session 4 gemv5).
 // Arch: sm_80+ (mma.sync bf16). Decode: nibble bits placed as bf16 bits (code << 6, sign << 12) are
 // the value · 2^-126 (code 1 = 0.5 becomes a bf16 subnormal); one bf16x2 multiply by 2^126 makes them exact.
 // note: a two-step prmt table decode (magnitude → selector byte with the sign in bit 6 → bf16 bytes; exact,
 // 15 instead of 18 ops per word) measured 5% slower in sum on the H200 (bench/RESULTS.md, run 8).
+
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/gemv_grouped.cuh"
 #include "cuda/gemv_mx_kernel.cuh"
@@ -18,6 +25,7 @@ namespace {
 
 struct Mxfp4Decode {
   static constexpr int kGroupK = 128, kPairsPerWord = 4, kRowBytesNum = 1, kRowBytesDen = 2, kScaleFold = 0;
+  static constexpr bool kScaleVote = true;
   // Byte p of `word` (elements 2p, 2p+1) becomes pair p.
   __device__ static void decode(uint32_t word, uint32_t* pairs) {
     const uint32_t even = word & 0x0F0F0F0Fu, odd = (word >> 4) & 0x0F0F0F0Fu;
@@ -33,6 +41,12 @@ struct Mxfp4Decode {
   __device__ static uint32_t load_tail(const uint8_t* p) {
     return __ldg(reinterpret_cast<const uint16_t*>(p));
   }
+};
+
+// The previous scale path (e8m0_to_f32 for every scale, no vote), kept to measure both from one build
+// (MXQ_GEMV_SCALE=exact, bench/RESULTS.md).
+struct Mxfp4ExactScaleDecode : Mxfp4Decode {
+  static constexpr bool kScaleVote = false;
 };
 
 // The grouped entry's tile (gemv_grouped.cuh): launch_gemv_mxfp4's kAuto choice (the per-group loop) with
@@ -56,8 +70,20 @@ cudaError_t launch_gemv_grouped_mxfp4(const GroupedGemvArgs& a, cudaStream_t str
   return gemv::launch_grouped<Mxfp4GroupedTile>(a, a.k % Mxfp4Decode::kGroupK != 0, stream);
 }
 
-cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p, int k, cudaStream_t stream) {
-  return gemv::launch_gemv<Mxfp4Decode>(x, m, p, k, gemv_kernel() == GemvKernel::kRegisterStep, stream);
+cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p, int k,
+                                    cudaStream_t stream) {
+  static const bool exact_scale = [] {
+    const char* v = std::getenv("MXQ_GEMV_SCALE");
+    return v != nullptr && std::strcmp(v, "exact") == 0;
+  }();
+  const GemvKernel kernel = gemv_kernel();
+  if (exact_scale)
+    return gemv::launch_gemv<Mxfp4ExactScaleDecode>(
+        x, m, p, k, kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kPersistStep,
+        gemv_persistent(kernel), stream);
+  return gemv::launch_gemv<Mxfp4Decode>(
+      x, m, p, k, kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kPersistStep,
+      gemv_persistent(kernel), stream);
 }
 
 cudaError_t launch_gemv_mxfp4(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,

@@ -5,15 +5,15 @@
 //   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
 // Arch: sm_80+ (mma.sync bf16, prmt). The "cvt" decode uses cvt.rn.f16x2.e4m3x2 on sm_89+, bit moves before.
 // Kernels (gemv_mx_launch.h, GemvKernel::kAuto): the register kernel (gemv_mx_kernel.cuh; step body at m <=
-// 8) with "bits" for m <= 8 and "cvt" for m > 8. note: a streaming kernel (persistent blocks fed by a
-// per-warp cp.async shared-memory ring) measured 25-75% slower at M <= 16 and 8% faster only at M = 32 on the
-// Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed.
-// Decode ("bits"): each E4M3 byte s.eeee.mmm becomes the bf16 bits s at 15, eeee.mmm
-// at 10..4, i.e. the value · 2^-120 exactly (codes 1..7 land on bf16 subnormals, which mma.sync keeps); the
-// 2^120 is folded into the E8M0 scale multiply (FoldedScale). Three integer ops per bf16x2 pair.
-// Decode ("cvt", the previous one; all m with MXQ_GEMV_DECODE=cvt, to compare both from one build): E4M3
-// pair → f16x2 (exact) → bf16 bits by moving the exponent field (value · 2^-112, a bf16 normal) → one
-// bf16x2 multiply by 2^112 (exact).
+// 8) with "bits" for m <= 8 and "cvt" for m > 8; at m = 1 with more row tiles than 2 per SM, its persistent
+// form (gemv_mx_persist_kernel: blocks walk tiles, warps prefetch across them). note: a streaming kernel
+// (persistent blocks fed by a per-warp cp.async shared-memory ring) measured 25-75% slower at M <= 16 and 8%
+// faster only at M = 32 on the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed. Decode
+// ("bits"): each E4M3 byte s.eeee.mmm becomes the bf16 bits s at 15, eeee.mmm at 10..4, i.e. the value ·
+// 2^-120 exactly (codes 1..7 land on bf16 subnormals, which mma.sync keeps); the 2^120 is folded into the
+// E8M0 scale multiply (FoldedScale). Three integer ops per bf16x2 pair. Decode ("cvt", the previous one; all
+// m with MXQ_GEMV_DECODE=cvt, to compare both from one build): E4M3 pair → f16x2 (exact) → bf16 bits by
+// moving the exponent field (value · 2^-112, a bf16 normal) → one bf16x2 multiply by 2^112 (exact).
 #include <cstdlib>
 #include <cstring>
 
@@ -35,6 +35,7 @@ __device__ __forceinline__ void e4m3x4_to_bf16x4_scaled(uint32_t word, uint32_t*
 
 struct Mxfp8BitsDecode {
   static constexpr int kGroupK = 64, kPairsPerWord = 2, kRowBytesNum = 1, kRowBytesDen = 1, kScaleFold = 120;
+  static constexpr bool kScaleVote = false;
   __device__ static void decode(uint32_t word, uint32_t* pairs) { e4m3x4_to_bf16x4_scaled(word, pairs); }
   __device__ static uint32_t load_tail(const uint8_t* p) {
     return __ldg(reinterpret_cast<const uint32_t*>(p));
@@ -43,6 +44,7 @@ struct Mxfp8BitsDecode {
 
 struct Mxfp8Decode {
   static constexpr int kGroupK = 64, kPairsPerWord = 2, kRowBytesNum = 1, kRowBytesDen = 1, kScaleFold = 0;
+  static constexpr bool kScaleVote = false;
   __device__ static void decode(uint32_t word, uint32_t* pairs) {
     pairs[0] = gemv::e4m3x2_to_bf16x2(word & 0xFFFFu);
     pairs[1] = gemv::e4m3x2_to_bf16x2(word >> 16);
@@ -74,7 +76,8 @@ cudaError_t launch_gemv_grouped_mxfp8(const GroupedGemvArgs& a, cudaStream_t str
   return gemv::launch_grouped<Mxfp8GroupedTile>(a, a.k % Mxfp8Decode::kGroupK != 0, stream);
 }
 
-cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p, int k, cudaStream_t stream) {
+cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p, int k,
+                                    cudaStream_t stream) {
   // note: the env switch exists to measure both decodes from one build (bench/RESULTS.md).
   static const bool use_cvt = [] {
     const char* v = std::getenv("MXQ_GEMV_DECODE");
@@ -85,9 +88,15 @@ cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p
   const GemvKernel kernel = gemv_kernel();
   // note: kAuto takes the step body (m <= 8): on the H200 it measured 2-12% faster than the per-group loop
   // at M = 1 and 1-8% at M = 8 on every Qwen3-8B shape (bench/RESULTS.md, session 3 final run).
-  const bool step = kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kAuto;
-  if (use_cvt || m > 8) return gemv::launch_gemv<Mxfp8Decode>(x, m, p, k, step, stream);
-  return gemv::launch_gemv<Mxfp8BitsDecode, 1>(x, m, p, k, step, stream);
+  const bool step = kernel != GemvKernel::kRegister;
+  // note: kAuto takes persistent blocks at m = 1 when the grid has more tiles than fit at once (Qwen3-8B
+  // qkv 384 and gate_up 1536 tiles against 264 slots): 3.7% and 3.9% faster there on the H200; with one
+  // tile per block (q/o, down: 256) the persistent kernel measured 3-6% slower, and at m = 8 2-8% slower
+  // on every shape (bench/RESULTS.md, session 4 gemv5).
+  const bool persist = gemv_persistent(kernel) || (kernel == GemvKernel::kAuto && m == 1 && !use_cvt &&
+                                                   gemv::gemv_parts_tiles(p) > gemv::gemv_persist_blocks());
+  if (use_cvt || m > 8) return gemv::launch_gemv<Mxfp8Decode>(x, m, p, k, step, persist, stream);
+  return gemv::launch_gemv<Mxfp8BitsDecode, 1>(x, m, p, k, step, persist, stream);
 }
 
 cudaError_t launch_gemv_mxfp8(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,

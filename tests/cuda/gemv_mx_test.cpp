@@ -1,11 +1,12 @@
 // GPU GEMV (MXFP8 / MXFP4 weight-only) against an f64 reference built from codec.h's exact decoders, on fresh
 // random codes, scales and activations at ragged N, K with and without a short layout group, and M = 1..32.
-// Every case runs each kernel variant of gemv_mx_launch.h (register kernel, streaming configurations; a
-// streaming variant falls back to the register kernel where K % 128 != 0, as the default does).
+// Every case runs each kernel variant of gemv_mx_launch.h (per-group loop, step body, persistent blocks); the
+// persistent variants must equal their one-tile-per-block twins bit for bit.
 #include "cuda/gemv_mx.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -68,6 +69,7 @@ TEST_P(GemvMx, MatchesF64ReferenceOnDequantizedWeights) {
   auto ds = test::upload(scales);
   ASSERT_TRUE(dx && dv && ds);
   const MxGemvWeights wt{c.format, dv->as<uint8_t>(), ds->as<uint8_t>(), c.n, c.k};
+  std::vector<std::vector<uint16_t>> outs;  // per kGemvKernels entry
   for (GemvKernel kernel : kGemvKernels) {
     SCOPED_TRACE(std::string("kernel ") + gemv_kernel_name(kernel));
     auto dy = test::poisoned<uint16_t>(static_cast<size_t>(c.m * c.n));
@@ -83,7 +85,16 @@ TEST_P(GemvMx, MatchesF64ReferenceOnDequantizedWeights) {
     for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32((*y)[i]);
     const double err = test::nmse(out, ref);
     EXPECT_LE(err, traits(c.format).nmse_tolerance) << "NaN means an output was left unwritten";
+    outs.push_back(std::move(*y));
   }
+  // Persistent blocks change which block runs a tile, not what it computes: bitwise the one-tile-per-block
+  // kernel with the same loop body (MXFP8: kAuto takes the step body; MXFP4: kAuto the per-group loop).
+  auto out_of = [&](GemvKernel k) -> const std::vector<uint16_t>& {
+    return outs[static_cast<size_t>(std::find(std::begin(kGemvKernels), std::end(kGemvKernels), k) -
+                                    std::begin(kGemvKernels))];
+  };
+  EXPECT_EQ(out_of(GemvKernel::kPersist), out_of(GemvKernel::kAuto));
+  EXPECT_EQ(out_of(GemvKernel::kPersistStep), out_of(GemvKernel::kRegisterStep));
 }
 
 std::vector<GemvCase> gemv_cases() {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu/linear.h"
+#include "cuda/gemv_mx_launch.h"
 #include "cuda/linear.h"
 #include "format/codec.h"
 #include "op_test_util.h"
@@ -118,7 +119,10 @@ TEST_P(LinearParts, EachPartEqualsItsOwnLinear) {
   // note: ragged n (200 and 72 rows are not multiples of the 16-row tile), k = 384 (a 64-wide MXFP8 tail
   // group for neither, a 128-wide MXFP4 tail: 384 = 3 · 128)
   const int64_t k = 384;
-  for (const std::vector<int64_t>& ns : {std::vector<int64_t>{200, 72, 72}, std::vector<int64_t>{520, 520}}) {
+  // note: {4104, 1032, 1032} is 387 row tiles, more than the persistent GEMV grid (2 blocks per SM, 264 on an
+  // H200): its blocks walk several tiles across part boundaries.
+  for (const std::vector<int64_t>& ns : {std::vector<int64_t>{200, 72, 72}, std::vector<int64_t>{520, 520},
+                                         std::vector<int64_t>{4104, 1032, 1032}}) {
     std::vector<DeviceBuffer> dv, ds;
     std::vector<LinearWeights> w;
     for (int64_t n : ns) {
@@ -128,34 +132,39 @@ TEST_P(LinearParts, EachPartEqualsItsOwnLinear) {
       auto native = linear_prepare(f, *arch, *g, random_planes(rng, f, *g));
       ASSERT_TRUE(native) << native.error().message;
       dv.push_back(test::must(test::upload(native->values)));
-      ds.push_back(test::must(test::upload(native->scales.empty() ? std::vector<uint8_t>(16) : native->scales)));
-      w.push_back(LinearWeights{f, dv.back().as<uint8_t>(), f == Format::kBF16 ? nullptr : ds.back().as<uint8_t>(),
-                                n, k});
+      ds.push_back(
+          test::must(test::upload(native->scales.empty() ? std::vector<uint8_t>(16) : native->scales)));
+      w.push_back(LinearWeights{f, dv.back().as<uint8_t>(),
+                                f == Format::kBF16 ? nullptr : ds.back().as<uint8_t>(), n, k});
     }
-    for (int64_t m : {1, 3, 8, 9, 17, 32, 40}) {
-      SCOPED_TRACE(fmt::format("{} parts, M = {}", ns.size(), m));
-      const auto x = test::random_bf16(rng, static_cast<size_t>(m * k));
-      auto dx = test::must(test::upload(x));
-      std::vector<DeviceBuffer> ya, yb;
-      std::vector<uint16_t*> ys;
-      for (int64_t n : ns) {
-        ya.push_back(test::must(test::poisoned<uint16_t>(static_cast<size_t>(m * n))));
-        yb.push_back(test::must(test::poisoned<uint16_t>(static_cast<size_t>(m * n))));
-        ys.push_back(yb.back().as<uint16_t>());
-      }
-      for (size_t i = 0; i < ns.size(); ++i) {
-        auto st = linear(**ctx, w[i], dx.as<uint16_t>(), m, ya[i].as<uint16_t>(), nullptr);
+    // Every GEMV variant (gemv_mx_launch.h; the others ignore the switch) on both sides.
+    for (GemvKernel v : kGemvKernels)
+      for (int64_t m : {1, 3, 8, 9, 17, 32, 40}) {
+        SCOPED_TRACE(fmt::format("{} parts, M = {}, GEMV variant {}", ns.size(), m, gemv_kernel_name(v)));
+        set_gemv_kernel(v);
+        const auto x = test::random_bf16(rng, static_cast<size_t>(m * k));
+        auto dx = test::must(test::upload(x));
+        std::vector<DeviceBuffer> ya, yb;
+        std::vector<uint16_t*> ys;
+        for (int64_t n : ns) {
+          ya.push_back(test::must(test::poisoned<uint16_t>(static_cast<size_t>(m * n))));
+          yb.push_back(test::must(test::poisoned<uint16_t>(static_cast<size_t>(m * n))));
+          ys.push_back(yb.back().as<uint16_t>());
+        }
+        for (size_t i = 0; i < ns.size(); ++i) {
+          auto st = linear(**ctx, w[i], dx.as<uint16_t>(), m, ya[i].as<uint16_t>(), nullptr);
+          ASSERT_TRUE(st) << st.error().message;
+        }
+        auto st = linear_parts(**ctx, w, dx.as<uint16_t>(), m, ys, nullptr);
+        set_gemv_kernel(GemvKernel::kAuto);
         ASSERT_TRUE(st) << st.error().message;
+        for (size_t i = 0; i < ns.size(); ++i) {
+          const auto a = test::must(test::download<uint16_t>(ya[i], static_cast<size_t>(m * ns[i])));
+          const auto b = test::must(test::download<uint16_t>(yb[i], static_cast<size_t>(m * ns[i])));
+          ASSERT_EQ(a, b) << "part " << i;
+          ASSERT_NE(b[b.size() - 1], 0xFFFF) << "part " << i << " left unwritten";
+        }
       }
-      auto st = linear_parts(**ctx, w, dx.as<uint16_t>(), m, ys, nullptr);
-      ASSERT_TRUE(st) << st.error().message;
-      for (size_t i = 0; i < ns.size(); ++i) {
-        const auto a = test::must(test::download<uint16_t>(ya[i], static_cast<size_t>(m * ns[i])));
-        const auto b = test::must(test::download<uint16_t>(yb[i], static_cast<size_t>(m * ns[i])));
-        ASSERT_EQ(a, b) << "part " << i;
-        ASSERT_NE(b[b.size() - 1], 0xFFFF) << "part " << i << " left unwritten";
-      }
-    }
   }
   // Outputs that do not match the weights are refused.
   const LinearWeights one{f, nullptr, nullptr, 16, k};
