@@ -10,29 +10,12 @@
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/plane_tables.h"
 #include "cuda/refit_launch.h"
 #include "cuda/sparse_decode_launch.h"
 
 namespace mxq::cuda {
 namespace {
-
-// note: the largest R in {16, 8, 4, 2} such that every run of R canonical bytes of a row starting at a
-// multiple of R lands contiguous and R-aligned; the kernels then move R bytes per load / store.
-int run_of(const PlaneLayout& l) {
-  if (l.kind == PlaneKind::kIdentity) return 16;
-  const int64_t w = l.canonical.row_bytes;
-  for (int r : {16, 8, 4, 2}) {
-    bool ok = w % r == 0;
-    for (size_t i = 0; ok && i < l.row_off.size(); ++i) ok = l.row_off[i] % r == 0;
-    for (int64_t c = 0; ok && c < w; c += r) {
-      ok = l.col_off[static_cast<size_t>(c)] % r == 0;
-      for (int t = 1; ok && t < r; ++t)
-        ok = l.col_off[static_cast<size_t>(c + t)] == l.col_off[static_cast<size_t>(c)] + t;
-    }
-    if (ok) return r;
-  }
-  return 1;
-}
 
 bool is_device(const void* p) {
   if (!p) return false;
@@ -117,23 +100,21 @@ class CudaWeightMemory final : public WeightMemory {
     if (!buf) return tl::unexpected(buf.error());
     MXQ_CUDA_CHECK(cudaMemsetAsync(buf->as(), 0, bytes, stream_));
     Plane p;
-    p.run = run_of(l);
+    p.run = plane_run(l);
     if (l.kind == PlaneKind::kSeparable) {
       auto rows = upload_table(l.row_off), cols = upload_table(l.col_off);
       if (!rows) return tl::unexpected(rows.error());
       if (!cols) return tl::unexpected(cols.error());
       p.row_off = std::move(*rows), p.col_off = std::move(*cols);
       std::vector<int32_t> runs;
-      if (run_table(l, p.run, runs)) {
+      if (plane_run_table(l, p.run, runs)) {
         auto t = DeviceBuffer::alloc(runs.size() * sizeof(int32_t));
         if (!t) return tl::unexpected(t.error());
         MXQ_CUDA_CHECK(cudaMemcpyAsync(t->as(), runs.data(), runs.size() * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, stream_));
         p.cols = std::move(*t);
-        p.transpose4 = is_transpose4(l, p.run);
-        p.rows_contiguous = true;
-        for (size_t r = 0; r < l.row_off.size() && p.rows_contiguous; ++r)
-          p.rows_contiguous = l.row_off[r] == l.row_off[0] + static_cast<int64_t>(r) * l.canonical.row_bytes;
+        p.transpose4 = plane_is_transpose4(l, p.run);
+        p.rows_contiguous = plane_rows_contiguous(l);
       }
     }
     MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -741,28 +722,6 @@ class CudaWeightMemory final : public WeightMemory {
     t.first_chunk = reinterpret_cast<const uint64_t*>(base + job_bytes + prefix_bytes);
     return t;
   }
-  // The int32 column table of a separable plane for the batched kernels (DevicePlane::cols), when it has one.
-  static bool run_table(const PlaneLayout& l, int run, std::vector<int32_t>& out) {
-    const int64_t w = l.canonical.row_bytes;
-    if (w <= 0 || w % 16 != 0) return false;
-    for (int64_t c = 0; c < w; c += run) {
-      const int64_t off = l.col_off[static_cast<size_t>(c)];
-      if (off < 0 || off > INT32_MAX - 16) return false;
-      out.push_back(static_cast<int32_t>(off));
-    }
-    return true;
-  }
-  static bool is_transpose4(const PlaneLayout& l, int run) {
-    const int64_t w = l.canonical.row_bytes;
-    if (run != 4 || w % 64 != 0) return false;
-    for (int64_t r : l.row_off)
-      if (r % 16 != 0) return false;
-    for (int64_t c = 0; c < w; c += 4)
-      if (l.col_off[static_cast<size_t>(c)] != (c & ~int64_t{63}) + 16 * (c % 16 / 4) + 4 * (c % 64 / 16))
-        return false;
-    return true;
-  }
-
   Result<DeviceBuffer> upload_table(const std::vector<int64_t>& t) {
     auto buf = DeviceBuffer::alloc(t.size() * sizeof(int64_t));
     if (!buf) return tl::unexpected(buf.error());
