@@ -258,8 +258,9 @@ __device__ __forceinline__ uint64_t stream_word(const BatchTensorDevice& t, bool
 // Lanes 0..7 of warp 0 of the block finish tensor t; every thread of the block calls it.
 // Ring: stage b (kStageBlocks blocks' sums) sits in slot b % kStages; warps 1..3 keep kStages - 1 stages in
 // flight (cp.async groups, one per stage, empty past the end), a barrier per stage hands a slot over.
-__device__ void chain(const BatchTensorDevice& t, bool write, uint64_t* out) {
-  __shared__ __align__(16) uint64_t ring[kStages][kStageBlocks * 8];
+constexpr size_t kRingBytes = sizeof(uint64_t) * kStages * kStageBlocks * 8;
+__device__ void chain(const BatchTensorDevice& t, bool write, uint64_t* out,
+                      uint64_t (*ring)[kStageBlocks * 8]) {
   const int tid = threadIdx.x, i = tid & 7;
   const uint64_t blocks = x::full_blocks(t.len);
   const uint64_t* s = t.sums;
@@ -317,44 +318,14 @@ __device__ void chain(const BatchTensorDevice& t, bool write, uint64_t* out) {
   if (i == 0) *out = x::merge(all, t.len);
 }
 
-template <bool kWrite>
-__global__ void __launch_bounds__(kThreads)
-    refit_batch(const BatchTensorDevice* tensors, const uint32_t* tile_map, unsigned* counters,
-                uint64_t* out) {
+// The end of a tile, every thread: the pair's exchange of its lane sums, the block's sums stored, the
+// tensor's counter bumped, and the chain run by the block that finishes the tensor's last tile.
+__device__ __forceinline__ void finish_tile(const BatchTensorDevice& t, int k, bool write,
+                                            uint64_t stream_off, uint64_t bq, uint64_t bytes, int h,
+                                            const uint64_t (&acc)[8], unsigned* counters, uint64_t* out,
+                                            uint64_t (*ring)[kStageBlocks * 8]) {
   __shared__ int is_last;
-  const uint32_t tile = blockIdx.x;
-  const int k = static_cast<int>(tile_map[tile]);
-  const BatchTensorDevice& t = tensors[k];
-  const uint32_t local = tile - t.first_tile;
-  const bool in_values = local < t.values_tiles;
-  const DevicePlane p = in_values ? t.values : t.scales;
-  const uint8_t* src = in_values ? t.values_src : t.scales_src;
-  const uint64_t stream_off = in_values ? 0 : static_cast<uint64_t>(t.values.bytes());
-  const uint64_t tile_q = static_cast<uint64_t>(in_values ? local : local - t.values_tiles) * kBatchTileBytes;
-  const auto bytes = static_cast<uint64_t>(p.bytes());
   const uint64_t blocks = x::full_blocks(t.len);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, h = lane & 1;
-  const uint64_t bq = tile_q + static_cast<uint64_t>(warp * kPairs + (lane >> 1)) * 1024;  // the pair's chunk
-  uint64_t acc[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) acc[j] = 0;
-  if (bq < bytes) {
-    // note: a whole chunk (every one but a plane's last) takes the unpredicated copy.
-    const bool full = bq + 1024 <= bytes;
-    if (p.identity()) {
-      if (full)
-        lane_stripes<kIdentity, kWrite, true>(p, src, bq, h, bytes, acc);
-      else
-        lane_stripes<kIdentity, kWrite, false>(p, src, bq, h, bytes, acc);
-    } else if (p.transpose4) {
-      if (full)
-        lane_stripes<kTranspose4, kWrite, true>(p, src, bq, h, bytes, acc);
-      else
-        lane_stripes<kTranspose4, kWrite, false>(p, src, bq, h, bytes, acc);
-    } else {
-      lane_stripes<kSeparable, kWrite, false>(p, src, bq, h, bytes, acc);
-    }
-  }
   // The pair's exchange: lane h keeps sums 4h..4h+3 and adds its partner's share of them.
   uint64_t mine[4];
 #pragma unroll
@@ -386,11 +357,203 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  chain(t, kWrite, out + k);
+  chain(t, write, out + k, ring);
+}
+
+// note: 4 blocks per SM (128 registers): ptxas would take ~150 for the write mode and run 3.
+template <bool kWrite>
+__global__ void __launch_bounds__(kThreads, 4)
+    refit_batch(const BatchTensorDevice* tensors, const uint32_t* tile_map, unsigned* counters,
+                uint64_t* out) {
+  __shared__ __align__(16) uint64_t ring[kStages][kStageBlocks * 8];
+  const uint32_t tile = blockIdx.x;
+  const int k = static_cast<int>(tile_map[tile]);
+  const BatchTensorDevice& t = tensors[k];
+  const uint32_t local = tile - t.first_tile;
+  const bool in_values = local < t.values_tiles;
+  const DevicePlane p = in_values ? t.values : t.scales;
+  const uint8_t* src = in_values ? t.values_src : t.scales_src;
+  const uint64_t stream_off = in_values ? 0 : static_cast<uint64_t>(t.values.bytes());
+  const uint64_t tile_q = static_cast<uint64_t>(in_values ? local : local - t.values_tiles) * kBatchTileBytes;
+  const auto bytes = static_cast<uint64_t>(p.bytes());
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, h = lane & 1;
+  const uint64_t bq = tile_q + static_cast<uint64_t>(warp * kPairs + (lane >> 1)) * 1024;  // the pair's chunk
+  uint64_t acc[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j] = 0;
+  if (bq < bytes) {
+    // note: a whole chunk (every one but a plane's last) takes the unpredicated copy.
+    const bool full = bq + 1024 <= bytes;
+    if (p.identity()) {
+      if (full)
+        lane_stripes<kIdentity, kWrite, true>(p, src, bq, h, bytes, acc);
+      else
+        lane_stripes<kIdentity, kWrite, false>(p, src, bq, h, bytes, acc);
+    } else if (p.transpose4) {
+      if (full)
+        lane_stripes<kTranspose4, kWrite, true>(p, src, bq, h, bytes, acc);
+      else
+        lane_stripes<kTranspose4, kWrite, false>(p, src, bq, h, bytes, acc);
+    } else {
+      lane_stripes<kSeparable, kWrite, false>(p, src, bq, h, bytes, acc);
+    }
+  }
+  finish_tile(t, k, kWrite, stream_off, bq, bytes, h, acc, counters, out, ring);
+}
+
+// ---- Staged write (launch_refit_batch with staged = true)
+// -------------------------------------------------- The same write, with the canonical tile copied into
+// shared memory first: every thread issues its share of the tile's 64 KiB as 16-byte cp.async (a warp copies
+// 512 contiguous bytes a step: whole lines), in two groups (the first and second half of every 1 KiB chunk),
+// so a block has its whole tile in flight at once instead of two stripes per thread; then each lane reads its
+// stripes back from shared memory (chunks skewed by 16 bytes: a quarter-warp's 16-byte reads hit 8 distinct
+// bank groups) and adds them to its lane sums as above. When the tile's native image is one contiguous range
+// (identity; transpose4 with rows back to back, as the GEMV layout has them) the lane puts its stripes back
+// in native order (transposed in place) and, after a barrier, the block stores the tile in whole lines (a
+// warp writes 512 contiguous bytes a step; the plain kernel's stores cover half of 32 sectors per
+// instruction); otherwise the lane stores its stripes through the layout. Other separable planes take the
+// per-unit path of the plain kernel. 3 blocks per SM (66.5 KB of shared memory each); the chain's ring reuses
+// the tile's shared memory once the tile is stored.
+constexpr int kChunkUnits = 1024 / 16, kSkewUnits = kChunkUnits + 1, kTileChunks = kWarps * kPairs;
+constexpr size_t kStagedSmem = sizeof(uint4) * kTileChunks * kSkewUnits;
+static_assert(kStagedSmem >= kRingBytes, "the chain's ring fits in the tile's shared memory");
+
+// Half `half` (units 32·half .. 32·half + 31 of every chunk) of the tile at g (len bytes there, a multiple
+// of 16) into `tile`; units past len are zeros. One cp.async group.
+__device__ __forceinline__ void stage_half(const uint8_t* g, uint64_t len, uint4* tile, int half) {
+#pragma unroll 4
+  for (int i = 0; i < kTileChunks * 32 / kThreads; ++i) {
+    const int u = i * kThreads + static_cast<int>(threadIdx.x);
+    const int c = u >> 5, w = (u & 31) + 32 * half;
+    const uint64_t off = static_cast<uint64_t>(c) * 1024 + 16 * static_cast<uint64_t>(w);
+    uint4* dst = tile + c * kSkewUnits + w;
+    if (off < len)
+      cp_async16(dst, g + off);
+    else
+      *dst = make_uint4(0, 0, 0, 0);
+  }
+  cp_async_commit();
+}
+
+// Stripes 2k + h, k = k0..k0+3, of the lane's chunk (staged at `chunk`) hashed, and stored through the
+// layout (kBack false) or, for a plane whose native tile is one contiguous range (identity, or transpose4
+// with rows back to back), put back into shared memory in native order (transpose4: transposed in place)
+// for store_out.
+template <Kind kKind, bool kFull, bool kBack>
+__device__ __forceinline__ void staged_stripes(const DevicePlane& p, uint4* chunk, uint64_t bq, int h, int k0,
+                                               uint64_t bytes, StripeCursor& cur, uint64_t (&acc)[8]) {
+  const uint64_t hm = 0ull - static_cast<uint64_t>(h);
+#pragma unroll
+  for (int k = k0; k < k0 + 4; ++k) {
+    const uint64_t q = bq + 64 * static_cast<uint64_t>(h) + 128 * static_cast<uint64_t>(k);
+    uint4 v[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) v[m] = chunk[8 * k + 4 * h + m];
+    if constexpr (kBack) {
+      if constexpr (kKind == kTranspose4) {
+        uint4 w[4] = {v[0], v[1], v[2], v[3]};
+        transpose4(w);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) chunk[8 * k + 4 * h + m] = w[m];
+      }
+    } else if constexpr (kKind == kTranspose4) {
+      if (kFull || q < bytes) {
+        uint4 w[4] = {v[0], v[1], v[2], v[3]};
+        transpose4(w);
+        uint8_t* at = cur.next(p);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) __stcs(reinterpret_cast<uint4*>(at + 16 * m), w[m]);
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < 4; ++m)
+        if (kFull || q + 16 * m < bytes) __stcs(reinterpret_cast<uint4*>(p.native + q + 16 * m), v[m]);
+    }
+    add_stripe(v, k, hm, acc);
+  }
+}
+
+template <Kind kKind, bool kBack>
+__device__ __forceinline__ void staged_half(const DevicePlane& p, uint4* chunk, uint64_t bq, int h, int k0,
+                                            uint64_t bytes, StripeCursor& cur, uint64_t (&acc)[8]) {
+  if (bq + 1024 <= bytes)
+    staged_stripes<kKind, true, kBack>(p, chunk, bq, h, k0, bytes, cur, acc);
+  else
+    staged_stripes<kKind, false, kBack>(p, chunk, bq, h, k0, bytes, cur, acc);
+}
+
+// The tile's native image from shared memory to native bytes at `to` (len bytes): a warp stores 512
+// contiguous bytes a step (whole lines, whole sectors), reading 32 consecutive units of one chunk.
+__device__ __forceinline__ void store_out(const uint4* tile, uint8_t* to, uint64_t len) {
+#pragma unroll 4
+  for (int i = 0; i < kTileChunks * kChunkUnits / kThreads; ++i) {
+    const int u = i * kThreads + static_cast<int>(threadIdx.x);
+    const uint64_t off = 16 * static_cast<uint64_t>(u);
+    if (off < len) __stcs(reinterpret_cast<uint4*>(to + off), tile[(u >> 6) * kSkewUnits + (u & 63)]);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 3)
+    refit_write_staged(const BatchTensorDevice* tensors, const uint32_t* tile_map, unsigned* counters,
+                       uint64_t* out) {
+  extern __shared__ __align__(16) uint4 staged[];
+  const uint32_t tile = blockIdx.x;
+  const int k = static_cast<int>(tile_map[tile]);
+  const BatchTensorDevice& t = tensors[k];
+  const uint32_t local = tile - t.first_tile;
+  const bool in_values = local < t.values_tiles;
+  const DevicePlane p = in_values ? t.values : t.scales;
+  const uint8_t* src = in_values ? t.values_src : t.scales_src;
+  const uint64_t stream_off = in_values ? 0 : static_cast<uint64_t>(t.values.bytes());
+  const uint64_t tile_q = static_cast<uint64_t>(in_values ? local : local - t.values_tiles) * kBatchTileBytes;
+  const auto bytes = static_cast<uint64_t>(p.bytes());
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, h = lane & 1;
+  const int pair_chunk = warp * kPairs + (lane >> 1);
+  const uint64_t bq = tile_q + static_cast<uint64_t>(pair_chunk) * 1024;
+  uint64_t acc[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j] = 0;
+  // note: the kind is the same for the whole block (one plane per tile), so the barriers below are uniform.
+  if (!p.identity() && !p.transpose4) {
+    if (bq < bytes) lane_stripes<kSeparable, true, false>(p, src, bq, h, bytes, acc);
+  } else {
+    const uint64_t len = bytes - tile_q < kBatchTileBytes ? bytes - tile_q : kBatchTileBytes;
+    stage_half(src + tile_q, len, staged, 0);
+    stage_half(src + tile_q, len, staged, 1);
+    uint4* chunk = staged + pair_chunk * kSkewUnits;
+    // note: back: the native tile is one contiguous range, written by store_out in whole lines; otherwise
+    // (transpose4 rows apart) each lane stores its stripes through the cursor.
+    const bool back = p.identity() || p.rows_contiguous;
+    StripeCursor cur;
+    if (!back && bq < bytes) row_col(p, bq + 64 * static_cast<uint64_t>(h), cur.r, cur.c);
+    for (int half = 0; half < 2; ++half) {
+      if (half == 0)
+        cp_async_wait<1>();
+      else
+        cp_async_wait<0>();
+      __syncthreads();
+      if (bq < bytes) {
+        if (p.identity())
+          staged_half<kIdentity, true>(p, chunk, bq, h, 4 * half, bytes, cur, acc);
+        else if (back)
+          staged_half<kTranspose4, true>(p, chunk, bq, h, 4 * half, bytes, cur, acc);
+        else
+          staged_half<kTranspose4, false>(p, chunk, bq, h, 4 * half, bytes, cur, acc);
+      }
+    }
+    if (back) {
+      __syncthreads();
+      const int64_t base = p.identity() ? 0 : p.row_off[0];
+      store_out(staged, p.native + base + tile_q, len);
+    }
+  }
+  finish_tile(t, k, true, stream_off, bq, bytes, h, acc, counters, out,
+              reinterpret_cast<uint64_t(*)[kStageBlocks * 8]>(staged));
 }
 
 __global__ void __launch_bounds__(kThreads) chains_only(const BatchTensorDevice* tensors, uint64_t* out) {
-  chain(tensors[blockIdx.x], false, out + blockIdx.x);
+  __shared__ __align__(16) uint64_t ring[kStages][kStageBlocks * 8];
+  chain(tensors[blockIdx.x], false, out + blockIdx.x, ring);
 }
 
 __global__ void fill_tile_map(const BatchTensorDevice* tensors, int count, uint32_t total, uint32_t* map) {
@@ -416,13 +579,21 @@ cudaError_t launch_refit_chains(const BatchTensorDevice* tensors, int count, uin
   return cudaGetLastError();
 }
 
-cudaError_t launch_refit_batch(bool write, const BatchTensorDevice* tensors, int count, uint32_t total_tiles,
-                               uint32_t* tile_map, unsigned* counters, uint64_t* out, cudaStream_t stream) {
+cudaError_t launch_refit_batch(bool write, bool staged, const BatchTensorDevice* tensors, int count,
+                               uint32_t total_tiles, uint32_t* tile_map, unsigned* counters, uint64_t* out,
+                               cudaStream_t stream) {
   if (count == 0 || total_tiles == 0) return cudaSuccess;
   if (cudaError_t e = cudaMemsetAsync(counters, 0, sizeof(unsigned) * static_cast<size_t>(count), stream))
     return e;
   fill_tile_map<<<(total_tiles + 255) / 256, 256, 0, stream>>>(tensors, count, total_tiles, tile_map);
-  if (write)
+  if (write && staged) {
+    // note: more than the 48 KB of shared memory a launch gets by default; set once per process (the
+    // attribute is per function and device: a second device would need it too).
+    static const cudaError_t attr = cudaFuncSetAttribute(
+        refit_write_staged, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStagedSmem));
+    if (attr != cudaSuccess) return attr;
+    refit_write_staged<<<total_tiles, kThreads, kStagedSmem, stream>>>(tensors, tile_map, counters, out);
+  } else if (write)
     refit_batch<true><<<total_tiles, kThreads, 0, stream>>>(tensors, tile_map, counters, out);
   else
     refit_batch<false><<<total_tiles, kThreads, 0, stream>>>(tensors, tile_map, counters, out);

@@ -33,6 +33,9 @@ struct DevicePlane {
   // batched kernels then move whole 16-byte vectors on both sides: one thread holds a whole 64-byte group
   // (one XXH3 stripe) and transposes it in registers.
   bool transpose4 = false;
+  // Rows back to back: row_off[r] == row_off[0] + r·row_bytes for every row (then canonical byte q of a
+  // transpose4 plane's 64-byte group g sits inside native bytes row_off[0] + [64g, 64g + 64)).
+  bool rows_contiguous = false;
   MXQ_REFIT_HD int64_t bytes() const { return rows * row_bytes; }
   MXQ_REFIT_HD bool identity() const { return row_off == nullptr; }
 };
@@ -100,8 +103,11 @@ MXQ_REFIT_HD inline bool batch_eligible(const DevicePlane& values, const DeviceP
 // total_tiles in all; scratch: tile_map (total_tiles words), counters (count words, zeroed by this call).
 // Each tensor's block sums go to its `sums`. In each tensor the thread block that finishes its last tile
 // runs its scramble chain, tail and merge, so chains overlap the other tensors' traffic.
-cudaError_t launch_refit_batch(bool write, const BatchTensorDevice* tensors, int count, uint32_t total_tiles,
-                               uint32_t* tile_map, unsigned* counters, uint64_t* out, cudaStream_t stream);
+// staged (write mode only): the tile goes through shared memory (whole 64 KiB tiles in flight per block:
+// refit_batch.cu "Staged write"); same bytes, same sums.
+cudaError_t launch_refit_batch(bool write, bool staged, const BatchTensorDevice* tensors, int count,
+                               uint32_t total_tiles, uint32_t* tile_map, unsigned* counters, uint64_t* out,
+                               cudaStream_t stream);
 // Chains only (hash mode, tails from the live planes): out[k] from tensors[k].sums as they stand (the
 // incremental checksum: sums kept current by launch_sum_delta). One thread block per tensor.
 cudaError_t launch_refit_chains(const BatchTensorDevice* tensors, int count, uint64_t* out,

@@ -19,9 +19,12 @@
 //      final 0x00 after a continuation byte (non-minimal), a zero gap after the first (W-02), an index past
 //      the plane (W-01; gaps are >= 1, so order holds by construction), more varints than count.
 // Then job_check (one thread per job): varints found != count (W-03), a gaps plane ending inside a varint
-// (cut off), bitmap length != ceil(entries / 8) or pad bits set. Runs arrive decoded and checked by the host
-// as a run table (int32 first entry, int32 position per run, O(runs)); entry_pass expands them (binary
-// search by position) and checks every new entry's bytes against the plane's policy for all encodings.
+// (cut off), bitmap length != ceil(entries / 8) or pad bits set. chunk_emit also checks each entry's new
+// bytes against the plane's policy as it decodes it (a gaps chunk gathers its positions in shared memory
+// and writes them out in whole sectors). Runs arrive decoded and checked by the host as a run table (int32
+// first entry, int32 position per run, O(runs)); entry_pass (launched only when a job has runs) expands
+// them (binary search by position) and checks their new bytes. Entries of a gaps / bitmap plane past its
+// last varint or set bit are not policy-checked: the count check refuses that plane at a lower position.
 // note: varint values are clamped to `entries` before they are summed, so a forged 9-byte varint cannot wrap
 // the prefix sums of the entries before it (they stay below 2^62: count < 2^31 terms below 2^31).
 #include <cuda_runtime.h>
@@ -140,71 +143,6 @@ __global__ void __launch_bounds__(kScanThreads)
   }
 }
 
-__global__ void __launch_bounds__(kThreads)
-    chunk_emit(const SparseJobDevice* jobs, const uint64_t* first_entry, const uint64_t* first_chunk,
-               int job_count, const uint64_t* chunk_n, const uint64_t* chunk_s, int32_t* positions,
-               unsigned long long* error) {
-  using Scan = cub::BlockScan<unsigned long long, kThreads>;
-  __shared__ typename Scan::TempStorage tmp_n, tmp_s;
-  const uint64_t c = blockIdx.x;
-  const int j = job_of(first_chunk, job_count, c);
-  const SparseJobDevice& job = jobs[j];
-  int64_t lo, hi;
-  thread_bytes(job, c - first_chunk[j], lo, hi);
-  unsigned long long n, s;
-  thread_totals(job, lo, hi, n, s);
-  Scan(tmp_n).ExclusiveSum(n, n);
-  Scan(tmp_s).ExclusiveSum(s, s);
-  // note: v = this thread's first varint (or set bit) number in the job, sum = the sum of the values before
-  // it
-  uint64_t v = chunk_n[c] - chunk_n[first_chunk[j]] + n;
-  uint64_t sum = chunk_s[c] - chunk_s[first_chunk[j]] + s;
-  int32_t* out = positions + first_entry[j];
-  const auto count = static_cast<uint64_t>(job.count);
-  for (int64_t b = lo; b < hi; ++b) {
-    const uint8_t byte = job.index[b];
-    if (job.encoding == kBitmap) {
-      for (unsigned bits = byte; bits; bits &= bits - 1, ++v) {
-        const int64_t index = b * 8 + __ffs(bits) - 1;
-        if (index >= job.entries || v >= count) {
-          refuse(error, j, static_cast<int64_t>(v < count ? v : count));
-          continue;
-        }
-        out[v] = static_cast<int32_t>(index);
-      }
-      continue;
-    }
-    if (byte & 0x80) continue;
-    const Varint var = varint_ending_at(job.index, b);
-    sum += clamp_value(var, job.entries);
-    const bool bad = var.length >= 10 || !var.minimal || (v > 0 && var.value == 0) ||
-                     sum >= static_cast<uint64_t>(job.entries) || v >= count;
-    if (bad)
-      refuse(error, j, static_cast<int64_t>(v < count ? v : count));
-    else
-      out[v] = static_cast<int32_t>(sum);
-    ++v;
-  }
-}
-
-__global__ void job_check(const SparseJobDevice* jobs, const uint64_t* first_chunk, int job_count,
-                          const uint64_t* chunk_n, unsigned long long* error) {
-  const int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (j >= job_count) return;
-  const SparseJobDevice& job = jobs[j];
-  if (job.encoding == kRuns) return;
-  const auto found = static_cast<int64_t>(chunk_n[first_chunk[j + 1]] - chunk_n[first_chunk[j]]);
-  const int64_t at = found < job.count ? found : job.count;
-  if (found != job.count) refuse(error, j, at);
-  if (job.encoding == kGaps && job.index_bytes > 0 && (job.index[job.index_bytes - 1] & 0x80))
-    refuse(error, j, at);  // cut off inside a varint
-  if (job.encoding == kBitmap) {
-    const auto want = static_cast<uint64_t>((job.entries + 7) / 8);
-    if (job.index_bytes != want) refuse(error, j, 0);
-    // note: pad bits are caught by chunk_emit (an index past the plane).
-  }
-}
-
 __device__ __forceinline__ uint32_t load_le(const uint8_t* p, int bytes) {
   uint32_t w = 0;
   for (int b = 0; b < bytes; ++b) w |= uint32_t{p[b]} << (8 * b);
@@ -233,6 +171,84 @@ __device__ __forceinline__ bool refused_entry(uint8_t policy, const uint8_t* e) 
   }
 }
 
+__global__ void __launch_bounds__(kThreads)
+    chunk_emit(const SparseJobDevice* jobs, const uint64_t* first_entry, const uint64_t* first_chunk,
+               int job_count, const uint64_t* chunk_n, const uint64_t* chunk_s, int32_t* positions,
+               unsigned long long* error) {
+  using Scan = cub::BlockScan<unsigned long long, kThreads>;
+  __shared__ typename Scan::TempStorage tmp_n, tmp_s;
+  // note: a gaps chunk's positions are one contiguous run of at most kDecodeChunkBytes varints: gathered
+  // here, then written out in whole sectors (one thread per varint wrote 4 bytes at ~12-entry strides).
+  __shared__ int32_t gathered[kDecodeChunkBytes];
+  const uint64_t c = blockIdx.x;
+  const int j = job_of(first_chunk, job_count, c);
+  const SparseJobDevice& job = jobs[j];
+  int64_t lo, hi;
+  thread_bytes(job, c - first_chunk[j], lo, hi);
+  unsigned long long n, s, block_n;
+  thread_totals(job, lo, hi, n, s);
+  Scan(tmp_n).ExclusiveSum(n, n, block_n);
+  Scan(tmp_s).ExclusiveSum(s, s);
+  // note: v = this thread's first varint (or set bit) number in the job, sum = the sum of the values before
+  // it
+  const uint64_t v_block = chunk_n[c] - chunk_n[first_chunk[j]];
+  uint64_t v = v_block + n;
+  uint64_t sum = chunk_s[c] - chunk_s[first_chunk[j]] + s;
+  int32_t* out = positions + first_entry[j];
+  const auto count = static_cast<uint64_t>(job.count);
+  const auto eb = static_cast<uint64_t>(job.entry_bytes);
+  for (int64_t b = lo; b < hi; ++b) {
+    const uint8_t byte = job.index[b];
+    if (job.encoding == kBitmap) {
+      for (unsigned bits = byte; bits; bits &= bits - 1, ++v) {
+        const int64_t index = b * 8 + __ffs(bits) - 1;
+        if (index >= job.entries || v >= count) {
+          refuse(error, j, static_cast<int64_t>(v < count ? v : count));
+          continue;
+        }
+        if (refused_entry(job.policy, job.bytes + v * eb)) refuse(error, j, static_cast<int64_t>(v));
+        out[v] = static_cast<int32_t>(index);
+      }
+      continue;
+    }
+    if (byte & 0x80) continue;
+    const Varint var = varint_ending_at(job.index, b);
+    sum += clamp_value(var, job.entries);
+    const bool bad = var.length >= 10 || !var.minimal || (v > 0 && var.value == 0) ||
+                     sum >= static_cast<uint64_t>(job.entries) || v >= count;
+    if (bad)
+      refuse(error, j, static_cast<int64_t>(v < count ? v : count));
+    else
+      gathered[v - v_block] = static_cast<int32_t>(sum);
+    if (v < count && refused_entry(job.policy, job.bytes + v * eb)) refuse(error, j, static_cast<int64_t>(v));
+    ++v;
+  }
+  if (job.encoding == kBitmap) return;  // note: uniform per block
+  __syncthreads();
+  // note: a refused varint left its slot unwritten; the decode is then refused and positions are not used.
+  const uint64_t end = v_block + block_n < count ? v_block + block_n : count;
+  for (uint64_t at = v_block + threadIdx.x; at < end; at += kThreads) out[at] = gathered[at - v_block];
+}
+
+__global__ void job_check(const SparseJobDevice* jobs, const uint64_t* first_chunk, int job_count,
+                          const uint64_t* chunk_n, unsigned long long* error) {
+  const int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (j >= job_count) return;
+  const SparseJobDevice& job = jobs[j];
+  if (job.encoding == kRuns) return;
+  const auto found = static_cast<int64_t>(chunk_n[first_chunk[j + 1]] - chunk_n[first_chunk[j]]);
+  const int64_t at = found < job.count ? found : job.count;
+  if (found != job.count) refuse(error, j, at);
+  if (job.encoding == kGaps && job.index_bytes > 0 && (job.index[job.index_bytes - 1] & 0x80))
+    refuse(error, j, at);  // cut off inside a varint
+  if (job.encoding == kBitmap) {
+    const auto want = static_cast<uint64_t>((job.entries + 7) / 8);
+    if (job.index_bytes != want) refuse(error, j, 0);
+    // note: pad bits are caught by chunk_emit (an index past the plane).
+  }
+}
+
+// Runs jobs only (gaps and bitmap entries are checked by chunk_emit as it decodes them).
 __global__ void entry_pass(const SparseJobDevice* jobs, const uint64_t* first_entry, int job_count,
                            uint64_t total, int32_t* positions, unsigned long long* error) {
   for (uint64_t e = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x; e < total;
@@ -240,19 +256,18 @@ __global__ void entry_pass(const SparseJobDevice* jobs, const uint64_t* first_en
     const int j = job_of(first_entry, job_count, e);
     const SparseJobDevice& job = jobs[j];
     const auto k = static_cast<int64_t>(e - first_entry[j]);
-    if (job.encoding == kRuns) {
-      // note: run r covers positions [pos_r, pos_{r+1}) from entry start_r; the host checked the table.
-      const auto* runs = reinterpret_cast<const int32_t*>(job.index);
-      int lo = 0, hi = static_cast<int>(job.index_bytes / 8) - 1;
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (runs[2 * mid + 1] <= k)
-          lo = mid;
-        else
-          hi = mid - 1;
-      }
-      positions[e] = static_cast<int32_t>(runs[2 * lo] + (k - runs[2 * lo + 1]));
+    if (job.encoding != kRuns) continue;
+    // note: run r covers positions [pos_r, pos_{r+1}) from entry start_r; the host checked the table.
+    const auto* runs = reinterpret_cast<const int32_t*>(job.index);
+    int lo = 0, hi = static_cast<int>(job.index_bytes / 8) - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (runs[2 * mid + 1] <= k)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
+    positions[e] = static_cast<int32_t>(runs[2 * lo] + (k - runs[2 * lo + 1]));
     if (refused_entry(job.policy, job.bytes + k * job.entry_bytes)) refuse(error, j, k);
   }
 }
@@ -266,7 +281,7 @@ unsigned grid_for(uint64_t count) {
 
 cudaError_t launch_sparse_decode(const SparseJobDevice* jobs, const uint64_t* first_entry,
                                  const uint64_t* first_chunk, int job_count, uint64_t total_chunks,
-                                 uint64_t total_entries, uint64_t* scan, int32_t* positions,
+                                 uint64_t total_entries, bool runs, uint64_t* scan, int32_t* positions,
                                  unsigned long long* error, cudaStream_t stream) {
   if (job_count == 0) return cudaSuccess;
   uint64_t* chunk_n = scan;
@@ -282,7 +297,7 @@ cudaError_t launch_sparse_decode(const SparseJobDevice* jobs, const uint64_t* fi
         jobs, first_entry, first_chunk, job_count, chunk_n, chunk_s, positions, error);
   }
   job_check<<<(job_count + 127) / 128, 128, 0, stream>>>(jobs, first_chunk, job_count, chunk_n, error);
-  if (total_entries > 0)
+  if (runs && total_entries > 0)
     entry_pass<<<grid_for(total_entries), kThreads, 0, stream>>>(jobs, first_entry, job_count, total_entries,
                                                                  positions, error);
   return cudaGetLastError();

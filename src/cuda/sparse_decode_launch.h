@@ -1,6 +1,6 @@
 // Launchers of refit's device path for sparse planes kept in their wire encoding (docs/refit-format.md
-// "Device path"): decode + validate (sparse_decode.cu), the batched scatter with undo capture
-// (refit_scatter.cu) and the batched incremental checksum update (sum_delta.cu), used by
+// "Device path"): decode + validate (sparse_decode.cu), the batched scatter with undo capture and the
+// incremental checksum update in one pass (refit_scatter.cu), used by
 // weight_memory_cuda.cpp. Plain C++ (no base/error.h): every launcher returns the cudaError_t of its
 // launches.
 #pragma once
@@ -35,22 +35,19 @@ struct SparseJobDevice {
 
 // Decodes every job into positions[first_entry + k] (int32 entry indices) and checks indices and new bytes;
 // writes min(job << 32 | position) of every refusal into *error (set to ~0 by the caller). jobs, first_entry
-// (job_count + 1 words), first_chunk (job_count + 1): device arrays. scan: 2 x (total_chunks + 1) words of
-// scratch.
+// (job_count + 1 words), first_chunk (job_count + 1): device arrays. runs: some job is a runs job with
+// entries. scan: 2 x (total_chunks + 1) words of scratch.
 cudaError_t launch_sparse_decode(const SparseJobDevice* jobs, const uint64_t* first_entry,
                                  const uint64_t* first_chunk, int job_count, uint64_t total_chunks,
-                                 uint64_t total_entries, uint64_t* scan, int32_t* positions,
+                                 uint64_t total_entries, bool runs, uint64_t* scan, int32_t* positions,
                                  unsigned long long* error, cudaStream_t stream);
 
 // Entry k of job j: canonical bytes positions[first_entry[j] + k]·entry_bytes + b <- bytes[k·entry_bytes +
-// b], the old byte saved to undo first. One thread per entry of all jobs.
+// b], the old byte saved to undo first; a job with kept sums (incremental checksums, undo given) adds each
+// changed word's new term minus its old one to them (sum_delta.cu's rule) in the same pass. One thread per
+// changed 8-byte word of all jobs.
 cudaError_t launch_sparse_scatter_batch(const SparseJobDevice* jobs, const uint64_t* first_entry,
                                         int job_count, uint64_t total_entries, const int32_t* positions,
                                         cudaStream_t stream);
-
-// After launch_sparse_scatter_batch: every job with kept sums adds each changed word's new term minus its old
-// one (sum_delta.cu).
-cudaError_t launch_sum_delta_batch(const SparseJobDevice* jobs, const uint64_t* first_entry, int job_count,
-                                   uint64_t total_entries, const int32_t* positions, cudaStream_t stream);
 
 }  // namespace mxq::cuda

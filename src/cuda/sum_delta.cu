@@ -8,14 +8,14 @@
 // the new word from the live plane (after the scatter, same stream), rebuilds the old word by putting back
 // the undo bytes of every entry in that word, and adds the two differences with 64-bit atomics (entries of
 // other words of the same block may add concurrently). Words of the stream's tail (blocks >=
-// full_blocks(len)) have no kept sums: the chain reads the tail from the live planes.
+// full_blocks(len)) have no kept sums: the chain reads the tail from the live planes. (Refit's batched
+// device path applies the same rule inside its scatter: refit_scatter.cu, sparse_write_batch.)
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "cuda/refit_launch.h"
 #include "cuda/refit_plane.cuh"
-#include "cuda/sparse_decode_launch.h"
 #include "cuda/xxh3_device.cuh"
 
 namespace mxq::cuda {
@@ -67,21 +67,6 @@ __global__ void sum_delta(DevicePlane p, const I* indices, int64_t count, int en
     sum_delta_entry(p, indices, count, j, static_cast<uint64_t>(entry_bytes), undo, stream_off, blocks, sums);
 }
 
-// The same for a batch of planes (refit's device path), one thread per entry of all of them; planes without
-// kept sums are skipped.
-__global__ void sum_delta_batch(const SparseJobDevice* jobs, const uint64_t* first_entry, int job_count,
-                                uint64_t total, const int32_t* positions) {
-  for (uint64_t e = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x; e < total;
-       e += static_cast<uint64_t>(gridDim.x) * kThreads) {
-    const int lo = job_of(first_entry, job_count, e);
-    const SparseJobDevice& job = jobs[lo];
-    if (job.sums == nullptr) continue;
-    sum_delta_entry(job.plane, positions + first_entry[lo], job.count,
-                    static_cast<int64_t>(e - first_entry[lo]), static_cast<uint64_t>(job.entry_bytes),
-                    job.undo, job.stream_off, job.blocks, job.sums);
-  }
-}
-
 unsigned grid_for(int64_t count) {
   const int64_t blocks = (count + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < 132 * 64 ? (blocks > 0 ? blocks : 1) : 132 * 64);
@@ -100,14 +85,6 @@ cudaError_t launch_sum_delta(const DevicePlane& p, const void* indices, int inde
   else
     sum_delta<<<grid_for(count), kThreads, 0, stream>>>(p, static_cast<const int64_t*>(indices), count,
                                                         entry_bytes, undo, stream_off, blocks, sums, status);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_sum_delta_batch(const SparseJobDevice* jobs, const uint64_t* first_entry, int job_count,
-                                   uint64_t total_entries, const int32_t* positions, cudaStream_t stream) {
-  if (total_entries == 0 || job_count == 0) return cudaSuccess;
-  sum_delta_batch<<<grid_for(static_cast<int64_t>(total_entries)), kThreads, 0, stream>>>(
-      jobs, first_entry, job_count, total_entries, positions);
   return cudaGetLastError();
 }
 

@@ -10,29 +10,12 @@
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/plane_tables.h"
 #include "cuda/refit_launch.h"
 #include "cuda/sparse_decode_launch.h"
 
 namespace mxq::cuda {
 namespace {
-
-// note: the largest R in {16, 8, 4, 2} such that every run of R canonical bytes of a row starting at a
-// multiple of R lands contiguous and R-aligned; the kernels then move R bytes per load / store.
-int run_of(const PlaneLayout& l) {
-  if (l.kind == PlaneKind::kIdentity) return 16;
-  const int64_t w = l.canonical.row_bytes;
-  for (int r : {16, 8, 4, 2}) {
-    bool ok = w % r == 0;
-    for (size_t i = 0; ok && i < l.row_off.size(); ++i) ok = l.row_off[i] % r == 0;
-    for (int64_t c = 0; ok && c < w; c += r) {
-      ok = l.col_off[static_cast<size_t>(c)] % r == 0;
-      for (int t = 1; ok && t < r; ++t)
-        ok = l.col_off[static_cast<size_t>(c + t)] == l.col_off[static_cast<size_t>(c)] + t;
-    }
-    if (ok) return r;
-  }
-  return 1;
-}
 
 bool is_device(const void* p) {
   if (!p) return false;
@@ -52,9 +35,14 @@ class CudaWeightMemory final : public WeightMemory {
         reread_(o.checksum_from_live),
         incremental_(o.incremental_checksums && o.batched_kernels),
         batched_(o.batched_kernels),
-        stage_cap_(o.host_stage_bytes) {}
+        staged_(o.staged_full_write),
+        stage_cap_(o.host_stage_bytes),
+        keep_(o.scratch_keep_bytes) {}
   ~CudaWeightMemory() override {
     if (stream_) cudaStreamSynchronize(stream_);
+    for (const auto& [ptr, bytes] : scratch_) cudaFreeAsync(ptr, stream_);
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (pool_) cudaMemPoolDestroy(pool_);
     if (pinned_) cudaFreeHost(pinned_);
     if (own_stream_) cudaStreamDestroy(stream_);
   }
@@ -72,12 +60,25 @@ class CudaWeightMemory final : public WeightMemory {
     if (!de) return tl::unexpected(de.error());
     decode_error_ = std::move(*de);
     MXQ_CUDA_CHECK(cudaMemsetAsync(decode_error_.as(), 0xFF, sizeof(unsigned long long), stream_));
+    // note: scratch comes from a stream-ordered pool of its own (cudaMallocFromPoolAsync / cudaFreeAsync on
+    // stream_): a freed scratch is reused by the next apply without a cudaMalloc, a cudaFree or a device
+    // sync; up to keep_ bytes of it stay reserved across syncs, the rest goes back to the driver.
+    int device = 0;
+    MXQ_CUDA_CHECK(cudaGetDevice(&device));
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    MXQ_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+    uint64_t keep = keep_;
+    MXQ_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return {};
   }
 
   cudaStream_t stream() const { return stream_; }
   void set_reread(bool r) { reread_ = r; }
+  void set_staged(bool on) { staged_ = on; }
   void set_incremental(bool on) {
     incremental_ = on && batched_;
     if (!on)
@@ -90,23 +91,30 @@ class CudaWeightMemory final : public WeightMemory {
     const auto bytes = static_cast<size_t>(l.native_bytes);
     if (bytes == 0) return std::span<uint8_t>{};
     auto buf = DeviceBuffer::alloc(bytes);
+    if (!buf) {
+      // note: the scratch pool may hold freed memory up to keep_ bytes: hand it back and try once more.
+      cudaGetLastError();
+      trim_pool();
+      buf = DeviceBuffer::alloc(bytes);
+    }
     if (!buf) return tl::unexpected(buf.error());
     MXQ_CUDA_CHECK(cudaMemsetAsync(buf->as(), 0, bytes, stream_));
     Plane p;
-    p.run = run_of(l);
+    p.run = plane_run(l);
     if (l.kind == PlaneKind::kSeparable) {
       auto rows = upload_table(l.row_off), cols = upload_table(l.col_off);
       if (!rows) return tl::unexpected(rows.error());
       if (!cols) return tl::unexpected(cols.error());
       p.row_off = std::move(*rows), p.col_off = std::move(*cols);
       std::vector<int32_t> runs;
-      if (run_table(l, p.run, runs)) {
+      if (plane_run_table(l, p.run, runs)) {
         auto t = DeviceBuffer::alloc(runs.size() * sizeof(int32_t));
         if (!t) return tl::unexpected(t.error());
         MXQ_CUDA_CHECK(cudaMemcpyAsync(t->as(), runs.data(), runs.size() * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, stream_));
         p.cols = std::move(*t);
-        p.transpose4 = is_transpose4(l, p.run);
+        p.transpose4 = plane_is_transpose4(l, p.run);
+        p.rows_contiguous = plane_rows_contiguous(l);
       }
     }
     MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -126,19 +134,44 @@ class CudaWeightMemory final : public WeightMemory {
       return fail("device scratch of {} bytes refused: {} of the {} allowed are in use", bytes, scratch_used_,
                   limit_);
     if (bytes == 0) return std::span<uint8_t>{};
-    auto buf = DeviceBuffer::alloc(bytes);
-    if (!buf) return fail("device scratch of {} bytes: {}", bytes, buf.error().message);
-    auto* ptr = buf->as<uint8_t>();
+    void* ptr = nullptr;
+    cudaError_t e = cudaMallocFromPoolAsync(&ptr, bytes, pool_, stream_);
+    if (e == cudaErrorMemoryAllocation) {
+      // note: memory this pool keeps is its own to reuse; only memory held elsewhere can make this fail, so
+      // one retry after handing back what it keeps (and what other pools keep, via the sync) is all there is.
+      cudaGetLastError();
+      trim_pool();
+      e = cudaMallocFromPoolAsync(&ptr, bytes, pool_, stream_);
+    }
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return fail("device scratch of {} bytes: cudaMallocFromPoolAsync failed: {}", bytes,
+                  cudaGetErrorName(e));
+    }
     scratch_used_ += bytes;
-    scratch_.emplace(ptr, std::move(*buf));
-    return std::span<uint8_t>{ptr, bytes};
+    scratch_.emplace(static_cast<uint8_t*>(ptr), bytes);
+    return std::span<uint8_t>{static_cast<uint8_t*>(ptr), bytes};
   }
   void free_scratch(std::span<uint8_t> s) override {
     auto it = scratch_.find(s.data());
     if (it == scratch_.end()) return;
-    cudaStreamSynchronize(stream_);  // note: queued kernels may still read it
-    scratch_used_ -= it->second.bytes();
+    // note: stream-ordered: kernels queued before on stream_ still read it; a later allocation on stream_
+    // reuses it only after them. No sync.
+    cudaFreeAsync(it->first, stream_);
+    scratch_used_ -= it->second;
     scratch_.erase(it);
+  }
+  // Bytes of scratch in use, and bytes the pool holds reserved (in use or kept for reuse); tests.
+  size_t scratch_in_use() const { return scratch_used_; }
+  size_t scratch_reserved() const {
+    uint64_t v = 0;
+    if (pool_) cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &v);
+    return static_cast<size_t>(v);
+  }
+  void trim_pool() {
+    if (!pool_) return;
+    cudaStreamSynchronize(stream_);
+    cudaMemPoolTrimTo(pool_, 0);
   }
   Status upload(std::span<const uint8_t> host, std::span<uint8_t> dst) override {
     if (host.size() != dst.size()) return fail("upload of {} bytes into {}", host.size(), dst.size());
@@ -238,8 +271,10 @@ class CudaWeightMemory final : public WeightMemory {
       decode_scan_ = std::move(*b);
     }
     auto* error = decode_error_.as<unsigned long long>();
+    const bool runs = std::any_of(jobs.begin(), jobs.end(),
+                                  [](const SparsePlaneJob& j) { return j.encoding == 2 && j.count > 0; });
     MXQ_CUDA_CHECK(launch_sparse_decode(table->jobs, table->first_entry, table->first_chunk,
-                                        static_cast<int>(jobs.size()), table->chunks, table->entries,
+                                        static_cast<int>(jobs.size()), table->chunks, table->entries, runs,
                                         decode_scan_.as<uint64_t>(),
                                         reinterpret_cast<int32_t*>(positions.data()), error, stream_));
     // note: the one device-to-host read of the decode: the error word (then reset for the scatters).
@@ -259,11 +294,9 @@ class CudaWeightMemory final : public WeightMemory {
     if (jobs.empty()) return {};
     const auto* pos = reinterpret_cast<const int32_t*>(positions.data());
     const int n = static_cast<int>(jobs.size());
+    // note: one pass: scatter, undo capture and the kept sums' update (refit_scatter.cu).
     MXQ_CUDA_CHECK(
         launch_sparse_scatter_batch(table->jobs, table->first_entry, n, table->entries, pos, stream_));
-    if (table->sums)
-      MXQ_CUDA_CHECK(
-          launch_sum_delta_batch(table->jobs, table->first_entry, n, table->entries, pos, stream_));
     return {};
   }
 
@@ -476,6 +509,9 @@ class CudaWeightMemory final : public WeightMemory {
     unsigned long long status = 0;
     MXQ_CUDA_CHECK(cudaMemcpyAsync(&status, status_.as(), sizeof status, cudaMemcpyDeviceToHost, stream_));
     MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    // note: the pool's release threshold acts at syncs too; trimming here makes "at most keep_ bytes kept
+    // after a sync" hold whatever the driver's heuristics (no work when less is reserved).
+    if (scratch_reserved() > keep_) MXQ_CUDA_CHECK(cudaMemPoolTrimTo(pool_, keep_));
     std::vector<std::string> calls = std::move(calls_);
     calls_.clear();
     if (status == ~0ull) return {};
@@ -492,7 +528,7 @@ class CudaWeightMemory final : public WeightMemory {
   struct Plane {
     DeviceBuffer buffer, row_off, col_off, cols;
     int run = 16;
-    bool transpose4 = false;
+    bool transpose4 = false, rows_contiguous = false;
   };
 
   struct BatchItem {
@@ -555,7 +591,7 @@ class CudaWeightMemory final : public WeightMemory {
     if (mode == Mode::kChains)
       MXQ_CUDA_CHECK(launch_refit_chains(d_tensors, static_cast<int>(n), d_out, stream_));
     else
-      MXQ_CUDA_CHECK(launch_refit_batch(mode == Mode::kWrite, d_tensors, static_cast<int>(n),
+      MXQ_CUDA_CHECK(launch_refit_batch(mode == Mode::kWrite, staged_, d_tensors, static_cast<int>(n),
                                         static_cast<uint32_t>(tiles), d_map, d_counters, d_out, stream_));
     std::vector<uint64_t> out(n);
     MXQ_CUDA_CHECK(cudaMemcpyAsync(out.data(), d_out, n * 8, cudaMemcpyDeviceToHost, stream_));
@@ -622,7 +658,6 @@ class CudaWeightMemory final : public WeightMemory {
     const SparseJobDevice* jobs = nullptr;
     const uint64_t *first_entry = nullptr, *first_chunk = nullptr;
     uint64_t entries = 0, chunks = 0;
-    bool sums = false;
   };
   Result<JobTable> upload_jobs(std::span<const SparsePlaneJob> jobs, std::span<const uint8_t> positions,
                                bool with_sums) {
@@ -651,7 +686,6 @@ class CudaWeightMemory final : public WeightMemory {
         // note: without the old bytes the kept sums cannot follow: the next checksum re-reads the tensor.
         if (d.undo) {
           d.sums = rec->sums.as<uint64_t>(), d.stream_off = stream_off, d.blocks = xxh3_job_blocks(rec->len);
-          t.sums = true;
         } else {
           rec->valid = false;
         }
@@ -688,28 +722,6 @@ class CudaWeightMemory final : public WeightMemory {
     t.first_chunk = reinterpret_cast<const uint64_t*>(base + job_bytes + prefix_bytes);
     return t;
   }
-  // The int32 column table of a separable plane for the batched kernels (DevicePlane::cols), when it has one.
-  static bool run_table(const PlaneLayout& l, int run, std::vector<int32_t>& out) {
-    const int64_t w = l.canonical.row_bytes;
-    if (w <= 0 || w % 16 != 0) return false;
-    for (int64_t c = 0; c < w; c += run) {
-      const int64_t off = l.col_off[static_cast<size_t>(c)];
-      if (off < 0 || off > INT32_MAX - 16) return false;
-      out.push_back(static_cast<int32_t>(off));
-    }
-    return true;
-  }
-  static bool is_transpose4(const PlaneLayout& l, int run) {
-    const int64_t w = l.canonical.row_bytes;
-    if (run != 4 || w % 64 != 0) return false;
-    for (int64_t r : l.row_off)
-      if (r % 16 != 0) return false;
-    for (int64_t c = 0; c < w; c += 4)
-      if (l.col_off[static_cast<size_t>(c)] != (c & ~int64_t{63}) + 16 * (c % 16 / 4) + 4 * (c % 64 / 16))
-        return false;
-    return true;
-  }
-
   Result<DeviceBuffer> upload_table(const std::vector<int64_t>& t) {
     auto buf = DeviceBuffer::alloc(t.size() * sizeof(int64_t));
     if (!buf) return tl::unexpected(buf.error());
@@ -741,6 +753,7 @@ class CudaWeightMemory final : public WeightMemory {
       p.col_off = it->second.col_off.as<int64_t>();
       p.cols = it->second.cols.bytes() ? it->second.cols.as<int32_t>() : nullptr;
       p.transpose4 = it->second.transpose4;
+      p.rows_contiguous = it->second.rows_contiguous;
     } else {
       // note: identity offsets are the canonical index, whatever split of rows the layout records.
       p.rows = 1, p.row_bytes = l.canonical.bytes();
@@ -763,7 +776,7 @@ class CudaWeightMemory final : public WeightMemory {
   cudaStream_t stream_ = nullptr;
   bool own_stream_ = false;
   size_t limit_ = SIZE_MAX, scratch_used_ = 0;
-  bool reread_ = false, incremental_ = false, batched_ = true;
+  bool reread_ = false, incremental_ = false, batched_ = true, staged_ = true;
   std::map<const uint8_t*, SumRecord> records_;  // by values plane
   std::map<const uint8_t*, std::pair<const uint8_t*, uint64_t>>
       record_of_;  // plane -> (values plane, stream offset)
@@ -772,7 +785,9 @@ class CudaWeightMemory final : public WeightMemory {
   uint8_t* pinned_ = nullptr;  // host_staging
   size_t pinned_bytes_ = 0;    // batch tables, tile map, counters, block sums, results
   std::map<const uint8_t*, Plane> planes_;
-  std::map<const uint8_t*, DeviceBuffer> scratch_;
+  std::map<uint8_t*, size_t> scratch_;  // scratch handed out from pool_: bytes
+  cudaMemPool_t pool_ = nullptr;
+  size_t keep_ = 0;  // CudaMemoryOptions::scratch_keep_bytes
   DeviceBuffer status_, staging_;
   DeviceBuffer job_table_, decode_scan_, decode_error_;  // encoded sparse planes: table, prefix sums, error
   std::vector<std::string> calls_;  // names of the sparse calls since the last sync (status' call field)
@@ -797,6 +812,20 @@ void set_checksum_from_live(WeightMemory& memory, bool reread) {
 
 void set_incremental_checksums(WeightMemory& memory, bool on) {
   if (auto* m = dynamic_cast<CudaWeightMemory*>(&memory)) m->set_incremental(on);
+}
+
+void set_staged_full_write(WeightMemory& memory, bool on) {
+  if (auto* m = dynamic_cast<CudaWeightMemory*>(&memory)) m->set_staged(on);
+}
+
+size_t scratch_in_use(const WeightMemory& memory) {
+  const auto* m = dynamic_cast<const CudaWeightMemory*>(&memory);
+  return m ? m->scratch_in_use() : 0;
+}
+
+size_t scratch_reserved(const WeightMemory& memory) {
+  const auto* m = dynamic_cast<const CudaWeightMemory*>(&memory);
+  return m ? m->scratch_reserved() : 0;
 }
 
 }  // namespace mxq::cuda

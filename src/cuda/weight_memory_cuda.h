@@ -21,6 +21,12 @@ struct CudaMemoryOptions {
   // Bytes of scratch (undo logs, uploaded deltas) it will hand out in all; more is refused by name (tests
   // use a small limit to reach W-26 without exhausting the GPU).
   size_t scratch_limit = SIZE_MAX;
+  // Scratch is stream-ordered (a pool of its own, cudaMallocFromPoolAsync / cudaFreeAsync on the memory's
+  // stream): a span from allocate_scratch is valid on that stream from the call on (other streams: after a
+  // sync), and free_scratch returns it without a device sync. Up to this many bytes of freed scratch stay
+  // reserved for the next apply (no cudaMalloc / cudaFree per apply); more goes back to the driver at the
+  // next sync, and all of it when a live plane's allocation would otherwise fail.
+  size_t scratch_keep_bytes = size_t{2} << 30;
   // Full writes (write_tensors) hash the canonical bytes as the batched kernel writes them, from its
   // registers: that checks the delivered planes against the trainer's checksum in the same pass, while the
   // layout mapping itself is checked bitwise by the GPU tests. true: hash the live planes again after the
@@ -32,6 +38,10 @@ struct CudaMemoryOptions {
   // the tails instead of re-reading every plane. A scatter without old bytes, or write_plane, drops a
   // tensor's sums until its next full hash.
   bool incremental_checksums = false;
+  // Batched full writes stage each 64 KiB tile in shared memory with cp.async before it is hashed and
+  // stored in whole lines (refit_batch.cu "Staged write"): same bytes and sums; measured 4.63 ms against
+  // 5.16 ms for the plain kernel on 7.16 GB (bench/RESULTS.md, 2026-11-30 refit5). false: the plain kernel.
+  bool staged_full_write = true;
   // false: full writes and checksums take the per-plane kernels and the two-kernel hash of the previous
   // path (refit_plane.cu, xxh3_checksum.cu) instead of refit_batch.cu (a fallback; slower).
   bool batched_kernels = true;
@@ -47,5 +57,11 @@ cudaStream_t weight_memory_stream(const WeightMemory& memory);
 void set_checksum_from_live(WeightMemory& memory, bool reread);
 // CudaMemoryOptions::incremental_checksums of a live CUDA weight memory (off frees the kept sums).
 void set_incremental_checksums(WeightMemory& memory, bool on);
+// CudaMemoryOptions::staged_full_write of a live CUDA weight memory (no effect on any other memory).
+void set_staged_full_write(WeightMemory& memory, bool on);
+// Scratch bytes of a CUDA weight memory handed out and not freed, and bytes its scratch pool holds reserved
+// (handed out or kept for reuse); 0 for any other memory.
+size_t scratch_in_use(const WeightMemory& memory);
+size_t scratch_reserved(const WeightMemory& memory);
 
 }  // namespace mxq::cuda

@@ -291,8 +291,16 @@ class Applier {
     std::vector<std::array<std::vector<int32_t>, 2>> run_tables(n);
     std::vector<Status> run_status(n);
     // note: anchors' new bytes are checked here on the host (in place, all cores); sparse planes' on the
-    // device.
-    parallel_records(n, [&](size_t k) {
+    // device. Only records with work (anchors, runs sets) go to the threads, and none are started when there
+    // are none: starting a thread per core costs ~1 ms per call, the whole stage of a gaps-only delta.
+    std::vector<size_t> busy;
+    for (size_t k = 0; k < n; ++k) {
+      const auto& t = delta_.tensors[k];
+      const auto runs = static_cast<uint8_t>(IndexEncoding::kRuns);
+      if (t.anchor || t.values.encoding == runs || t.scales.encoding == runs) busy.push_back(k);
+    }
+    parallel_records(busy.size(), [&](size_t b) {
+      const size_t k = busy[b];
       const auto& t = delta_.tensors[k];
       if (t.anchor) run_status[k] = check_tensor_view(t);
       for (int p = 0; p < 2 && !t.anchor; ++p) {
@@ -361,7 +369,8 @@ class Applier {
     std::span<uint8_t> host = packed && !zero_copy ? mem.host_staging(packed) : std::span<uint8_t>{};
     std::vector<uint8_t> fallback;
     if (host.size() < packed) fallback.resize(packed), host = fallback;
-    parallel_records(n, [&](size_t k) {
+    // note: nothing to pack (a pinned body without runs sets): no threads.
+    parallel_records(packed ? n : 0, [&](size_t k) {
       const auto& t = delta_.tensors[k];
       for (int p = 0; p < 2; ++p) {
         const PlaneView& v = p == 0 ? t.values : t.scales;

@@ -27,20 +27,43 @@ namespace {
 using refit::ApplyStage;
 using refit::Delta;
 
+// Values layouts: the store's default (identity), the GEMV native layout (probed), and two separable ones
+// the batched sparse write takes by other routes (refit_scatter.cu word_pieces): column-major (runs of 1
+// byte: byte by byte) and rows reversed with 8-byte runs reversed in each row (one 8-byte piece per word).
+enum class Lay { kDefault, kGemv, kColumnMajor, kRuns8 };
 struct Spec {
   std::string name;
   Format format;
   std::vector<int64_t> shape;
-  bool gemv;  // values in the GEMV native layout (probed)
+  Lay lay = Lay::kDefault;
+  bool gemv() const { return lay == Lay::kGemv; }
 };
+// note: GEMV MXFP8 [64, 256] is the 4x4-word transpose (two 4-byte pieces per word), [96, 160] runs of 4
+// without it; the last bf16 plane (406 bytes) ends inside an 8-byte word.
 const std::vector<Spec> kSpecs = {
-    {"model.layers.0.self_attn.q_proj.weight", Format::kMXFP8, {64, 256}, true},
-    {"model.layers.0.mlp.down_proj.weight", Format::kMXFP8, {96, 160}, true},
-    {"model.layers.0.mlp.up_proj.weight", Format::kMXFP4, {32, 384}, true},
-    {"model.layers.0.self_attn.o_proj.weight", Format::kFP8_B128, {130, 160}, false},
-    {"model.norm.weight", Format::kBF16, {200}, false},
-    {"model.embed_tokens.weight", Format::kF32, {4, 8}, false},
+    {"model.layers.0.self_attn.q_proj.weight", Format::kMXFP8, {64, 256}, Lay::kGemv},
+    {"model.layers.0.mlp.down_proj.weight", Format::kMXFP8, {96, 160}, Lay::kGemv},
+    {"model.layers.0.mlp.up_proj.weight", Format::kMXFP4, {32, 384}, Lay::kGemv},
+    {"model.layers.0.self_attn.o_proj.weight", Format::kFP8_B128, {130, 160}},
+    {"model.norm.weight", Format::kBF16, {200}},
+    {"model.embed_tokens.weight", Format::kF32, {4, 8}},
+    {"model.layers.0.self_attn.k_proj.weight", Format::kBF16, {9, 16}, Lay::kColumnMajor},
+    {"model.layers.0.self_attn.v_proj.weight", Format::kBF16, {5, 32}, Lay::kRuns8},
+    {"model.layers.1.input_layernorm.weight", Format::kBF16, {203}},
 };
+
+// The column-major and reversed-runs layouts of a 2-D bf16 tensor (scales: none).
+Layout custom_layout(const Spec& s) {
+  const int64_t rows = s.shape[0], w = 2 * s.shape[1];
+  Layout l{s.lay == Lay::kColumnMajor ? "column_major" : "reversed_runs8",
+           {PlaneKind::kSeparable, {rows, w}, rows * w, {}, {}},
+           {PlaneKind::kIdentity, {0, 0}, 0, {}, {}}};
+  for (int64_t r = 0; r < rows; ++r)
+    l.values.row_off.push_back(s.lay == Lay::kColumnMajor ? r : (rows - 1 - r) * w);
+  for (int64_t c = 0; c < w; ++c)
+    l.values.col_off.push_back(s.lay == Lay::kColumnMajor ? c * rows : w - 8 - c / 8 * 8 + c % 8);
+  return l;
+}
 
 struct Planes {
   std::vector<uint8_t> values, scales;
@@ -113,10 +136,12 @@ WeightStore make_store(const Model& m, size_t scratch_limit = SIZE_MAX, bool inc
   EXPECT_TRUE(mem);
   WeightStore store(std::move(*mem));
   for (const Spec& s : kSpecs) {
-    if (s.gemv) {
+    if (s.gemv()) {
       auto l = gemv_layout(s);
       EXPECT_TRUE(l) << l.error().message;
       EXPECT_TRUE(store.add(s.name, s.format, s.shape, *l));
+    } else if (s.lay != Lay::kDefault) {
+      EXPECT_TRUE(store.add(s.name, s.format, s.shape, custom_layout(s)));
     } else {
       EXPECT_TRUE(store.add(s.name, s.format, s.shape));
     }
@@ -471,6 +496,69 @@ TEST(CudaRefit, UndoLogThatDoesNotFitIsRefusedBeforeAnyWrite) {
   EXPECT_EQ(native(store).bytes, before.bytes);
 }
 
+// Scratch comes from a stream-ordered pool (CudaMemoryOptions::scratch_keep_bytes): after each apply every
+// scratch span is back, a repeated apply reuses the reserved memory instead of growing it (also after a
+// delta the device refused once its scratch was placed), and with nothing to keep a sync hands it all back.
+TEST(CudaRefit, ScratchIsReusedAcrossAppliesAndAfterARefusal) {
+  const uint32_t seed = static_cast<uint32_t>(test::fresh_seed());
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Model a = mutate({}, 1.0, seed), b = mutate(a, 0.05, seed + 1);
+  WeightStore store = make_store(a, SIZE_MAX, true);
+  std::vector<uint8_t> keep;
+  uint64_t version = 1;
+  ASSERT_TRUE(apply_wire(store, version, make_delta(a, b, 1, 2, false), {}, keep));
+  EXPECT_EQ(scratch_in_use(store.memory()), 0u);
+  const size_t reserved = scratch_reserved(store.memory());
+  EXPECT_GT(reserved, 0u) << "freed scratch stays reserved for the next apply";
+  ASSERT_TRUE(apply_wire(store, version, make_delta(b, a, 2, 3, false), {}, keep));
+  // a delta the device refuses (a zero gap in record 0's values) after its scratch was placed
+  const Delta d = make_delta(a, b, 3, 4, false);
+  auto body = refit::encode_delta_body(d);
+  ASSERT_TRUE(body);
+  auto view = refit::parse_delta_view(*body);
+  ASSERT_TRUE(view);
+  const refit::PlaneView& pv = view->tensors[0].values;
+  ASSERT_EQ(pv.encoding, 0) << "gaps at 5%";
+  std::vector<uint8_t> bad = *body;
+  uint8_t* index = bad.data() + (pv.index.data() - body->data());
+  bool made = false;
+  for (size_t i = 1; i < pv.index.size() && !made; ++i)
+    if (index[i] < 0x80 && index[i - 1] < 0x80) index[i] = 0, made = true;
+  ASSERT_TRUE(made);
+  auto bad_view = refit::parse_delta_view(bad);
+  ASSERT_TRUE(bad_view);
+  bad_view->base_version = 3, bad_view->new_version = 4;
+  const Native before = native(store);
+  auto refused = refit::apply_delta(store, version, *bad_view);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(version, 3u);
+  EXPECT_EQ(native(store).bytes, before.bytes);
+  EXPECT_EQ(scratch_in_use(store.memory()), 0u) << "a refusal returns its scratch";
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_TRUE(apply_wire(store, version, k == 0 ? d : make_delta(b, a, 4, 5, false), {}, keep));
+    EXPECT_EQ(scratch_in_use(store.memory()), 0u);
+    EXPECT_EQ(scratch_reserved(store.memory()), reserved) << "apply " << k << " reuses the kept scratch";
+  }
+  EXPECT_EQ(canonical(store), a);
+  expect_checksums(store, a);
+  // keep nothing: the sync after an apply hands the pool's memory back
+  CudaMemoryOptions o;
+  o.scratch_keep_bytes = 0;
+  auto mem = cuda_weight_memory(o);
+  ASSERT_TRUE(mem);
+  WeightStore bare(std::move(*mem));
+  for (const Spec& s : kSpecs) {
+    ASSERT_TRUE(bare.add(s.name, s.format, s.shape));
+    ASSERT_TRUE(bare.apply_tensor(s.name, a.at(s.name).values, a.at(s.name).scales));
+  }
+  version = 1;
+  ASSERT_TRUE(apply_wire(bare, version, make_delta(a, b, 1, 2, false), {}, keep));
+  ASSERT_TRUE(bare.sync());
+  EXPECT_EQ(scratch_in_use(bare.memory()), 0u);
+  EXPECT_EQ(scratch_reserved(bare.memory()), 0u);
+  EXPECT_EQ(canonical(bare), b);
+}
+
 // W-16: the graph records the store's device addresses once; after refits its replay must equal the same
 // graph over a fresh store holding the target weights.
 TEST(CudaRefit, GraphReplayAfterRefitEqualsFreshLoad) {
@@ -483,7 +571,7 @@ TEST(CudaRefit, GraphReplayAfterRefitEqualsFreshLoad) {
   constexpr int64_t m = 3;
   std::vector<const Spec*> gemvs;
   for (const Spec& s : kSpecs)
-    if (s.gemv) gemvs.push_back(&s);
+    if (s.gemv()) gemvs.push_back(&s);
   std::vector<DeviceBuffer> xs, ys;
   for (const Spec* s : gemvs) {
     auto x = test::upload(test::random_bf16(rng, static_cast<size_t>(m * s->shape[1])));

@@ -214,8 +214,9 @@ PlaneLayout gemv_values_layout(int64_t rows, int64_t k) {
 
 // Full writes of many tensors in one batch (write_tensors: the batched kernel with fused block sums and
 // chains, or the plane-by-plane path for what it does not take) against the host memory, bitwise, with the
-// checksums against libxxhash; both checksum modes, the batched kernels off (the fallback), device and host
-// sources; then the hash of the live planes (checksums) must agree too.
+// checksums against libxxhash; both checksum modes, tiles staged in shared memory or not, the batched
+// kernels off (the fallback), device and host sources; then the hash of the live planes (checksums) must
+// agree too.
 TEST(CudaWeightMemory, WriteTensorsBatchMatchesHost) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -235,6 +236,13 @@ TEST(CudaWeightMemory, WriteTensorsBatchMatchesHost) {
                          {16, 320},
                          {1100, 4096}})
     specs.push_back({gemv_values_layout(rows, k), make_layout(rng, rows, k / 32, 0, 0)});
+  // The GEMV transpose with its rows in reverse order: transpose4 without rows back to back (the staged
+  // write stores such a plane lane by lane instead of whole tiles).
+  {
+    PlaneLayout l = gemv_values_layout(48, 1024);
+    std::reverse(l.row_off.begin(), l.row_off.end());
+    specs.push_back({l, make_layout(rng, 48, 32, 0, 0)});
+  }
   // Identity planes over several tiles: values 70 KiB (the second tile mostly empty), scales a tail of
   // less than one block.
   specs.push_back({make_layout(rng, 1, 70 * 1024, 0, 0), make_layout(rng, 1, 1008, 0, 0)});
@@ -249,13 +257,18 @@ TEST(CudaWeightMemory, WriteTensorsBatchMatchesHost) {
   specs.push_back({make_layout(rng, 10, 1000, 8, 0), make_layout(rng, 10, 32, 0, 0)});  // values % 1024 != 0
   specs.push_back({make_layout(rng, 64, 256, 4, 16), make_layout(rng, 64, 16, 0, 0)});  // padded native
   specs.push_back({make_layout(rng, 4, 256, 4, 0), make_layout(rng, 0, 0, 0, 0)});      // no scales
-  for (auto [reread, batched] : {std::pair{false, true}, {true, true}, {false, false}}) {
+  struct Mode {
+    bool reread, batched, staged;
+  };
+  for (auto [reread, batched, staged] :
+       {Mode{false, true, false}, {false, true, true}, {true, true, false}, {false, false, false}}) {
     for (bool device_src : {true, false}) {
       SCOPED_TRACE(::testing::Message() << "checksum_from_live " << reread << ", batched " << batched
-                                        << ", device sources " << device_src);
+                                        << ", staged " << staged << ", device sources " << device_src);
       CudaMemoryOptions o;
       o.checksum_from_live = reread;
       o.batched_kernels = batched;
+      o.staged_full_write = staged;
       o.host_stage_bytes = 1 << 20;  // several staging groups
       auto dev = cuda_weight_memory(o);
       ASSERT_TRUE(dev);
