@@ -403,30 +403,31 @@ __global__ void __launch_bounds__(kThreads, 4)
 
 // ---- Staged write (launch_refit_batch with staged = true)
 // -------------------------------------------------- The same write, with the canonical tile copied into
-// shared memory first: every thread issues its share of the tile's 64 KiB as 16-byte cp.async (a warp copies
-// 512 contiguous bytes a step: whole lines), in two groups (the first and second half of every 1 KiB chunk),
-// so a block has its whole tile in flight at once instead of two stripes per thread; then each lane reads its
-// stripes back from shared memory (chunks skewed by 16 bytes: a quarter-warp's 16-byte reads hit 8 distinct
-// bank groups) and adds them to its lane sums as above. When the tile's native image is one contiguous range
-// (identity; transpose4 with rows back to back, as the GEMV layout has them) the lane puts its stripes back
-// in native order (transposed in place) and, after a barrier, the block stores the tile in whole lines (a
-// warp writes 512 contiguous bytes a step; the plain kernel's stores cover half of 32 sectors per
-// instruction); otherwise the lane stores its stripes through the layout. Other separable planes take the
-// per-unit path of the plain kernel. 3 blocks per SM (66.5 KB of shared memory each); the chain's ring reuses
-// the tile's shared memory once the tile is stored.
-constexpr int kChunkUnits = 1024 / 16, kSkewUnits = kChunkUnits + 1, kTileChunks = kWarps * kPairs;
-constexpr size_t kStagedSmem = sizeof(uint4) * kTileChunks * kSkewUnits;
-static_assert(kStagedSmem >= kRingBytes, "the chain's ring fits in the tile's shared memory");
+// shared memory first, one half of every 1 KiB chunk at a time (half 0 = its first 512 bytes, then half 1):
+// every thread issues its share of the half tile's 32 KiB as 16-byte cp.async (a warp copies 512 contiguous
+// bytes a step: whole lines); then each lane reads its stripes of the half back from shared memory (chunks
+// skewed by 16 bytes: a quarter-warp's 16-byte reads hit 8 distinct bank groups) and adds them to its lane
+// sums as above. When the tile's native image is one contiguous range (identity; transpose4 with rows back
+// to back, as the GEMV layout has them) the lane puts its stripes back in native order (transposed in place:
+// a stripe's native bytes are the same 64-byte range) and, after a barrier, the block stores the half in
+// whole lines (the plain kernel's stores cover half of 32 sectors per instruction); otherwise the lane
+// stores its stripes through the layout. Other separable planes take the per-unit path of the plain kernel.
+// 33 KB of shared memory a block, so 4 blocks fit an SM (16 warps, register-bound); the whole-tile form
+// (66.5 KB, 3 blocks) measured 4.47-4.74 ms against this form's 4.45-4.48 ms (bench/RESULTS.md, session 5).
+// The chain's ring reuses the buffer once the tile is stored.
+constexpr int kChunkUnits = 1024 / 16, kHalfSkewUnits = kChunkUnits / 2 + 1, kTileChunks = kWarps * kPairs;
+constexpr size_t kStagedSmem = sizeof(uint4) * kTileChunks * kHalfSkewUnits;
+static_assert(kStagedSmem >= kRingBytes, "the chain's ring fits in the half tile's shared memory");
 
 // Half `half` (units 32·half .. 32·half + 31 of every chunk) of the tile at g (len bytes there, a multiple
-// of 16) into `tile`; units past len are zeros. One cp.async group.
+// of 16) into `tile` (32 units a chunk); units past len are zeros. One cp.async group.
 __device__ __forceinline__ void stage_half(const uint8_t* g, uint64_t len, uint4* tile, int half) {
 #pragma unroll 4
   for (int i = 0; i < kTileChunks * 32 / kThreads; ++i) {
     const int u = i * kThreads + static_cast<int>(threadIdx.x);
     const int c = u >> 5, w = (u & 31) + 32 * half;
     const uint64_t off = static_cast<uint64_t>(c) * 1024 + 16 * static_cast<uint64_t>(w);
-    uint4* dst = tile + c * kSkewUnits + w;
+    uint4* dst = tile + c * kHalfSkewUnits + (u & 31);
     if (off < len)
       cp_async16(dst, g + off);
     else
@@ -435,10 +436,10 @@ __device__ __forceinline__ void stage_half(const uint8_t* g, uint64_t len, uint4
   cp_async_commit();
 }
 
-// Stripes 2k + h, k = k0..k0+3, of the lane's chunk (staged at `chunk`) hashed, and stored through the
+// Stripes 2k + h, k = k0..k0+3, of the lane's chunk (unit 8·k0 of it staged at `chunk`) hashed, and stored through the
 // layout (kBack false) or, for a plane whose native tile is one contiguous range (identity, or transpose4
 // with rows back to back), put back into shared memory in native order (transpose4: transposed in place)
-// for store_out.
+// for store_out_half.
 template <Kind kKind, bool kFull, bool kBack>
 __device__ __forceinline__ void staged_stripes(const DevicePlane& p, uint4* chunk, uint64_t bq, int h, int k0,
                                                uint64_t bytes, StripeCursor& cur, uint64_t (&acc)[8]) {
@@ -448,13 +449,13 @@ __device__ __forceinline__ void staged_stripes(const DevicePlane& p, uint4* chun
     const uint64_t q = bq + 64 * static_cast<uint64_t>(h) + 128 * static_cast<uint64_t>(k);
     uint4 v[4];
 #pragma unroll
-    for (int m = 0; m < 4; ++m) v[m] = chunk[8 * k + 4 * h + m];
+    for (int m = 0; m < 4; ++m) v[m] = chunk[8 * (k - k0) + 4 * h + m];
     if constexpr (kBack) {
       if constexpr (kKind == kTranspose4) {
         uint4 w[4] = {v[0], v[1], v[2], v[3]};
         transpose4(w);
 #pragma unroll
-        for (int m = 0; m < 4; ++m) chunk[8 * k + 4 * h + m] = w[m];
+        for (int m = 0; m < 4; ++m) chunk[8 * (k - k0) + 4 * h + m] = w[m];
       }
     } else if constexpr (kKind == kTranspose4) {
       if (kFull || q < bytes) {
@@ -482,18 +483,19 @@ __device__ __forceinline__ void staged_half(const DevicePlane& p, uint4* chunk, 
     staged_stripes<kKind, false, kBack>(p, chunk, bq, h, k0, bytes, cur, acc);
 }
 
-// The tile's native image from shared memory to native bytes at `to` (len bytes): a warp stores 512
-// contiguous bytes a step (whole lines, whole sectors), reading 32 consecutive units of one chunk.
-__device__ __forceinline__ void store_out(const uint4* tile, uint8_t* to, uint64_t len) {
+// Half `half` of every chunk of the tile from shared memory to native bytes at `to`: a warp
+// stores 512 contiguous bytes a step.
+__device__ __forceinline__ void store_out_half(const uint4* tile, uint8_t* to, uint64_t len, int half) {
 #pragma unroll 4
-  for (int i = 0; i < kTileChunks * kChunkUnits / kThreads; ++i) {
+  for (int i = 0; i < kTileChunks * 32 / kThreads; ++i) {
     const int u = i * kThreads + static_cast<int>(threadIdx.x);
-    const uint64_t off = 16 * static_cast<uint64_t>(u);
-    if (off < len) __stcs(reinterpret_cast<uint4*>(to + off), tile[(u >> 6) * kSkewUnits + (u & 63)]);
+    const int c = u >> 5, w = u & 31;
+    const uint64_t off = static_cast<uint64_t>(c) * 1024 + 512 * static_cast<uint64_t>(half) + 16 * w;
+    if (off < len) __stcs(reinterpret_cast<uint4*>(to + off), tile[c * kHalfSkewUnits + w]);
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads, 4)
     refit_write_staged(const BatchTensorDevice* tensors, const uint32_t* tile_map, unsigned* counters,
                        uint64_t* out) {
   extern __shared__ __align__(16) uint4 staged[];
@@ -518,33 +520,32 @@ __global__ void __launch_bounds__(kThreads, 3)
     if (bq < bytes) lane_stripes<kSeparable, true, false>(p, src, bq, h, bytes, acc);
   } else {
     const uint64_t len = bytes - tile_q < kBatchTileBytes ? bytes - tile_q : kBatchTileBytes;
-    stage_half(src + tile_q, len, staged, 0);
-    stage_half(src + tile_q, len, staged, 1);
-    uint4* chunk = staged + pair_chunk * kSkewUnits;
-    // note: back: the native tile is one contiguous range, written by store_out in whole lines; otherwise
+    // note: back: the native tile is one contiguous range, written by store_out_half in whole lines; otherwise
     // (transpose4 rows apart) each lane stores its stripes through the cursor.
     const bool back = p.identity() || p.rows_contiguous;
     StripeCursor cur;
     if (!back && bq < bytes) row_col(p, bq + 64 * static_cast<uint64_t>(h), cur.r, cur.c);
-    for (int half = 0; half < 2; ++half) {
-      if (half == 0)
-        cp_async_wait<1>();
+    auto hash_half = [&](uint4* chunk, int half) {
+      if (bq >= bytes) return;
+      if (p.identity())
+        staged_half<kIdentity, true>(p, chunk, bq, h, 4 * half, bytes, cur, acc);
+      else if (back)
+        staged_half<kTranspose4, true>(p, chunk, bq, h, 4 * half, bytes, cur, acc);
       else
-        cp_async_wait<0>();
+        staged_half<kTranspose4, false>(p, chunk, bq, h, 4 * half, bytes, cur, acc);
+    };
+    const int64_t base = p.identity() ? 0 : (back ? p.row_off[0] : 0);
+    uint4* chunk = staged + pair_chunk * kHalfSkewUnits;
+    for (int half = 0; half < 2; ++half) {
+      stage_half(src + tile_q, len, staged, half);
+      cp_async_wait<0>();
       __syncthreads();
-      if (bq < bytes) {
-        if (p.identity())
-          staged_half<kIdentity, true>(p, chunk, bq, h, 4 * half, bytes, cur, acc);
-        else if (back)
-          staged_half<kTranspose4, true>(p, chunk, bq, h, 4 * half, bytes, cur, acc);
-        else
-          staged_half<kTranspose4, false>(p, chunk, bq, h, 4 * half, bytes, cur, acc);
+      hash_half(chunk, half);
+      if (back) {
+        __syncthreads();
+        store_out_half(staged, p.native + base + tile_q, len, half);
       }
-    }
-    if (back) {
-      __syncthreads();
-      const int64_t base = p.identity() ? 0 : p.row_off[0];
-      store_out(staged, p.native + base + tile_q, len);
+      __syncthreads();  // note: the next half (or the chain's ring) reuses the buffer
     }
   }
   finish_tile(t, k, true, stream_off, bq, bytes, h, acc, counters, out,

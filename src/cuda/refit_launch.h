@@ -103,8 +103,8 @@ MXQ_REFIT_HD inline bool batch_eligible(const DevicePlane& values, const DeviceP
 // total_tiles in all; scratch: tile_map (total_tiles words), counters (count words, zeroed by this call).
 // Each tensor's block sums go to its `sums`. In each tensor the thread block that finishes its last tile
 // runs its scramble chain, tail and merge, so chains overlap the other tensors' traffic.
-// staged (write mode only): the tile goes through shared memory (whole 64 KiB tiles in flight per block:
-// refit_batch.cu "Staged write"); same bytes, same sums.
+// staged (write mode only): the tile goes through shared memory, half of every 1 KiB chunk at a time
+// (refit_batch.cu "Staged write"); same bytes, same sums.
 cudaError_t launch_refit_batch(bool write, bool staged, const BatchTensorDevice* tensors, int count,
                                uint32_t total_tiles, uint32_t* tile_map, unsigned* counters, uint64_t* out,
                                cudaStream_t stream);
