@@ -233,12 +233,7 @@ class Applier {
     for (size_t k = 0; k < delta_.tensors.size(); ++k) {
       const TensorDelta& t = delta_.tensors[k];
       if (!t.anchor) continue;
-      const auto old_values = log(offsets_[k], t.values.bytes.size());
-      const auto old_scales = log(offsets_[k] + old_values.size(), t.scales.bytes.size());
-      if (auto s = store_.read_canonical(t.name, mxq::Plane::kValues, old_values); !s)
-        return roll_back(k, last, s.error().message);
-      if (auto s = store_.read_canonical(t.name, mxq::Plane::kScales, old_scales); !s)
-        return roll_back(k, last, s.error().message);
+      if (auto s = log_anchor(k); !s) return roll_back(k, last, s.error().message);
       // note: the step is recorded before the write: restoring bytes that were never overwritten is harmless.
       steps_.push_back({k, true, Plane::kValues, offsets_[k], {}});
       anchors.push_back({t.name, dev[k][0].bytes, dev[k][1].bytes});
@@ -463,12 +458,7 @@ class Applier {
     for (size_t k = 0; k < n; ++k) {
       const auto& t = delta_.tensors[k];
       if (!t.anchor) continue;
-      const auto old_values = log(offsets_[k], t.values.bytes.size());
-      const auto old_scales = log(offsets_[k] + old_values.size(), t.scales.bytes.size());
-      if (auto s = store_.read_canonical(t.name, mxq::Plane::kValues, old_values); !s)
-        return roll_back(k, last, s.error().message);
-      if (auto s = store_.read_canonical(t.name, mxq::Plane::kScales, old_scales); !s)
-        return roll_back(k, last, s.error().message);
+      if (auto s = log_anchor(k); !s) return roll_back(k, last, s.error().message);
       steps_.push_back({k, true, Plane::kValues, offsets_[k], {}});
       anchors.push_back({t.name, image->subspan(seg[k][0].bytes_at, t.values.bytes.size()),
                          image->subspan(seg[k][1].bytes_at, t.scales.bytes.size())});
@@ -539,15 +529,21 @@ class Applier {
     return {(device_log_ ? device_log_ : log_.get()) + offset, bytes};
   }
 
+  // An anchor's old canonical planes (values, then scales) into its span of the undo log.
+  Status log_anchor(size_t k) {
+    const auto& t = delta_.tensors[k];
+    const auto old_values = log(offsets_[k], t.values.bytes.size());
+    const auto old_scales = log(offsets_[k] + old_values.size(), t.scales.bytes.size());
+    if (auto s = store_.read_canonical(t.name, mxq::Plane::kValues, old_values); !s) return s;
+    return store_.read_canonical(t.name, mxq::Plane::kScales, old_scales);
+  }
+
   Status write_and_verify(size_t k) {
     const TensorDelta& t = delta_.tensors[k];
     const QTensor& live = store_.at(t.name);
     size_t at = offsets_[k];
     if (t.anchor) {
-      const auto old_values = log(at, t.values.bytes.size());
-      const auto old_scales = log(at + old_values.size(), t.scales.bytes.size());
-      if (auto s = store_.read_canonical(t.name, mxq::Plane::kValues, old_values); !s) return s;
-      if (auto s = store_.read_canonical(t.name, mxq::Plane::kScales, old_scales); !s) return s;
+      if (auto s = log_anchor(k); !s) return s;
       if (auto s = store_.apply_tensor(t.name, t.values.bytes, t.scales.bytes); !s) return s;
       steps_.push_back({k, true, Plane::kValues, at, {}});
     } else {
