@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "applier_test_model.h"
 #include "model/weight_memory.h"
 #include "refit/applier.h"
 #include "refit/delta_encoder.h"
@@ -20,6 +21,10 @@
 
 namespace mxq::refit {
 namespace {
+
+using test_model::kSpecs;
+using test_model::random_entry;
+using test_model::Spec;
 
 // The W-05 rules of NewBytePolicy (weight_memory.h), as the device applies them.
 bool refused(NewBytePolicy policy, const uint8_t* e) {
@@ -132,35 +137,7 @@ class EncodedHostMemory final : public WeightMemory {
   std::map<const uint8_t*, std::unique_ptr<uint8_t[]>> scratch_;
 };
 
-struct Spec {
-  std::string name;
-  Format format;
-  std::vector<int64_t> shape;
-};
-const std::vector<Spec> kSpecs = {
-    {"model.norm.weight", Format::kBF16, {64}},
-    {"model.layers.0.mlp.up_proj.weight", Format::kMXFP8, {8, 64}},
-    {"model.layers.0.mlp.experts.gate_up_proj", Format::kMXFP4, {2, 4, 64}},
-    {"model.layers.0.self_attn.o_proj.weight", Format::kFP8_B128, {130, 160}},
-    {"model.embed_tokens.weight", Format::kF32, {4, 8}},
-};
 using Model = std::map<std::string, std::pair<std::vector<uint8_t>, std::vector<uint8_t>>>;
-
-void random_entry(Format f, Plane p, std::mt19937& rng, uint8_t* e) {
-  if (p == Plane::kScales && f == Format::kFP8_B128) {
-    const float s = std::uniform_real_distribution<float>(1e-4f, 1.0f)(rng);
-    std::memcpy(e, &s, 4);
-  } else if (p == Plane::kScales) {
-    e[0] = static_cast<uint8_t>(110 + rng() % 20);
-  } else if (f == Format::kBF16 || f == Format::kF32) {
-    const float x = std::uniform_real_distribution<float>(0.25f, 2.0f)(rng);
-    std::memcpy(e, reinterpret_cast<const uint8_t*>(&x) + (f == Format::kBF16 ? 2 : 0),
-                f == Format::kBF16 ? 2 : 4);
-  } else {
-    e[0] = static_cast<uint8_t>(rng());
-    if (f != Format::kMXFP4 && (e[0] & 0x7F) == 0x7F) e[0] ^= 1;
-  }
-}
 
 // Each entry changed with probability p; `run` > 0 also rewrites the first `run` entries of every plane.
 Model step(const Model* from, double p, uint32_t seed, int64_t run = 0) {
