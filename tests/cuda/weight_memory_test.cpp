@@ -341,6 +341,83 @@ TEST(CudaWeightMemory, WriteTensorsBatchMatchesHost) {
   }
 }
 
+// A full write of a batch of ~1600 tiles (three waves of resident blocks): tiles of unstaged planes
+// (separable, GEMV rows apart) between staged ones, chains run while later tensors' tiles stream; bytes
+// against the host memory, checksums against libxxhash, twice over the same buffers (the counters start
+// again).
+TEST(CudaWeightMemory, WriteTensorsBatchManyTilesPerBlock) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  struct Spec {
+    PlaneLayout values, scales;
+  };
+  std::vector<Spec> specs;
+  for (int k = 0; k < 40; ++k) {
+    if (k % 9 == 4) {
+      specs.push_back({make_layout(rng, 4096, 256, 4, 0), make_layout(rng, 4096, 8, 0, 0)});
+    } else if (k % 13 == 6) {
+      PlaneLayout l = gemv_values_layout(256, 4096);
+      std::reverse(l.row_off.begin(), l.row_off.end());
+      specs.push_back({l, make_layout(rng, 256, 128, 0, 0)});
+    } else if (k % 11 == 2) {
+      specs.push_back({make_layout(rng, 1, 3 << 20, 0, 0), make_layout(rng, 1, 4096 + 48, 0, 0)});
+    } else {
+      const int64_t rows = 256 * (1 + static_cast<int64_t>(rng() % 4));
+      specs.push_back({gemv_values_layout(rows, 4096), make_layout(rng, rows, 128, 0, 0)});
+    }
+  }
+  auto dev = cuda_weight_memory({});
+  ASSERT_TRUE(dev);
+  auto host = host_weight_memory();
+  const size_t n = specs.size();
+  std::vector<std::span<uint8_t>> hv(n), hs(n), dv(n), ds(n);
+  std::vector<DeviceBuffer> src;
+  std::vector<TensorWriteJob> jobs(n);
+  std::vector<uint64_t> sums(n, 0), want(n, 0);
+  for (size_t k = 0; k < n; ++k) {
+    auto a = host->allocate_plane(specs[k].values), b = host->allocate_plane(specs[k].scales);
+    auto c = (*dev)->allocate_plane(specs[k].values), d = (*dev)->allocate_plane(specs[k].scales);
+    ASSERT_TRUE(a && b && c && d);
+    hv[k] = *a, hs[k] = *b, dv[k] = *c, ds[k] = *d;
+  }
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    src.clear();
+    for (size_t k = 0; k < n; ++k) {
+      std::vector<uint8_t> both = random_bytes(rng, static_cast<size_t>(specs[k].values.canonical.bytes()));
+      const size_t vb = both.size();
+      std::vector<uint8_t> cs = random_bytes(rng, static_cast<size_t>(specs[k].scales.canonical.bytes()));
+      both.insert(both.end(), cs.begin(), cs.end());
+      want[k] = XXH3_64bits(both.data(), both.size());
+      ASSERT_TRUE(host->write_plane(specs[k].values, {both.data(), vb}, hv[k]));
+      ASSERT_TRUE(host->write_plane(specs[k].scales, cs, hs[k]));
+      auto buf = DeviceBuffer::alloc(both.size() + 16);
+      ASSERT_TRUE(buf);
+      const size_t soff = (vb + 15) / 16 * 16;
+      ASSERT_EQ(cudaMemcpy(buf->as<uint8_t>(), both.data(), vb, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(buf->as<uint8_t>() + soff, cs.data(), cs.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      jobs[k] = {"t", &specs[k].values, {buf->as<uint8_t>(), vb}, dv[k], &specs[k].scales,
+                 {buf->as<uint8_t>() + soff, cs.size()}, ds[k], &sums[k]};
+      src.push_back(std::move(*buf));
+      ASSERT_EQ(cudaMemset(dv[k].data(), 0xA5, dv[k].size()), cudaSuccess);
+      ASSERT_EQ(cudaMemset(ds[k].data(), 0xA5, ds[k].size()), cudaSuccess);
+    }
+    ASSERT_TRUE((*dev)->write_tensors(jobs));
+    for (size_t k = 0; k < n; ++k) {
+      EXPECT_EQ(sums[k], want[k]) << "tensor " << k;
+      EXPECT_TRUE(download_span(dv[k]) == std::vector<uint8_t>(hv[k].begin(), hv[k].end()))
+          << "values of tensor " << k;
+      EXPECT_TRUE(download_span(ds[k]) == std::vector<uint8_t>(hs[k].begin(), hs[k].end()))
+          << "scales of tensor " << k;
+    }
+  }
+  for (size_t k = 0; k < n; ++k) {
+    host->free_plane(hv[k]), host->free_plane(hs[k]);
+    (*dev)->free_plane(dv[k]), (*dev)->free_plane(ds[k]);
+  }
+}
+
 // Incremental checksums: after a full write, sparse scatters (int32 and int64 indices, entries of 1, 2, 4
 // bytes, sparse to dense) keep each tensor's block sums current; every checksum equals libxxhash of a host
 // mirror. A refused scatter changes nothing, one without undo bytes falls back to a full hash, and a live
