@@ -51,13 +51,24 @@ enum class GemvKernel : int {
   kRegisterStep = 2,  // register kernel, branch-free step body at m <= 8
   kPersist = 3,       // kAuto's loop body, persistent blocks at every m <= 8 (gemv_mx_persist_kernel)
   kPersistStep = 4,   // step body and persistent blocks at m <= 8
+  // The shared-memory ring kernel (gemv_mx_ring.cuh) where it fits (m <= 8, whole warp steps, aligned
+  // planes; elsewhere kRegisterStep's kernel): bitwise the step body. 2 stages at 3 blocks per SM, one
+  // tile per block / persistent; 3 stages at 2 blocks per SM, persistent.
+  kRing = 5,
+  kRingPersist = 6,
+  kRingDeep = 7,
 };
-inline constexpr GemvKernel kGemvKernels[] = {GemvKernel::kAuto, GemvKernel::kRegister,
+inline constexpr GemvKernel kGemvKernels[] = {GemvKernel::kAuto,        GemvKernel::kRegister,
                                               GemvKernel::kRegisterStep, GemvKernel::kPersist,
-                                              GemvKernel::kPersistStep};
+                                              GemvKernel::kPersistStep,  GemvKernel::kRing,
+                                              GemvKernel::kRingPersist,  GemvKernel::kRingDeep};
 // True for the variants with persistent blocks.
 constexpr bool gemv_persistent(GemvKernel k) {
   return k == GemvKernel::kPersist || k == GemvKernel::kPersistStep;
+}
+// True for the shared-memory ring variants.
+constexpr bool gemv_ring(GemvKernel k) {
+  return k == GemvKernel::kRing || k == GemvKernel::kRingPersist || k == GemvKernel::kRingDeep;
 }
 const char* gemv_kernel_name(GemvKernel k);
 void set_gemv_kernel(GemvKernel k);

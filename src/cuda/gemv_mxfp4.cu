@@ -19,6 +19,7 @@
 
 #include "cuda/gemv_grouped.cuh"
 #include "cuda/gemv_mx_kernel.cuh"
+#include "cuda/gemv_mx_ring.cuh"
 
 namespace mxq::cuda {
 namespace {
@@ -77,13 +78,16 @@ cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p
     return v != nullptr && std::strcmp(v, "exact") == 0;
   }();
   const GemvKernel kernel = gemv_kernel();
-  if (exact_scale)
-    return gemv::launch_gemv<Mxfp4ExactScaleDecode>(
-        x, m, p, k, kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kPersistStep,
-        gemv_persistent(kernel), stream);
-  return gemv::launch_gemv<Mxfp4Decode>(
-      x, m, p, k, kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kPersistStep,
-      gemv_persistent(kernel), stream);
+  const bool step =
+      kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kPersistStep || gemv_ring(kernel);
+  if (exact_scale) {
+    if (gemv_ring(kernel) && gemv::gemv_ring_fits<Mxfp4ExactScaleDecode>(m, p, k))
+      return gemv::launch_gemv_ring_variant<Mxfp4ExactScaleDecode>(kernel, x, m, p, k, stream);
+    return gemv::launch_gemv<Mxfp4ExactScaleDecode>(x, m, p, k, step, gemv_persistent(kernel), stream);
+  }
+  if (gemv_ring(kernel) && gemv::gemv_ring_fits<Mxfp4Decode>(m, p, k))
+    return gemv::launch_gemv_ring_variant<Mxfp4Decode>(kernel, x, m, p, k, stream);
+  return gemv::launch_gemv<Mxfp4Decode>(x, m, p, k, step, gemv_persistent(kernel), stream);
 }
 
 cudaError_t launch_gemv_mxfp4(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,

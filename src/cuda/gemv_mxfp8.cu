@@ -19,6 +19,7 @@
 
 #include "cuda/gemv_grouped.cuh"
 #include "cuda/gemv_mx_kernel.cuh"
+#include "cuda/gemv_mx_ring.cuh"
 
 namespace mxq::cuda {
 namespace {
@@ -95,6 +96,8 @@ cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p
   // on every shape (bench/RESULTS.md, session 4 gemv5).
   const bool persist = gemv_persistent(kernel) || (kernel == GemvKernel::kAuto && m == 1 && !use_cvt &&
                                                    gemv::gemv_parts_tiles(p) > gemv::gemv_persist_blocks());
+  if (gemv_ring(kernel) && !use_cvt && gemv::gemv_ring_fits<Mxfp8BitsDecode>(m, p, k))
+    return gemv::launch_gemv_ring_variant<Mxfp8BitsDecode>(kernel, x, m, p, k, stream);
   if (use_cvt || m > 8) return gemv::launch_gemv<Mxfp8Decode>(x, m, p, k, step, persist, stream);
   return gemv::launch_gemv<Mxfp8BitsDecode, 1>(x, m, p, k, step, persist, stream);
 }
