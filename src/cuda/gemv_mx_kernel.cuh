@@ -177,9 +177,11 @@ __device__ __forceinline__ bool mx_needs_exact(uint32_t a, uint32_t b) {
 // (bytes sbyte_a / sbyte_b) multiply that partial into acc. large: some lane of the warp holds a scale byte
 // that needs the exact path (warp-uniform; see mx_scale_vote).
 template <class Fmt, int kNTiles>
-__device__ __forceinline__ void mx_block_mma(float (&acc)[kNTiles][4], const __nv_bfloat16* const (&xr)[kNTiles],
-                                             const bool (&xok)[kNTiles], const uint32_t* pa, const uint32_t* pb,
-                                             int kx, uint32_t sbyte_a, uint32_t sbyte_b, bool large) {
+__device__ __forceinline__ void mx_block_mma(float (&acc)[kNTiles][4],
+                                             const __nv_bfloat16* const (&xr)[kNTiles],
+                                             const bool (&xok)[kNTiles], const uint32_t* pa,
+                                             const uint32_t* pb, int kx, uint32_t sbyte_a, uint32_t sbyte_b,
+                                             bool large) {
   using Fold = FoldedScale<Fmt::kScaleFold>;
   constexpr bool kVote = mx_scale_vote<Fmt, kNTiles>();
   float s_a, s_b, pre_a = 1.f, pre_b = 1.f;

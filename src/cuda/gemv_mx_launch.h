@@ -38,13 +38,15 @@ struct GemvParts {
 cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p, int k, cudaStream_t stream);
 cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p, int k, cudaStream_t stream);
 
-// Which GEMV kernel the launchers run, process-wide. kAuto (the default): the register kernel
-// (gemv_mx_kernel.cuh), with the branch-free step body at m <= 8 for MXFP8 and FP8-B128 and the per-group
-// loop for MXFP4 (the step body measured 2-12% faster for the first two and 1-25% slower for MXFP4 on the
-// H200, bench/RESULTS.md); for MXFP8 at m = 1 with more row tiles than 2 per SM, persistent blocks. The
-// others force one kernel, to measure and test each from one build (tests, `mxq bench linear --gemv-study`):
-// kRegister, the per-group loop at every m; kRegisterStep, the step body at m <= 8. The FP8-B128 GEMV reads
-// kRegister (per-group loop) vs anything else (step body at m <= 8).
+// Which GEMV kernel the launchers run, process-wide. kAuto (the default): at m = 1 for MXFP8 and MXFP4 the
+// shared-memory ring kernel (gemv_mx_ring.cuh; kRingDeep's configuration) where it fits; else the register
+// kernel (gemv_mx_kernel.cuh), with the branch-free step body at m <= 8 for MXFP8 and FP8-B128 and the
+// per-group loop for MXFP4 (the step body measured 2-12% faster for the first two and 1-25% slower for
+// MXFP4 on the H200, bench/RESULTS.md); for MXFP8 at m = 1 with more row tiles than 2 per SM where the
+// ring does not fit, persistent blocks. The others force one kernel, to measure and test each from one
+// build (tests, `mxq bench linear --gemv-study`): kRegister, the per-group loop at every m; kRegisterStep,
+// the step body at m <= 8. The FP8-B128 GEMV reads kRegister (per-group loop) vs anything else (step body
+// at m <= 8).
 enum class GemvKernel : int {
   kAuto = 0,
   kRegister = 1,      // register kernel, per-group loop at every m (= kAuto for MXFP4)
@@ -58,10 +60,9 @@ enum class GemvKernel : int {
   kRingPersist = 6,
   kRingDeep = 7,
 };
-inline constexpr GemvKernel kGemvKernels[] = {GemvKernel::kAuto,        GemvKernel::kRegister,
-                                              GemvKernel::kRegisterStep, GemvKernel::kPersist,
-                                              GemvKernel::kPersistStep,  GemvKernel::kRing,
-                                              GemvKernel::kRingPersist,  GemvKernel::kRingDeep};
+inline constexpr GemvKernel kGemvKernels[] = {
+    GemvKernel::kAuto,        GemvKernel::kRegister, GemvKernel::kRegisterStep, GemvKernel::kPersist,
+    GemvKernel::kPersistStep, GemvKernel::kRing,     GemvKernel::kRingPersist,  GemvKernel::kRingDeep};
 // True for the variants with persistent blocks.
 constexpr bool gemv_persistent(GemvKernel k) {
   return k == GemvKernel::kPersist || k == GemvKernel::kPersistStep;

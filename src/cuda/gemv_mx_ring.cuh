@@ -21,6 +21,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "cuda/gemv_mx_kernel.cuh"
@@ -93,8 +94,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         cp_async16_cg(dst + (2 * u) * 512 + 16 * lane, va + (q0 + u) * 64);  // note: a group is 64 bytes
         cp_async16_cg(dst + (2 * u + 1) * 512 + 16 * lane, vb + (q0 + u) * 64);
       }
-      cp_async_ca<S::kScaleCopy>(dst + S::kWeightBytes + (lane >> 1) * S::kScaleBytes + S::kScaleCopy * (lane & 1),
-                                 vs + q0 * S::kBlocks);
+      cp_async_ca<S::kScaleCopy>(
+          dst + S::kWeightBytes + (lane >> 1) * S::kScaleBytes + S::kScaleCopy * (lane & 1),
+          vs + q0 * S::kBlocks);
       if (++is == steps) is = 0, ++it;
       fill = fill + 1 == kStages ? 0 : fill + 1;
     }
@@ -161,13 +163,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
 }
 
-// True when the ring kernel takes these parts (preconditions above); else the caller runs the register kernel.
+// True when the ring kernel takes these parts (preconditions above); else the caller runs the register
+// kernel.
 template <class Fmt>
 bool gemv_ring_fits(int m, const GemvParts& p, int k) {
   constexpr int kScaleCopy = RingShape<Fmt, 2>::kScaleCopy;
   if (m > 8 || k % (kUnroll * Fmt::kGroupK) != 0) return false;
   for (int q = 0; q < p.count; ++q)
-    if (reinterpret_cast<uintptr_t>(p.values[q]) % 16 != 0 || reinterpret_cast<uintptr_t>(p.scales[q]) % kScaleCopy != 0)
+    if (reinterpret_cast<uintptr_t>(p.values[q]) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(p.scales[q]) % kScaleCopy != 0)
       return false;
   return true;
 }
@@ -179,10 +183,18 @@ cudaError_t launch_gemv_ring(const uint16_t* x, int m, const GemvParts& p, int k
                              cudaStream_t stream) {
   constexpr int kSmem = RingShape<Fmt, kStages>::kSmemBytes;
   auto* kernel = gemv_mx_ring_kernel<Fmt, kStages, kMinBlocks>;
-  // note: set once per process (the attribute is per function; one device in this engine's processes).
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (attr != cudaSuccess) return attr;
+  // note: the attribute is per function and device; set once per device (slot 16: devices past 15, every
+  // time).
+  static std::atomic<bool> set_on[17] = {};
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  std::atomic<bool>& set = set_on[dev >= 0 && dev < 16 ? dev : 16];
+  if (!set.load(std::memory_order_relaxed)) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        e != cudaSuccess)
+      return e;
+    if (dev >= 0 && dev < 16) set.store(true, std::memory_order_relaxed);
+  }
   const int tiles = gemv_parts_tiles(p);
   const int grid = persist ? std::min(tiles, kMinBlocks * gemv_sms()) : tiles;
   return launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), kSmem, stream,

@@ -89,7 +89,8 @@ TEST_P(GemvMx, MatchesF64ReferenceOnDequantizedWeights) {
     outs.push_back(std::move(*y));
   }
   // Persistent blocks change which block runs a tile, not what it computes: bitwise the one-tile-per-block
-  // kernel with the same loop body (MXFP8: kAuto takes the step body; MXFP4: kAuto the per-group loop).
+  // kernel with the same loop body (MXFP8: kAuto takes the step body; MXFP4: kAuto the per-group loop, at
+  // m = 1 the ring kernel's step body, which gives the loop's bits: both scale paths make the same f32).
   auto out_of = [&](GemvKernel k) -> const std::vector<uint16_t>& {
     return outs[static_cast<size_t>(std::find(std::begin(kGemvKernels), std::end(kGemvKernels), k) -
                                     std::begin(kGemvKernels))];
