@@ -128,7 +128,8 @@ Result<double> read_ceiling_us(std::mt19937_64& rng, int64_t bytes, cudaStream_t
 // M <= 32 called directly, and gemm_mx at the same M > 16 (MX formats), against the copy and read-only
 // ceilings; one row each.
 Status gemv_study(const RotatedWeights& w, const Shape& s, const std::vector<int64_t>& ms, const uint16_t* xp,
-                  uint16_t* yp, double copy_gbs, double read_us, std::span<float> splitk, cudaStream_t stream) {
+                  uint16_t* yp, double copy_gbs, double read_us, std::span<float> splitk,
+                  cudaStream_t stream) {
   const bool fp8 = w.format == Format::kMXFP8;
   auto row = [&](int64_t m, const char* kernel, double us) {
     const double gbs = static_cast<double>(w.bytes) / (us * 1e-6) / 1e9;
@@ -140,6 +141,8 @@ Status gemv_study(const RotatedWeights& w, const Shape& s, const std::vector<int
   for (int64_t m : ms) {
     if (m > (b128 ? cuda::kGemvFp8B128MaxM : cuda::kGemvMaxM)) continue;
     for (cuda::GemvKernel v : cuda::kGemvKernels) {
+      if (b128 && cuda::gemv_ring(v)) continue;   // note: the FP8-B128 GEMV has no ring form
+      if (m > 8 && cuda::gemv_ring(v)) continue;  // note: m > 8 runs kRegisterStep's kernel
       cuda::set_gemv_kernel(v);
       auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) {
         const cuda::LinearWeights lw = w.at(i);
@@ -257,7 +260,8 @@ Status run_bench(const Run& run) {
             100.0 * *read_us / *us);
       }
       if (run.gemv_study)
-        if (Status st = gemv_study(*w, s, run.ms, xp, yp, *copy_gbs, *read_us, (*ctx)->splitk(), stream); !st) return st;
+        if (Status st = gemv_study(*w, s, run.ms, xp, yp, *copy_gbs, *read_us, (*ctx)->splitk(), stream); !st)
+          return st;
       if (!refused.empty())
         fmt::print("{:<22} {:>8} {:>5} {:>5} M={} refused: {}\n", s.name, traits(f).name, s.n, s.k, refused,
                    refusal.substr(0, refusal.find(" (arch")));

@@ -44,6 +44,12 @@ const char* gemv_kernel_name(GemvKernel k) {
       return "persist";
     case GemvKernel::kPersistStep:
       return "persist_step";
+    case GemvKernel::kRing:
+      return "ring";
+    case GemvKernel::kRingPersist:
+      return "ring_persist";
+    case GemvKernel::kRingDeep:
+      return "ring_deep";
   }
   return "?";
 }

@@ -155,6 +155,85 @@ __device__ __forceinline__ void store_tile_sums(const float (&acc)[kNTiles][4], 
     }
 }
 
+// kVote: a warp-wide vote per group (per step with kStep) picks the scale path. Folded decodes: bytes past
+// Fold::kLimit (FoldedScale). Exact decodes with Fmt::kScaleVote (one n-tile): bytes 0 (2^-127, an f32
+// subnormal) and 255 (NaN) take e8m0_to_f32, all others 2^(b-127) as b << 23, 2 instructions instead of
+// ~5 per scale (MXFP4 converts 8 scales per group per lane). Both paths are exact: same bits.
+template <class Fmt, int kNTiles>
+constexpr bool mx_scale_vote() {
+  return Fmt::kScaleFold != 0 || (Fmt::kScaleVote && kNTiles == 1);
+}
+// True when the packed scale words a, b (one group, rows g and g + 8) need the exact ("large") path.
+template <class Fmt>
+__device__ __forceinline__ bool mx_needs_exact(uint32_t a, uint32_t b) {
+  if constexpr (Fmt::kScaleFold != 0)
+    return FoldedScale<Fmt::kScaleFold>::any_large(a, b);
+  else
+    return (has_zero_byte(a) | has_zero_byte(~a) | has_zero_byte(b) | has_zero_byte(~b)) != 0;
+}
+
+// One 16-k MMA-pair block: pa / pb = the lane's 4 bf16x2 words of rows g / g + 8 for MMAs (2b, 2b+1), kx =
+// the block's first k; x row pointers xr (valid when xok). The MMAs accumulate from zero; the E8M0 scales
+// (bytes sbyte_a / sbyte_b) multiply that partial into acc. large: some lane of the warp holds a scale byte
+// that needs the exact path (warp-uniform; see mx_scale_vote).
+template <class Fmt, int kNTiles>
+__device__ __forceinline__ void mx_block_mma(float (&acc)[kNTiles][4],
+                                             const __nv_bfloat16* const (&xr)[kNTiles],
+                                             const bool (&xok)[kNTiles], const uint32_t* pa,
+                                             const uint32_t* pb, int kx, uint32_t sbyte_a, uint32_t sbyte_b,
+                                             bool large) {
+  using Fold = FoldedScale<Fmt::kScaleFold>;
+  constexpr bool kVote = mx_scale_vote<Fmt, kNTiles>();
+  float s_a, s_b, pre_a = 1.f, pre_b = 1.f;
+  if constexpr (Fmt::kScaleFold == 0) {
+    if (kVote && !large)
+      s_a = __uint_as_float(sbyte_a << 23), s_b = __uint_as_float(sbyte_b << 23);
+    else
+      s_a = e8m0_to_f32(sbyte_a), s_b = e8m0_to_f32(sbyte_b);
+  } else if (!large) {
+    s_a = Fold::post_small(sbyte_a), s_b = Fold::post_small(sbyte_b);
+  } else {
+    pre_a = Fold::pre_large(sbyte_a), pre_b = Fold::pre_large(sbyte_b);
+    s_a = Fold::post_large(sbyte_a), s_b = Fold::post_large(sbyte_b);
+  }
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint2 bx = make_uint2(0, 0);
+      if (xok[nt]) bx = __ldg(reinterpret_cast<const uint2*>(xr[nt] + kx + 16 * h));
+      const uint32_t a[4] = {pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1]};
+      mma_bf16_16816(d, a, bx.x, bx.y);
+    }
+    if (Fmt::kScaleFold != 0 && large) d[0] *= pre_a, d[1] *= pre_a, d[2] *= pre_b, d[3] *= pre_b;
+    acc[nt][0] = fmaf(d[0], s_a, acc[nt][0]);
+    acc[nt][1] = fmaf(d[1], s_a, acc[nt][1]);
+    acc[nt][2] = fmaf(d[2], s_b, acc[nt][2]);
+    acc[nt][3] = fmaf(d[3], s_b, acc[nt][3]);
+  }
+}
+
+// One whole group: the lane's 16 bytes of rows g (wa) and g + 8 (wb), their packed scale bytes sa / sb
+// (kBlocks bytes each), kx = the group's first k.
+template <class Fmt, int kNTiles>
+__device__ __forceinline__ void mx_group(float (&acc)[kNTiles][4], const __nv_bfloat16* const (&xr)[kNTiles],
+                                         const bool (&xok)[kNTiles], const uint4& wa, const uint4& wb,
+                                         uint32_t sa, uint32_t sb, int kx, bool large) {
+  constexpr int kMmas = Fmt::kGroupK / 16, kBlocks = Fmt::kGroupK / 32;
+  uint32_t pa[kMmas * 2], pb[kMmas * 2];
+  const uint32_t wa4[4] = {wa.x, wa.y, wa.z, wa.w}, wb4[4] = {wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    Fmt::decode(wa4[i], pa + i * Fmt::kPairsPerWord);
+    Fmt::decode(wb4[i], pb + i * Fmt::kPairsPerWord);
+  }
+#pragma unroll
+  for (int b = 0; b < kBlocks; ++b)
+    mx_block_mma<Fmt, kNTiles>(acc, xr, xok, pa + 4 * b, pb + 4 * b, kx + 32 * b, (sa >> (8 * b)) & 0xFF,
+                               (sb >> (8 * b)) & 0xFF, large);
+}
+
 // Policy (Fmt): kGroupK elements per group; kPairsPerWord bf16x2 pairs decoded from one 32-bit word, in MMA
 // slot order (MMA j: pair 2j feeds slots 2t..2t+1, pair 2j+1 feeds 2t+8..2t+9); kRowBytesNum/Den: row bytes
 // per element; load_tail(p) reads the 4 elements a lane owns of one MMA in a short group; kScaleFold: decoded
@@ -178,7 +257,7 @@ template <class Fmt, int kNTiles, bool kHasTail, bool kStep, bool kGather, bool 
 __device__ __forceinline__ void gemv_mx_tiles(const __nv_bfloat16* __restrict__ x, int m,
                                               const int32_t* __restrict__ x_rows, int x_div, int k, int count,
                                               const Get& get) {
-  constexpr int kMmas = Fmt::kGroupK / 16, kBlocks = Fmt::kGroupK / 32;
+  constexpr int kBlocks = Fmt::kGroupK / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int64_t row_bytes = static_cast<int64_t>(k) * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
   const int kb = k / 32;
@@ -201,50 +280,14 @@ __device__ __forceinline__ void gemv_mx_tiles(const __nv_bfloat16* __restrict__ 
   }
   float acc[kNTiles][4];
 
-  // One 16-k MMA-pair block: pairs = the lane's 4 bf16x2 words for MMAs (2b, 2b+1), kx = group start + 32b.
-  // large: some lane of the warp holds a scale byte past FoldedScale::kLimit in this group (warp-uniform).
+  // One 16-k MMA-pair block and the scale vote: mx_block_mma / mx_needs_exact (above), shared with the
+  // shared-memory ring kernel (gemv_mx_ring.cuh).
   using Fold = FoldedScale<Fmt::kScaleFold>;
-  // kVote: a warp-wide vote per group (per step with kStep) picks the scale path. Folded decodes: bytes past
-  // Fold::kLimit (above). Exact decodes with Fmt::kScaleVote (one n-tile): bytes 0 (2^-127, an f32
-  // subnormal) and 255 (NaN) take e8m0_to_f32, all others 2^(b-127) as b << 23, 2 instructions instead of
-  // ~5 per scale (MXFP4 converts 8 scales per group per lane). Both paths are exact: same bits.
-  constexpr bool kVote = Fmt::kScaleFold != 0 || (Fmt::kScaleVote && kNTiles == 1);
-  auto needs_exact = [](uint32_t a, uint32_t b) {
-    if constexpr (Fmt::kScaleFold != 0)
-      return Fold::any_large(a, b);
-    else
-      return (has_zero_byte(a) | has_zero_byte(~a) | has_zero_byte(b) | has_zero_byte(~b)) != 0;
-  };
+  constexpr bool kVote = mx_scale_vote<Fmt, kNTiles>();
+  auto needs_exact = [](uint32_t a, uint32_t b) { return mx_needs_exact<Fmt>(a, b); };
   auto block_mma = [&](const uint32_t* pa, const uint32_t* pb, int kx, uint32_t sbyte_a, uint32_t sbyte_b,
                        bool large) {
-    float s_a, s_b, pre_a = 1.f, pre_b = 1.f;
-    if constexpr (Fmt::kScaleFold == 0) {
-      if (kVote && !large)
-        s_a = __uint_as_float(sbyte_a << 23), s_b = __uint_as_float(sbyte_b << 23);
-      else
-        s_a = e8m0_to_f32(sbyte_a), s_b = e8m0_to_f32(sbyte_b);
-    } else if (!large) {
-      s_a = Fold::post_small(sbyte_a), s_b = Fold::post_small(sbyte_b);
-    } else {
-      pre_a = Fold::pre_large(sbyte_a), pre_b = Fold::pre_large(sbyte_b);
-      s_a = Fold::post_large(sbyte_a), s_b = Fold::post_large(sbyte_b);
-    }
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
-      float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint2 bx = make_uint2(0, 0);
-        if (xok[nt]) bx = __ldg(reinterpret_cast<const uint2*>(xr[nt] + kx + 16 * h));
-        const uint32_t a[4] = {pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1]};
-        mma_bf16_16816(d, a, bx.x, bx.y);
-      }
-      if (Fmt::kScaleFold != 0 && large) d[0] *= pre_a, d[1] *= pre_a, d[2] *= pre_b, d[3] *= pre_b;
-      acc[nt][0] = fmaf(d[0], s_a, acc[nt][0]);
-      acc[nt][1] = fmaf(d[1], s_a, acc[nt][1]);
-      acc[nt][2] = fmaf(d[2], s_b, acc[nt][2]);
-      acc[nt][3] = fmaf(d[3], s_b, acc[nt][3]);
-    }
+    mx_block_mma<Fmt, kNTiles>(acc, xr, xok, pa, pb, kx, sbyte_a, sbyte_b, large);
   };
 
   // Main loop, software-pipelined: the next kUnroll groups are in flight while the current ones compute.
@@ -281,19 +324,7 @@ __device__ __forceinline__ void gemv_mx_tiles(const __nv_bfloat16* __restrict__ 
     for (int nt = 0; nt < kNTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     // One group u of the current step.
     auto group = [&](int u, int q0, bool large) {
-      uint32_t pa[kMmas * 2], pb[kMmas * 2];
-      const uint32_t wa4[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w},
-                     wb4[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        Fmt::decode(wa4[i], pa + i * Fmt::kPairsPerWord);
-        Fmt::decode(wb4[i], pb + i * Fmt::kPairsPerWord);
-      }
-      const int kx = (q0 + u) * Fmt::kGroupK;
-#pragma unroll
-      for (int b = 0; b < kBlocks; ++b)
-        block_mma(pa + 4 * b, pb + 4 * b, kx + 32 * b, (sca[u] >> (8 * b)) & 0xFF, (scb[u] >> (8 * b)) & 0xFF,
-                  large);
+      mx_group<Fmt, kNTiles>(acc, xr, xok, wa[u], wb[u], sca[u], scb[u], (q0 + u) * Fmt::kGroupK, large);
     };
     for (int q0 = first; q0 < nfull; q0 += kStride) {
       if (q0 + kStride < nfull)
@@ -426,22 +457,24 @@ inline int gemv_parts_tiles(const GemvParts& p) {
   return tiles;
 }
 
-// The persistent grid: 2 blocks per SM. note: __launch_bounds__(kThreads, 2) caps the kernel at 128
-// registers, so exactly 2 blocks of 256 threads fit an SM (64 K registers); the double-buffered sums take
-// 8 KiB of shared memory per block at one n-tile.
-inline int gemv_persist_blocks() {
+// The SM count of the current device, read once per device (a launch at m = 1 would ask every time).
+inline int gemv_sms() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
-  // note: the SM count per device is read once (a launch at m = 1 asks for it every time).
   static std::atomic<int> sms_of[16] = {};
   const int slot = dev >= 0 && dev < 16 ? dev : -1;
   int sms = slot >= 0 ? sms_of[slot].load(std::memory_order_relaxed) : 0;
   if (sms < 1) {
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1) return 2;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1) return 1;
     if (slot >= 0) sms_of[slot].store(sms, std::memory_order_relaxed);
   }
-  return 2 * sms;
+  return sms;
 }
+
+// The persistent grid: 2 blocks per SM. note: __launch_bounds__(kThreads, 2) caps the kernel at 128
+// registers, so exactly 2 blocks of 256 threads fit an SM (64 K registers); the double-buffered sums take
+// 8 KiB of shared memory per block at one n-tile.
+inline int gemv_persist_blocks() { return 2 * gemv_sms(); }
 
 // Template dispatch on (n-tiles, tail); arguments were checked by gemv_mx.cpp / linear.cpp. `step`: the
 // branch-free step body at one n-tile (m <= 8). `persist`: persistent blocks at one n-tile (m <= 8; above,

@@ -38,26 +38,38 @@ struct GemvParts {
 cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p, int k, cudaStream_t stream);
 cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p, int k, cudaStream_t stream);
 
-// Which GEMV kernel the launchers run, process-wide. kAuto (the default): the register kernel
-// (gemv_mx_kernel.cuh), with the branch-free step body at m <= 8 for MXFP8 and FP8-B128 and the per-group
-// loop for MXFP4 (the step body measured 2-12% faster for the first two and 1-25% slower for MXFP4 on the
-// H200, bench/RESULTS.md); for MXFP8 at m = 1 with more row tiles than 2 per SM, persistent blocks. The
-// others force one kernel, to measure and test each from one build (tests, `mxq bench linear --gemv-study`):
-// kRegister, the per-group loop at every m; kRegisterStep, the step body at m <= 8. The FP8-B128 GEMV reads
-// kRegister (per-group loop) vs anything else (step body at m <= 8).
+// Which GEMV kernel the launchers run, process-wide. kAuto (the default): at m = 1 for MXFP8 and MXFP4 the
+// shared-memory ring kernel (gemv_mx_ring.cuh; kRingDeep's configuration) where it fits; else the register
+// kernel (gemv_mx_kernel.cuh), with the branch-free step body at m <= 8 for MXFP8 and FP8-B128 and the
+// per-group loop for MXFP4 (the step body measured 2-12% faster for the first two and 1-25% slower for
+// MXFP4 on the H200, bench/RESULTS.md); for MXFP8 at m = 1 with more row tiles than 2 per SM where the
+// ring does not fit, persistent blocks. The others force one kernel, to measure and test each from one
+// build (tests, `mxq bench linear --gemv-study`): kRegister, the per-group loop at every m; kRegisterStep,
+// the step body at m <= 8. The FP8-B128 GEMV reads kRegister (per-group loop) vs anything else (step body
+// at m <= 8).
 enum class GemvKernel : int {
   kAuto = 0,
   kRegister = 1,      // register kernel, per-group loop at every m (= kAuto for MXFP4)
   kRegisterStep = 2,  // register kernel, branch-free step body at m <= 8
   kPersist = 3,       // kAuto's loop body, persistent blocks at every m <= 8 (gemv_mx_persist_kernel)
   kPersistStep = 4,   // step body and persistent blocks at m <= 8
+  // The shared-memory ring kernel (gemv_mx_ring.cuh) where it fits (m <= 8, whole warp steps, aligned
+  // planes; elsewhere kRegisterStep's kernel): bitwise the step body. 2 stages at 3 blocks per SM, one
+  // tile per block / persistent; 3 stages at 2 blocks per SM, persistent.
+  kRing = 5,
+  kRingPersist = 6,
+  kRingDeep = 7,
 };
-inline constexpr GemvKernel kGemvKernels[] = {GemvKernel::kAuto, GemvKernel::kRegister,
-                                              GemvKernel::kRegisterStep, GemvKernel::kPersist,
-                                              GemvKernel::kPersistStep};
+inline constexpr GemvKernel kGemvKernels[] = {
+    GemvKernel::kAuto,        GemvKernel::kRegister, GemvKernel::kRegisterStep, GemvKernel::kPersist,
+    GemvKernel::kPersistStep, GemvKernel::kRing,     GemvKernel::kRingPersist,  GemvKernel::kRingDeep};
 // True for the variants with persistent blocks.
 constexpr bool gemv_persistent(GemvKernel k) {
   return k == GemvKernel::kPersist || k == GemvKernel::kPersistStep;
+}
+// True for the shared-memory ring variants.
+constexpr bool gemv_ring(GemvKernel k) {
+  return k == GemvKernel::kRing || k == GemvKernel::kRingPersist || k == GemvKernel::kRingDeep;
 }
 const char* gemv_kernel_name(GemvKernel k);
 void set_gemv_kernel(GemvKernel k);

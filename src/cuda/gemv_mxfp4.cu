@@ -4,8 +4,11 @@
 //           the canonical row in groups of 128 elements (tail 32, 64 or 96): canonical element
 //           k0 + 16j + 4t + e → native k0 + 4J·t + 4j + e (J = 8, or tail/16); bytes move whole;
 //   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
-// Kernel: the register kernel (gemv_mx_kernel.cuh), per-group loop (kRegisterStep forces the step body; the
-// persistent form measured 7-18% slower on every Qwen3-8B shape at m = 1, so kAuto never takes it).
+// Kernel: at m = 1 the shared-memory ring kernel (gemv_mx_ring.cuh, 3 stages, 2 persistent blocks per SM)
+// where it fits (K % 512 == 0), else the register kernel (gemv_mx_kernel.cuh), per-group loop
+// (kRegisterStep forces the step body; the persistent register form measured 7-18% slower on every
+// Qwen3-8B shape at m = 1, so kAuto never takes it). The ring kernel runs the step body's math; for MXFP4
+// the step body and the loop give the same bits (either scale path yields the same f32 scale).
 // Scales: at one n-tile a per-group warp vote sends groups without scale byte 0 or 255 through b << 23
 // (kScaleVote; 5.4% / 3.9% faster on gate_up / down at m = 1, equal elsewhere; MXQ_GEMV_SCALE=exact runs
 // the previous e8m0_to_f32-only path, bench/RESULTS.md session 4 gemv5).
@@ -19,6 +22,7 @@
 
 #include "cuda/gemv_grouped.cuh"
 #include "cuda/gemv_mx_kernel.cuh"
+#include "cuda/gemv_mx_ring.cuh"
 
 namespace mxq::cuda {
 namespace {
@@ -77,13 +81,20 @@ cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p
     return v != nullptr && std::strcmp(v, "exact") == 0;
   }();
   const GemvKernel kernel = gemv_kernel();
-  if (exact_scale)
-    return gemv::launch_gemv<Mxfp4ExactScaleDecode>(
-        x, m, p, k, kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kPersistStep,
-        gemv_persistent(kernel), stream);
-  return gemv::launch_gemv<Mxfp4Decode>(
-      x, m, p, k, kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kPersistStep,
-      gemv_persistent(kernel), stream);
+  // note: kAuto at m = 1 takes the ring kernel with 3 stages at 2 blocks per SM (kRingDeep) where it fits:
+  // 51.0 against the per-group loop's 55.2 us over the four Qwen3-8B shapes on the H200 (down equal, the
+  // others 8-17% faster); at m = 8 every ring variant measured 15-30% slower (bench/RESULTS.md, session 6).
+  const GemvKernel ring = kernel == GemvKernel::kAuto && m == 1 ? GemvKernel::kRingDeep : kernel;
+  const bool step =
+      kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kPersistStep || gemv_ring(kernel);
+  if (exact_scale) {
+    if (gemv_ring(ring) && gemv::gemv_ring_fits<Mxfp4ExactScaleDecode>(m, p, k))
+      return gemv::launch_gemv_ring_variant<Mxfp4ExactScaleDecode>(ring, x, m, p, k, stream);
+    return gemv::launch_gemv<Mxfp4ExactScaleDecode>(x, m, p, k, step, gemv_persistent(kernel), stream);
+  }
+  if (gemv_ring(ring) && gemv::gemv_ring_fits<Mxfp4Decode>(m, p, k))
+    return gemv::launch_gemv_ring_variant<Mxfp4Decode>(ring, x, m, p, k, stream);
+  return gemv::launch_gemv<Mxfp4Decode>(x, m, p, k, step, gemv_persistent(kernel), stream);
 }
 
 cudaError_t launch_gemv_mxfp4(const uint16_t* x, int m, const uint8_t* values, const uint8_t* scales,

@@ -4,11 +4,13 @@
 //           canonical k0 + 16j + 4t + e → native k0 + 4J·t + 4j + e (J = 4, or 2 for a 32-wide tail group);
 //   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
 // Arch: sm_80+ (mma.sync bf16, prmt). The "cvt" decode uses cvt.rn.f16x2.e4m3x2 on sm_89+, bit moves before.
-// Kernels (gemv_mx_launch.h, GemvKernel::kAuto): the register kernel (gemv_mx_kernel.cuh; step body at m <=
-// 8) with "bits" for m <= 8 and "cvt" for m > 8; at m = 1 with more row tiles than 2 per SM, its persistent
-// form (gemv_mx_persist_kernel: blocks walk tiles, warps prefetch across them). note: a streaming kernel
-// (persistent blocks fed by a per-warp cp.async shared-memory ring) measured 25-75% slower at M <= 16 and 8%
-// faster only at M = 32 on the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed. Decode
+// Kernels (gemv_mx_launch.h, GemvKernel::kAuto): at m = 1 the shared-memory ring kernel (gemv_mx_ring.cuh, 3
+// stages, 2 persistent blocks per SM) where it fits, else the register kernel (gemv_mx_kernel.cuh; step body
+// at m <= 8) with "bits" for m <= 8 and "cvt" for m > 8; at m = 1 with more row tiles than 2 per SM, its
+// persistent form (gemv_mx_persist_kernel: blocks walk tiles, warps prefetch across them). note: a streaming
+// kernel (persistent blocks fed by a per-warp cp.async shared-memory ring) measured 25-75% slower at M <= 16
+// and 8% faster only at M = 32 on the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed.
+// Decode
 // ("bits"): each E4M3 byte s.eeee.mmm becomes the bf16 bits s at 15, eeee.mmm at 10..4, i.e. the value ·
 // 2^-120 exactly (codes 1..7 land on bf16 subnormals, which mma.sync keeps); the 2^120 is folded into the
 // E8M0 scale multiply (FoldedScale). Three integer ops per bf16x2 pair. Decode ("cvt", the previous one; all
@@ -19,6 +21,7 @@
 
 #include "cuda/gemv_grouped.cuh"
 #include "cuda/gemv_mx_kernel.cuh"
+#include "cuda/gemv_mx_ring.cuh"
 
 namespace mxq::cuda {
 namespace {
@@ -95,6 +98,12 @@ cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p
   // on every shape (bench/RESULTS.md, session 4 gemv5).
   const bool persist = gemv_persistent(kernel) || (kernel == GemvKernel::kAuto && m == 1 && !use_cvt &&
                                                    gemv::gemv_parts_tiles(p) > gemv::gemv_persist_blocks());
+  // note: kAuto at m = 1 takes the ring kernel with 3 stages at 2 blocks per SM (kRingDeep) where it fits:
+  // 59.2 against the step body's 66.3 us over the four Qwen3-8B shapes on the H200, gate_up at 90% of copy;
+  // at m = 8 every ring variant measured 7-12% slower (bench/RESULTS.md, session 6 gemv6).
+  const GemvKernel ring = kernel == GemvKernel::kAuto && m == 1 ? GemvKernel::kRingDeep : kernel;
+  if (gemv_ring(ring) && !use_cvt && gemv::gemv_ring_fits<Mxfp8BitsDecode>(m, p, k))
+    return gemv::launch_gemv_ring_variant<Mxfp8BitsDecode>(ring, x, m, p, k, stream);
   if (use_cvt || m > 8) return gemv::launch_gemv<Mxfp8Decode>(x, m, p, k, step, persist, stream);
   return gemv::launch_gemv<Mxfp8BitsDecode, 1>(x, m, p, k, step, persist, stream);
 }

@@ -1,7 +1,8 @@
 // GPU GEMV (MXFP8 / MXFP4 weight-only) against an f64 reference built from codec.h's exact decoders, on fresh
 // random codes, scales and activations at ragged N, K with and without a short layout group, and M = 1..32.
-// Every case runs each kernel variant of gemv_mx_launch.h (per-group loop, step body, persistent blocks); the
-// persistent variants must equal their one-tile-per-block twins bit for bit.
+// Every case runs each kernel variant of gemv_mx_launch.h (per-group loop, step body, persistent blocks,
+// shared-memory ring); the persistent variants must equal their one-tile-per-block twins bit for bit, and the
+// ring variants the step body.
 #include "cuda/gemv_mx.h"
 
 #include <gtest/gtest.h>
@@ -88,13 +89,18 @@ TEST_P(GemvMx, MatchesF64ReferenceOnDequantizedWeights) {
     outs.push_back(std::move(*y));
   }
   // Persistent blocks change which block runs a tile, not what it computes: bitwise the one-tile-per-block
-  // kernel with the same loop body (MXFP8: kAuto takes the step body; MXFP4: kAuto the per-group loop).
+  // kernel with the same loop body (MXFP8: kAuto takes the step body; MXFP4: kAuto the per-group loop, at
+  // m = 1 the ring kernel's step body, which gives the loop's bits: both scale paths make the same f32).
   auto out_of = [&](GemvKernel k) -> const std::vector<uint16_t>& {
     return outs[static_cast<size_t>(std::find(std::begin(kGemvKernels), std::end(kGemvKernels), k) -
                                     std::begin(kGemvKernels))];
   };
   EXPECT_EQ(out_of(GemvKernel::kPersist), out_of(GemvKernel::kAuto));
   EXPECT_EQ(out_of(GemvKernel::kPersistStep), out_of(GemvKernel::kRegisterStep));
+  // The ring kernel (gemv_mx_ring.cuh, where it fits; elsewhere the step body itself) keeps the step body's
+  // K slices, vote and order of sums: bitwise equal.
+  for (GemvKernel k : {GemvKernel::kRing, GemvKernel::kRingPersist, GemvKernel::kRingDeep})
+    EXPECT_EQ(out_of(k), out_of(GemvKernel::kRegisterStep)) << gemv_kernel_name(k);
 }
 
 std::vector<GemvCase> gemv_cases() {
@@ -103,6 +109,8 @@ std::vector<GemvCase> gemv_cases() {
     for (int64_t m = 1; m <= 32; ++m) {
       cases.push_back({f, m, 75, 320});  // 320: an MXFP4 tail group of 64 (register kernel)
       cases.push_back({f, m, 75, 384});  // streaming kernel
+      // 512: whole warp steps (the ring kernel at m <= 8); 2 (MXFP8) or 1 (MXFP4) of the 8 warps have groups.
+      if (m <= 8) cases.push_back({f, m, 75, 512});
     }
     // K: one block, the MXFP8 tail (96), every MXFP4 tail (160, 224, 4128), Qwen3 K sizes; N ragged.
     // K % 128 == 0 (128, 640, 768, 4096) streams; 640 and 768 leave some of the 8 warps without groups.
@@ -120,6 +128,8 @@ std::vector<GemvCase> gemv_cases() {
     // More tiles than resident blocks: each streaming block walks several tiles, its ring crossing them.
     cases.push_back({f, 5, 24577, 256});
     cases.push_back({f, 32, 6151, 512});
+    // More tiles (438) than the ring's persistent grids (3 or 2 blocks per SM on 132 SMs), whole warp steps.
+    cases.push_back({f, 2, 7000, 4096});
   }
   return cases;
 }
@@ -206,7 +216,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ExactCase{Format::kMXFP8, 64, 1}, ExactCase{Format::kMXFP8, 256, 1},
                       ExactCase{Format::kMXFP8, 256, 32}, ExactCase{Format::kMXFP8, 64, 17},
                       ExactCase{Format::kMXFP4, 128, 1}, ExactCase{Format::kMXFP4, 256, 1},
-                      ExactCase{Format::kMXFP4, 256, 32}),
+                      ExactCase{Format::kMXFP4, 256, 32}, ExactCase{Format::kMXFP4, 512, 1},
+                      ExactCase{Format::kMXFP4, 512, 8}, ExactCase{Format::kMXFP8, 1024, 8}),
     [](const auto& info) {
       return std::string(traits(info.param.format).name) + "_k" + std::to_string(info.param.k) + "_m" +
              std::to_string(info.param.m);
