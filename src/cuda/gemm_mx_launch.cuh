@@ -101,10 +101,11 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
       return count;
     }();
     // TEMPORARY bench switch (removed once the default is chosen): 0 = the session-5 kernel (consumers load
-    // their weights from global memory), 1 = the staged kernel (default), 2 = staged, deeper x ring.
+    // their weights from global memory), 1 = the staged kernel (default), 2 = staged, deeper x ring (256- and
+    // 128-row tiles), 3 = as 2 with 4 A-register sets, 2 stages queued while decoding.
     const int variant = [] {  // note: read every launch so a test can compare the variants
       const char* v = std::getenv("MXQ_GEMM_SM90_VARIANT");
-      return v && (v[0] == '0' || v[0] == '2') ? v[0] - '0' : 1;
+      return v && (v[0] == '0' || v[0] == '2' || v[0] == '3') ? v[0] - '0' : 1;
     }();
     static const cudaError_t attr = [] {
       cudaError_t e = cudaSuccess;
@@ -114,6 +115,8 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
       [&]<int... B>(std::integer_sequence<int, B...>) {
         ((set(gemm_mx_sm90<Fmt, true, B, 1>, sm90_smem_bytes(B, 1)),
           set(gemm_mx_sm90<Fmt, false, B, 1>, sm90_smem_bytes(B, 1)),
+          set(gemm_mx_sm90<Fmt, true, B, 3>, sm90_smem_bytes(B, 3)),
+          set(gemm_mx_sm90<Fmt, false, B, 3>, sm90_smem_bytes(B, 3)),
           set(gemm_mx_sm90_v0<Fmt, true, B>, v0_smem_bytes(B)), set(gemm_mx_sm90_v0<Fmt, false, B>, v0_smem_bytes(B))),
          ...);
       }(std::integer_sequence<int, 256, 128, 64, 32>{});
@@ -146,6 +149,9 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
       if (variant == 0) {
         auto kernel = tail ? gemm_mx_sm90_v0<Fmt, true, b> : gemm_mx_sm90_v0<Fmt, false, b>;
         kernel<<<grid, kSm90Threads, v0_smem_bytes(b), stream>>>(map, m, values, scales, yb, n, k, part);
+      } else if (variant == 3) {
+        auto kernel = tail ? gemm_mx_sm90<Fmt, true, b, 3> : gemm_mx_sm90<Fmt, false, b, 3>;
+        kernel<<<grid, kSm90Threads, sm90_smem_bytes(b, 3), stream>>>(map, wmap, m, scales, yb, n, k, part);
       } else if (variant == 2 && b >= 128) {
         constexpr int c = b >= 128 ? 2 : 1;
         auto kernel = tail ? gemm_mx_sm90<Fmt, true, b, c> : gemm_mx_sm90<Fmt, false, b, c>;

@@ -29,8 +29,8 @@ inline constexpr int kWGroupBytes = 64, kWSlotBytes = kSm90BlockN * kWGroupBytes
 // Pipeline shapes by activation tile and configuration (kCfg; 1 is the default): x stages, weight slots.
 // note: the x ring of 256-row tiles (32 KB a stage) keeps 4 stages as before; the smaller tiles' rings have
 // room for more.
-constexpr int sm90_x_stages(int bm, int cfg) { return cfg == 2 ? (bm == 256 ? 5 : 8) : (bm == 256 ? 4 : 6); }
-constexpr int sm90_w_slots(int bm, int cfg) { return cfg == 2 && bm == 256 ? 6 : 8; }
+constexpr int sm90_x_stages(int bm, int cfg) { return cfg >= 2 ? (bm == 256 ? 5 : 8) : (bm == 256 ? 4 : 6); }
+constexpr int sm90_w_slots(int bm, int cfg) { return cfg >= 2 && bm == 256 ? 6 : 8; }
 constexpr int sm90_stage_bytes(int bm) { return bm * kStageK * 2; }
 // note: + 1024 so the x ring can start on a 1024-byte boundary (128-byte swizzle atoms), + barriers.
 constexpr int sm90_smem_bytes(int bm, int cfg) {
@@ -337,7 +337,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     float acc[kBM / 2];
 #pragma unroll
     for (int i = 0; i < kBM / 2; ++i) acc[i] = 0.f;
-    uint32_t frag[3][4][4];  // [stage % 3][k-step][register]
+    // note: kCfg 3 keeps 4 A-register sets and 2 stages queued while decoding (wait_group 2).
+    constexpr int kFrag = kCfg == 3 ? 4 : 3;
+    uint32_t frag[kFrag][4][4];  // [stage % kFrag][k-step][register]
     // Stage s's A fragments from its weight slot; the slot is freed after its group's last stage here.
     auto decode = [&](int s, uint32_t(&a)[4][4]) {
       const int as = s0 + s, q = as / kSpg - g0, slot = q % kW, h = kSpg == 2 ? (as & 1) : 0;
@@ -383,16 +385,16 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
           wgmma_m64n32k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
       }
       wgmma_commit();
-      wgmma_wait<1>();
-      if (s > 0 && lane == 0) mbar_arrive(xempty + (s + kX - 1) % kX);
-      if (s + 2 < stages) decode(s + 2, frag[(F + 2) % 3]);
+      wgmma_wait<kFrag - 2>();
+      if (s >= kFrag - 2 && lane == 0) mbar_arrive(xempty + (s - (kFrag - 2)) % kX);
+      if (s + 2 < stages) decode(s + 2, frag[(F + 2) % kFrag]);
     };
     // note: the register indices must be compile-time: the loop body is 3 stages, each with its own F; the
     // fold stops at the last stage.
-    for (int s = 0; s < stages; s += 3) {
+    for (int s = 0; s < stages; s += kFrag) {
       [&]<int... O>(std::integer_sequence<int, O...>) {
         (void)((s + O < stages ? (stage(s + O, std::integral_constant<int, O>{}), true) : false) && ...);
-      }(std::make_integer_sequence<int, 3>{});
+      }(std::make_integer_sequence<int, kFrag>{});
     }
     wgmma_wait<0>();
 
