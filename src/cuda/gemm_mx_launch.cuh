@@ -5,28 +5,29 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include "cuda/gemm_mx_launch.h"
 #include "cuda/gemm_mx_sm80.cuh"
 #include "cuda/gemm_mx_sm90.cuh"
-#include "cuda/gemm_mx_sm90_v0.cuh"
 
 namespace mxq::cuda::gemm {
+
+// The driver's cuTensorMapEncodeTiled (null when the driver lacks it).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+          cudaSuccess ||
+      q != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+}
 
 // x [m, k] bf16 row-major as a 2D tensor map: boxes of 64 k x box_rows rows, 128-byte swizzle, zero fill past
 // the edges (so a 32-wide K tail and rows past m read 0).
 inline cudaError_t make_x_map(CUtensorMap* map, const uint16_t* x, int m, int k, int box_rows) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (!encode) return cudaErrorNotSupported;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(m)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
@@ -41,22 +42,15 @@ inline cudaError_t make_x_map(CUtensorMap* map, const uint16_t* x, int m, int k,
 // rows, no swizzle (a slot is [row][64 B]), zero fill past the edges (rows past n, bytes past a short last
 // group). values 16-byte aligned (gemm_mx.cpp checks); row_bytes = K or K/2, a multiple of 16.
 inline cudaError_t make_w_map(CUtensorMap* map, const uint8_t* values, int n, int row_bytes) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (!encode) return cudaErrorNotSupported;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(n)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
   const cuuint32_t box[2] = {kWGroupBytes, kSm90BlockN}, elem_strides[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(values), dims, strides,
-                            box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(values), dims, strides, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -100,30 +94,16 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
         return 132;
       return count;
     }();
-    // TEMPORARY bench switch (removed once the default is chosen): 0 = the session-5 kernel (consumers load
-    // their weights from global memory), 1 = the staged kernel (default), 2 = staged, deeper x ring (256- and
-    // 128-row tiles), 3 = as 2 with 4 A-register sets, 2 stages queued while decoding.
-    const int variant = [] {  // note: read every launch so a test can compare the variants
-      const char* v = std::getenv("MXQ_GEMM_SM90_VARIANT");
-      return v && (v[0] == '0' || v[0] == '2' || v[0] == '3') ? v[0] - '0' : 1;
-    }();
     static const cudaError_t attr = [] {
       cudaError_t e = cudaSuccess;
-      auto set = [&e](auto kernel, int bytes) {
-        if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      auto set = [&e](auto kernel, int bm) {
+        if (e == cudaSuccess)
+          e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90_smem_bytes(bm));
       };
-      [&]<int... B>(std::integer_sequence<int, B...>) {
-        ((set(gemm_mx_sm90<Fmt, true, B, 1>, sm90_smem_bytes(B, 1)),
-          set(gemm_mx_sm90<Fmt, false, B, 1>, sm90_smem_bytes(B, 1)),
-          set(gemm_mx_sm90<Fmt, true, B, 3>, sm90_smem_bytes(B, 3)),
-          set(gemm_mx_sm90<Fmt, false, B, 3>, sm90_smem_bytes(B, 3)),
-          set(gemm_mx_sm90_v0<Fmt, true, B>, v0_smem_bytes(B)), set(gemm_mx_sm90_v0<Fmt, false, B>, v0_smem_bytes(B))),
-         ...);
-      }(std::integer_sequence<int, 256, 128, 64, 32>{});
-      set(gemm_mx_sm90<Fmt, true, 256, 2>, sm90_smem_bytes(256, 2));
-      set(gemm_mx_sm90<Fmt, false, 256, 2>, sm90_smem_bytes(256, 2));
-      set(gemm_mx_sm90<Fmt, true, 128, 2>, sm90_smem_bytes(128, 2));
-      set(gemm_mx_sm90<Fmt, false, 128, 2>, sm90_smem_bytes(128, 2));
+      set(gemm_mx_sm90<Fmt, true, 256>, 256), set(gemm_mx_sm90<Fmt, false, 256>, 256);
+      set(gemm_mx_sm90<Fmt, true, 128>, 128), set(gemm_mx_sm90<Fmt, false, 128>, 128);
+      set(gemm_mx_sm90<Fmt, true, 64>, 64), set(gemm_mx_sm90<Fmt, false, 64>, 64);
+      set(gemm_mx_sm90<Fmt, true, 32>, 32), set(gemm_mx_sm90<Fmt, false, 32>, 32);
       return e;
     }();
     if (attr != cudaSuccess) return attr;
@@ -138,38 +118,23 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
     const int bm = m <= 32 ? 32 : m <= 64 ? 64 : waves128 * 115 < waves256 * 200 ? 128 : 256;
     CUtensorMap map, wmap;
     if (cudaError_t e = make_x_map(&map, x, m, k, bm); e != cudaSuccess) return e;
-    if (cudaError_t e = make_w_map(&wmap, values, n, Fmt::kWords == 4 ? k : k / 2); e != cudaSuccess) return e;
+    if (cudaError_t e = make_w_map(&wmap, values, n, Fmt::kWords == 4 ? k : k / 2); e != cudaSuccess)
+      return e;
     const int64_t tiles = static_cast<int64_t>(tiles_n) * ((m + bm - 1) / bm), mn = static_cast<int64_t>(m) * n;
     const int splits = splitk_splits(tiles, (k + kStageK - 1) / kStageK, sms, mn, ws_floats);
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
     const bool tail = k % Fmt::kGroupK != 0;
-    float* part = splits > 1 ? ws : nullptr;
-    auto go = [&](auto bt) {
-      constexpr int b = decltype(bt)::value;
-      if (variant == 0) {
-        auto kernel = tail ? gemm_mx_sm90_v0<Fmt, true, b> : gemm_mx_sm90_v0<Fmt, false, b>;
-        kernel<<<grid, kSm90Threads, v0_smem_bytes(b), stream>>>(map, m, values, scales, yb, n, k, part);
-      } else if (variant == 3) {
-        auto kernel = tail ? gemm_mx_sm90<Fmt, true, b, 3> : gemm_mx_sm90<Fmt, false, b, 3>;
-        kernel<<<grid, kSm90Threads, sm90_smem_bytes(b, 3), stream>>>(map, wmap, m, scales, yb, n, k, part);
-      } else if (variant == 2 && b >= 128) {
-        constexpr int c = b >= 128 ? 2 : 1;
-        auto kernel = tail ? gemm_mx_sm90<Fmt, true, b, c> : gemm_mx_sm90<Fmt, false, b, c>;
-        kernel<<<grid, kSm90Threads, sm90_smem_bytes(b, c), stream>>>(map, wmap, m, scales, yb, n, k, part);
-      } else {
-        auto kernel = tail ? gemm_mx_sm90<Fmt, true, b, 1> : gemm_mx_sm90<Fmt, false, b, 1>;
-        kernel<<<grid, kSm90Threads, sm90_smem_bytes(b, 1), stream>>>(map, wmap, m, scales, yb, n, k, part);
-      }
+    auto pick = [tail](auto t) {
+      constexpr int b = decltype(t)::value;
+      return tail ? gemm_mx_sm90<Fmt, true, b> : gemm_mx_sm90<Fmt, false, b>;
     };
     using std::integral_constant;
-    if (bm == 256)
-      go(integral_constant<int, 256>{});
-    else if (bm == 128)
-      go(integral_constant<int, 128>{});
-    else if (bm == 64)
-      go(integral_constant<int, 64>{});
-    else
-      go(integral_constant<int, 32>{});
+    auto kernel = bm == 256   ? pick(integral_constant<int, 256>{})
+                  : bm == 128 ? pick(integral_constant<int, 128>{})
+                  : bm == 64  ? pick(integral_constant<int, 64>{})
+                              : pick(integral_constant<int, 32>{});
+    kernel<<<grid, kSm90Threads, sm90_smem_bytes(bm), stream>>>(map, wmap, m, scales, yb, n, k,
+                                                                splits > 1 ? ws : nullptr);
     if (splits > 1) {
       if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
       splitk_reduce<<<static_cast<unsigned>((mn / 4 + 256) / 256), 256, 0, stream>>>(ws, splits, mn, yb);

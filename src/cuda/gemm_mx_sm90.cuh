@@ -6,10 +6,10 @@
 //   group (64 k of MXFP8, 128 k of MXFP4; the GEMV layout, gemv_layout.h) by TMA into a slot ([row][64 B],
 //   no swizzle), and every lane stores 4 rows' scale bytes of the group (loaded 4 groups ahead) next to it;
 //   warpgroups 1 and 2, the consumers, own 64 weight rows each: per stage every lane reads the bytes its A
-//   fragments need in natural k order straight from the staged group (two 16-byte shared loads per row,
-//   no quad shuffles), decodes them with the scale folded in (gemm_mx_kernel.cuh), frees the weight slot
-//   and issues wgmma m64nBMk16 (f32 accumulators) from a ring of 3 A-register sets: stage s+2 is decoded
-//   while stages s and s+1 are queued on the tensor cores.
+//   fragments need in natural k order straight from the staged group (two 16-byte (MXFP8) or 8-byte (MXFP4)
+//   shared loads per row, no quad shuffles), decodes them with the scale folded in (gemm_mx_kernel.cuh),
+//   frees the weight slot and issues wgmma m64nBMk16 (f32 accumulators) from a ring of 3 A-register sets:
+//   stage s+2 is decoded while stage s runs on the tensor cores (stage s+1's fragments are ready).
 // note: the weight slot is freed as soon as its bytes are in registers (not when the wgmmas retire), so a
 // slot lives ~1 stage and the ring can run 8 groups ahead for the price of 68 KB of shared memory.
 #pragma once
@@ -26,21 +26,18 @@ namespace mxq::cuda::gemm {
 inline constexpr int kSm90BlockN = 128, kSm90Threads = 384;
 // A weight slot: 128 rows x 64 bytes of one layout group (both formats), then 128 u32 of scale bytes.
 inline constexpr int kWGroupBytes = 64, kWSlotBytes = kSm90BlockN * kWGroupBytes;
-// Pipeline shapes by activation tile and configuration (kCfg; 1 is the default): x stages, weight slots.
-// note: the x ring of 256-row tiles (32 KB a stage) keeps 4 stages as before; the smaller tiles' rings have
-// room for more.
-constexpr int sm90_x_stages(int bm, int cfg) { return cfg >= 2 ? (bm == 256 ? 5 : 8) : (bm == 256 ? 4 : 6); }
-constexpr int sm90_w_slots(int bm, int cfg) { return cfg >= 2 && bm == 256 ? 6 : 8; }
+// Pipeline shapes by activation tile: x stages and weight slots (8: 8 groups of weights in flight).
+// note: the x ring of 256-row tiles (32 KB a stage) keeps 4 stages as before (5 stages with 6 weight slots
+// measured the same, bench/RESULTS.md "gemm6"); the smaller tiles' rings have room for more.
+constexpr int sm90_x_stages(int bm) { return bm == 256 ? 4 : 6; }
+inline constexpr int kSm90WSlots = 8;
 constexpr int sm90_stage_bytes(int bm) { return bm * kStageK * 2; }
 // note: + 1024 so the x ring can start on a 1024-byte boundary (128-byte swizzle atoms), + barriers.
-constexpr int sm90_smem_bytes(int bm, int cfg) {
-  return sm90_x_stages(bm, cfg) * sm90_stage_bytes(bm) +
-         sm90_w_slots(bm, cfg) * (kWSlotBytes + 4 * kSm90BlockN) + 1024 +
-         2 * (sm90_x_stages(bm, cfg) + sm90_w_slots(bm, cfg)) * 8;
+constexpr int sm90_smem_bytes(int bm) {
+  return sm90_x_stages(bm) * sm90_stage_bytes(bm) + kSm90WSlots * (kWSlotBytes + 4 * kSm90BlockN) + 1024 +
+         2 * (sm90_x_stages(bm) + kSm90WSlots) * 8;
 }
-static_assert(sm90_smem_bytes(256, 2) <= 227 * 1024 && sm90_smem_bytes(256, 1) <= 227 * 1024 &&
-              sm90_smem_bytes(128, 2) <= 227 * 1024);
-
+static_assert(sm90_smem_bytes(256) <= 227 * 1024 && sm90_smem_bytes(128) <= 227 * 1024);
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -178,7 +175,8 @@ __device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[16], const uint32_
 // (run 2 + t/2), so the lane reads runs t/2 and 2 + t/2 and keeps half t&1 of each word (MXFP8) or byte
 // t&1 of each half-word (MXFP4). sc: the stage's two scale bytes (bits 0-15); h: the stage's half of an
 // MXFP4 group; gb: the group's bytes (64, or a tail group's 16..48: runs of gb/4 bytes at (gb/4)·t').
-// Same values in the same fragment slots as row_fragments<Fmt, true> (gemm_mx_kernel.cuh).
+// Same values in the same fragment slots as the session-5 kernel's decode (16-byte global loads, then 4 quad
+// shuffles for MXFP8, 2 for MXFP4): its outputs were bitwise equal on the GPU (bench/RESULTS.md, gemm6).
 // note: 16-byte reads of [row][64 B]: a quarter warp (2 rows) reads 128 contiguous bytes, conflict-free;
 // the MXFP4 8-byte reads (a half warp, 4 rows) are 2-way conflicted (rows r and r+2 share banks).
 template <class Fmt, bool kTail>
@@ -245,20 +243,20 @@ __device__ __forceinline__ uint32_t group_scales(const uint8_t* row_s, int kb, i
 }
 #endif
 
-// Grid: x = cdiv(n, 128) * cdiv(m, kBM) tiles (tile_of), y = K splits; 384 threads, sm90_smem_bytes(kBM,
-// kCfg) of dynamic shared memory. Split-K (gridDim.y > 1, small grids): split z runs stages [z·c, z·c + c)
+// Grid: x = cdiv(n, 128) * cdiv(m, kBM) tiles (tile_of), y = K splits; 384 threads, sm90_smem_bytes(kBM)
+// of dynamic shared memory. Split-K (gridDim.y > 1, small grids): split z runs stages [z·c, z·c + c)
 // of the cdiv(K, 64) (c = cdiv(stages, splits)) and stores its f32 partial tile, row scale applied, to
 // ws[z][m][n]; splitk_reduce sums the splits in order into y (deterministic). ws is null without a split.
 // wmap: the values plane as a 2D uint8 tensor [n rows, row bytes] (make_w_map), zero fill past its edges
 // (rows past n and the bytes past a short last group read 0). kTail: K has a short last layout group
 // (K % 64 for MXFP8, K % 128 for MXFP4); without one the scale loads need no bounds and are aligned.
-template <class Fmt, bool kTail, int kBM, int kCfg>
+template <class Fmt, bool kTail, int kBM>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     gemm_mx_sm90(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int m,
                  const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k,
                  float* __restrict__ partial) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kStageBytes = sm90_stage_bytes(kBM), kX = sm90_x_stages(kBM, kCfg), kW = sm90_w_slots(kBM, kCfg);
+  constexpr int kStageBytes = sm90_stage_bytes(kBM), kX = sm90_x_stages(kBM), kW = kSm90WSlots;
   constexpr int kSpg = Fmt::kGroupK / kStageK;  // stages per layout group
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring =
@@ -337,9 +335,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     float acc[kBM / 2];
 #pragma unroll
     for (int i = 0; i < kBM / 2; ++i) acc[i] = 0.f;
-    // note: kCfg 3 keeps 4 A-register sets and 2 stages queued while decoding (wait_group 2).
-    constexpr int kFrag = kCfg == 3 ? 4 : 3;
-    uint32_t frag[kFrag][4][4];  // [stage % kFrag][k-step][register]
+    uint32_t frag[3][4][4];  // [stage % 3][k-step][register]
     // Stage s's A fragments from its weight slot; the slot is freed after its group's last stage here.
     auto decode = [&](int s, uint32_t(&a)[4][4]) {
       const int as = s0 + s, q = as / kSpg - g0, slot = q % kW, h = kSpg == 2 ? (as & 1) : 0;
@@ -348,10 +344,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       const uint32_t* scl = wscales + slot * kSm90BlockN;
       const int gb = kTail ? min(kWGroupBytes, row_bytes - (as / kSpg) * kWGroupBytes) : kWGroupBytes;
       uint32_t lo_a[4], hi_a[4], lo_b[4], hi_b[4];
-      row_fragments_smem<Fmt, kTail>(vals + lr_a * kWGroupBytes, scl[lr_a] >> (16 * h), bref_a, t, h, gb, lo_a,
-                                     hi_a);
-      row_fragments_smem<Fmt, kTail>(vals + lr_b * kWGroupBytes, scl[lr_b] >> (16 * h), bref_b, t, h, gb, lo_b,
-                                     hi_b);
+      row_fragments_smem<Fmt, kTail>(vals + lr_a * kWGroupBytes, scl[lr_a] >> (16 * h), bref_a, t, h, gb,
+                                     lo_a, hi_a);
+      row_fragments_smem<Fmt, kTail>(vals + lr_b * kWGroupBytes, scl[lr_b] >> (16 * h), bref_b, t, h, gb,
+                                     lo_b, hi_b);
 #pragma unroll
       for (int j = 0; j < 4; ++j) a[j][0] = lo_a[j], a[j][1] = lo_b[j], a[j][2] = hi_a[j], a[j][3] = hi_b[j];
       if (kSpg == 1 || h == 1 || s + 1 == stages) {
@@ -362,8 +358,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     decode(0, frag[0]);
     if (stages > 1) decode(1, frag[1]);
     // One stage s (fragments in frag[F = s % 3]): wait for its x tile, issue 4 wgmmas, retire stage s-1
-    // (wait_group 1) and free its x slot, then decode stage s+2 into the fragments stage s-1 used. Two stages
-    // stay queued on the tensor cores while a third is decoded.
+    // (wait_group 1) and free its x slot, then decode stage s+2 into the fragments stage s-1 used: stage s
+    // stays queued on the tensor cores (beside the other warpgroup's) while s+2 is decoded.
     // note: fragments are written 2 stages ahead, never while the wgmma they feed has an older wgmma in
     // flight that was issued after the write: ptxas then keeps the wgmmas asynchronous (writing them one
     // stage ahead with wait_group 1 triggers C7513 serialisation).
@@ -385,16 +381,16 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
           wgmma_m64n32k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
       }
       wgmma_commit();
-      wgmma_wait<kFrag - 2>();
-      if (s >= kFrag - 2 && lane == 0) mbar_arrive(xempty + (s - (kFrag - 2)) % kX);
-      if (s + 2 < stages) decode(s + 2, frag[(F + 2) % kFrag]);
+      wgmma_wait<1>();
+      if (s > 0 && lane == 0) mbar_arrive(xempty + (s + kX - 1) % kX);
+      if (s + 2 < stages) decode(s + 2, frag[(F + 2) % 3]);
     };
     // note: the register indices must be compile-time: the loop body is 3 stages, each with its own F; the
     // fold stops at the last stage.
-    for (int s = 0; s < stages; s += kFrag) {
+    for (int s = 0; s < stages; s += 3) {
       [&]<int... O>(std::integer_sequence<int, O...>) {
         (void)((s + O < stages ? (stage(s + O, std::integral_constant<int, O>{}), true) : false) && ...);
-      }(std::make_integer_sequence<int, kFrag>{});
+      }(std::make_integer_sequence<int, 3>{});
     }
     wgmma_wait<0>();
 
