@@ -24,6 +24,9 @@ Status checked_gemm(Format expected, Launcher launch, const uint16_t* x, int64_t
   if (!x || !y || !w.values || !w.scales) return fail("gemm_{}: null device pointer", name);
   // note: x is read by 16-byte copies (TMA tensor map on sm_90a, cp.async elsewhere).
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return fail("gemm_{}: x is not 16-byte aligned", name);
+  // note: the sm_90a kernel copies the values plane by TMA (a tensor map needs a 16-byte aligned base).
+  if (reinterpret_cast<uintptr_t>(w.values) % 16 != 0)
+    return fail("gemm_{}: weight values are not 16-byte aligned", name);
   if (reinterpret_cast<uintptr_t>(splitk.data()) % 16 != 0)
     return fail("gemm_{}: split-K scratch is not 16-byte aligned", name);
   MXQ_CUDA_CHECK(launch(x, static_cast<int>(m), w.values, w.scales, y, static_cast<int>(w.n),

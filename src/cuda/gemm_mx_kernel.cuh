@@ -1,6 +1,7 @@
-// Shared device code of the MX GEMMs (gemm_mx_sm90.cuh: wgmma, gemm_mx_sm80.cuh: mma.sync): how a quad lane
-// loads its share of a 64-k stage of one weight row in the GEMV layout (gemv_layout.h), reorders it into
-// mma A-fragment slot order, and decodes it to bf16 with the E8M0 scale folded in.
+// Shared device code of the MX GEMMs (gemm_mx_sm90.cuh: wgmma, gemm_mx_sm80.cuh: mma.sync): the E8M0 scale
+// fold and the E4M3 / E2M1 decodes of both; for the mma.sync kernel, how a quad lane loads its share of a
+// 64-k stage of one weight row in the GEMV layout (gemv_layout.h) and decodes it into A fragments in that
+// layout's k order (the wgmma kernel stages the bytes in shared memory and reads them in natural k order).
 //
 // Scale folding: a row's blocks are decoded as code · 2^(b - bref) in bf16, bref = the row's largest scale
 // byte, and the row's f32 accumulator is multiplied by 2^(bref - 127) at the end. The decoded value is then
@@ -131,73 +132,36 @@ __device__ __forceinline__ void e2m1x8_to_bf16x8_scaled(uint32_t word, uint32_t 
   }
 }
 
-// One row's A-fragment pairs for the 4 k-steps of a stage: lo[j] feeds MMA slots 2t, 2t+1, hi[j] slots
-// 2t+8, 2t+9 of k-step j. kNatural: slot i of k-step j is canonical element 16j + i (wgmma, whose B comes
-// from shared memory in natural order): the quad exchanges bytes with 4 shuffles (MXFP8) or 2 (MXFP4).
-// Otherwise the GEMV's order (slot pair 2t ↔ elements 4t, 4t+1, slot pair 2t+8 ↔ 4t+2, 4t+3), which the
-// mma.sync kernel matches by reading x in the same order.
-template <class Fmt, bool kNatural>
-__device__ __forceinline__ void row_fragments(const RawStage<Fmt::kWords>& r, uint32_t bref, int t,
+// One row's A-fragment pairs for the 4 k-steps of a stage, in the GEMV's k order: lo[j] feeds MMA slots 2t,
+// 2t+1 (elements 16j + 4t, +1), hi[j] slots 2t+8, 2t+9 (16j + 4t + 2, +3), which the mma.sync kernel matches
+// by reading x in the same order. (The wgmma kernel, whose x is in natural order in shared memory, reads its
+// fragments from staged weight bytes instead: row_fragments_smem in gemm_mx_sm90.cuh.)
+template <class Fmt>
+__device__ __forceinline__ void row_fragments(const RawStage<Fmt::kWords>& r, uint32_t bref,
                                               uint32_t (&lo)[4], uint32_t (&hi)[4]) {
   const uint32_t s0 = fold_scale(r.sc & 0xFF, bref, Fmt::kFoldBase);
   const uint32_t s1 = fold_scale((r.sc >> 8) & 0xFF, bref, Fmt::kFoldBase);
-  // Lane t needs elements 2t, 2t+1 of each block (held by lane t/2, half or byte t&1) and 2t+8, 2t+9 (lane
-  // 2 + t/2). Round A: lane t reads lane t/2 if t is even, else 2 + t/2; round B the other; each source
-  // lane serves one reader per round, so it packs the halves (bytes) that reader wants: h = t/2 in round A.
-  const int quad = (threadIdx.x & 31) & ~3;
-  const int src_a = quad | ((t & 1) ? 2 + (t >> 1) : (t >> 1)),
-            src_b = quad | ((t & 1) ? (t >> 1) : 2 + (t >> 1));
-  // note: for odd t, round A brought the "+8" half: swap the prmt operands (selector ^ 0x4444).
-  const uint32_t swap = (t & 1) ? 0x4444u : 0u;
   if constexpr (Fmt::kWords == 4) {
-    if constexpr (kNatural) {
-      const uint32_t sel_a = (t >> 1) ? 0x7632u : 0x5410u, sel_b = sel_a ^ 0x2222u;
-      const uint32_t ra[2] = {__shfl_sync(0xFFFFFFFFu, gemv::prmt(r.w[0], r.w[1], sel_a), src_a),
-                              __shfl_sync(0xFFFFFFFFu, gemv::prmt(r.w[2], r.w[3], sel_a), src_a)};
-      const uint32_t rb[2] = {__shfl_sync(0xFFFFFFFFu, gemv::prmt(r.w[0], r.w[1], sel_b), src_b),
-                              __shfl_sync(0xFFFFFFFFu, gemv::prmt(r.w[2], r.w[3], sel_b), src_b)};
-      // Block j's bytes 2t, 2t+1 are half j%2 of ra[j/2] (rb for odd t), bytes 2t+8, 2t+9 the same half of
-      // rb (ra): one prmt over {rb, ra} picks a pair and replicates each byte's sign (selector nibbles 8-F)
-      // as e4m3x4_to_bf16x4_scaled does.
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t sel = ((j & 1) ? 0xB3A2u : 0x9180u) ^ swap, s = j < 2 ? s0 : s1;
-        lo[j] = gemv::bf16x2_mul((gemv::prmt(ra[j >> 1], rb[j >> 1], sel) << 4) & 0x87F087F0u, s);
-        hi[j] = gemv::bf16x2_mul((gemv::prmt(ra[j >> 1], rb[j >> 1], sel ^ 0x4444u) << 4) & 0x87F087F0u, s);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) e4m3x4_to_bf16x4_scaled(r.w[j], j < 2 ? s0 : s1, lo[j], hi[j]);
-    }
+    for (int j = 0; j < 4; ++j) e4m3x4_to_bf16x4_scaled(r.w[j], j < 2 ? s0 : s1, lo[j], hi[j]);
   } else {
-    uint32_t q[2];
-    if constexpr (kNatural) {
-      const uint32_t sel_a = (t >> 1) ? 0x7531u : 0x6420u, sel_b = sel_a ^ 0x1111u;
-      const uint32_t ra = __shfl_sync(0xFFFFFFFFu, gemv::prmt(r.w[0], r.w[1], sel_a), src_a);
-      const uint32_t rb = __shfl_sync(0xFFFFFFFFu, gemv::prmt(r.w[0], r.w[1], sel_b), src_b);
-      // q[i] = byte (2t, 2t+1), byte (2t+8, 2t+9) of block 2i, then the same of block 2i+1.
-      q[0] = gemv::prmt(ra, rb, 0x5140u ^ swap);
-      q[1] = gemv::prmt(ra, rb, 0x7362u ^ swap);
-    } else {
-      q[0] = r.w[0], q[1] = r.w[1];
-    }
     uint32_t p[4];
-    e2m1x8_to_bf16x8_scaled(q[0], s0, s0, p);
+    e2m1x8_to_bf16x8_scaled(r.w[0], s0, s0, p);
     lo[0] = p[0], hi[0] = p[1], lo[1] = p[2], hi[1] = p[3];
-    e2m1x8_to_bf16x8_scaled(q[1], s1, s1, p);
+    e2m1x8_to_bf16x8_scaled(r.w[1], s1, s1, p);
     lo[2] = p[0], hi[2] = p[1], lo[3] = p[2], hi[3] = p[3];
   }
 }
 
-// A fragments of a 16-row slab (rows g and g+8 of the lane) for the 4 k-steps of a stage, in mma/wgmma
-// register order: {row g slots 2t.., row g+8 slots 2t.., row g slots 2t+8.., row g+8 slots 2t+8..}.
-template <class Fmt, bool kNatural>
+// A fragments of a 16-row slab (rows g and g+8 of the lane) for the 4 k-steps of a stage, in mma register
+// order: {row g slots 2t.., row g+8 slots 2t.., row g slots 2t+8.., row g+8 slots 2t+8..}.
+template <class Fmt>
 __device__ __forceinline__ void stage_fragments(const RawStage<Fmt::kWords>& ra,
                                                 const RawStage<Fmt::kWords>& rb, uint32_t bref_a,
-                                                uint32_t bref_b, int t, uint32_t (&a)[4][4]) {
+                                                uint32_t bref_b, uint32_t (&a)[4][4]) {
   uint32_t lo_a[4], hi_a[4], lo_b[4], hi_b[4];
-  row_fragments<Fmt, kNatural>(ra, bref_a, t, lo_a, hi_a);
-  row_fragments<Fmt, kNatural>(rb, bref_b, t, lo_b, hi_b);
+  row_fragments<Fmt>(ra, bref_a, lo_a, hi_a);
+  row_fragments<Fmt>(rb, bref_b, lo_b, hi_b);
 #pragma unroll
   for (int j = 0; j < 4; ++j) a[j][0] = lo_a[j], a[j][1] = lo_b[j], a[j][2] = hi_a[j], a[j][3] = hi_b[j];
 }

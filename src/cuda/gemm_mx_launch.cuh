@@ -13,18 +13,21 @@
 
 namespace mxq::cuda::gemm {
 
+// The driver's cuTensorMapEncodeTiled (null when the driver lacks it).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+          cudaSuccess ||
+      q != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+}
+
 // x [m, k] bf16 row-major as a 2D tensor map: boxes of 64 k x box_rows rows, 128-byte swizzle, zero fill past
 // the edges (so a 32-wide K tail and rows past m read 0).
 inline cudaError_t make_x_map(CUtensorMap* map, const uint16_t* x, int m, int k, int box_rows) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (!encode) return cudaErrorNotSupported;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(m)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
@@ -32,6 +35,22 @@ inline cudaError_t make_x_map(CUtensorMap* map, const uint16_t* x, int m, int k,
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(x), dims, strides,
                             box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// The values plane [n rows, row_bytes] (uint8) as a 2D tensor map: boxes of one layout group (64 bytes) x 128
+// rows, no swizzle (a slot is [row][64 B]), zero fill past the edges (rows past n, bytes past a short last
+// group). values 16-byte aligned (gemm_mx.cpp checks); row_bytes = K or K/2, a multiple of 16.
+inline cudaError_t make_w_map(CUtensorMap* map, const uint8_t* values, int n, int row_bytes) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (!encode) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(n)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
+  const cuuint32_t box[2] = {kWGroupBytes, kSm90BlockN}, elem_strides[2] = {1, 1};
+  const CUresult r =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(values), dims, strides, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -97,8 +116,10 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
     const int64_t waves256 = (static_cast<int64_t>(tiles_n) * ((m + 255) / 256) + sms - 1) / sms;
     const int64_t waves128 = (static_cast<int64_t>(tiles_n) * ((m + 127) / 128) + sms - 1) / sms;
     const int bm = m <= 32 ? 32 : m <= 64 ? 64 : waves128 * 115 < waves256 * 200 ? 128 : 256;
-    CUtensorMap map;
+    CUtensorMap map, wmap;
     if (cudaError_t e = make_x_map(&map, x, m, k, bm); e != cudaSuccess) return e;
+    if (cudaError_t e = make_w_map(&wmap, values, n, Fmt::kWords == 4 ? k : k / 2); e != cudaSuccess)
+      return e;
     const int64_t tiles = static_cast<int64_t>(tiles_n) * ((m + bm - 1) / bm), mn = static_cast<int64_t>(m) * n;
     const int splits = splitk_splits(tiles, (k + kStageK - 1) / kStageK, sms, mn, ws_floats);
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
@@ -112,7 +133,7 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
                   : bm == 128 ? pick(integral_constant<int, 128>{})
                   : bm == 64  ? pick(integral_constant<int, 64>{})
                               : pick(integral_constant<int, 32>{});
-    kernel<<<grid, kSm90Threads, sm90_smem_bytes(bm), stream>>>(map, m, values, scales, yb, n, k,
+    kernel<<<grid, kSm90Threads, sm90_smem_bytes(bm), stream>>>(map, wmap, m, scales, yb, n, k,
                                                                 splits > 1 ? ws : nullptr);
     if (splits > 1) {
       if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kSm80Threads)
     asm volatile("cp.async.commit_group;" ::: "memory");
 
     uint32_t frag[4][4];
-    stage_fragments<Fmt, false>(cur_a, cur_b, bref_a, bref_b, t, frag);
+    stage_fragments<Fmt>(cur_a, cur_b, bref_a, bref_b, frag);
     const __nv_bfloat16* slot = xs + (s % kSm80Stages) * kSm80StageElems;
 #pragma unroll
     for (int j = 0; j < 4; ++j)

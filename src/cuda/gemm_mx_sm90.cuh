@@ -1,11 +1,17 @@
 // The sm_90a MX GEMM: wgmma with the weights as A from registers, activations as B from shared memory.
-// Computes Y^T = W · X^T per tile: 128 weight rows (N) x 256 (or 128) activation rows (M), K in 64-wide
-// stages. Warp-specialised, 3 warpgroups: warpgroup 0 has one thread issuing TMA copies of the x tile (256
-// rows x 64 bf16, 128-byte swizzle, 4-stage mbarrier ring); warpgroups 1 and 2 own 64 weight rows each: every
-// lane loads its 16 B per row per layout group straight from global memory (2 stages before decoding, GEMV
-// layout), reorders them to natural k order in the quad (gemm_mx_kernel.cuh), decodes with the scale folded
-// in and issues wgmma m64n256k16 or m64n128k16 (f32 accumulators, 128 or 64 registers per thread) from a ring
-// of 3 A-register sets: stage s+2 is decoded while stages s and s+1 are queued on the tensor cores.
+// Computes Y^T = W · X^T per tile: 128 weight rows (N) x kBM activation rows (M), K in 64-wide stages.
+// Warp-specialised, 3 warpgroups:
+//   warpgroup 0, the producer: warp 0 lane 0 keeps the x ring full (TMA, 64 k x kBM rows of bf16, 128-byte
+//   swizzle); warp 1 keeps the weight ring full: lane 0 copies the tile's 128 rows x 64 bytes of one layout
+//   group (64 k of MXFP8, 128 k of MXFP4; the GEMV layout, gemv_layout.h) by TMA into a slot ([row][64 B],
+//   no swizzle), and every lane stores 4 rows' scale bytes of the group (loaded 4 groups ahead) next to it;
+//   warpgroups 1 and 2, the consumers, own 64 weight rows each: per stage every lane reads the bytes its A
+//   fragments need in natural k order straight from the staged group (two 16-byte (MXFP8) or 8-byte (MXFP4)
+//   shared loads per row, no quad shuffles), decodes them with the scale folded in (gemm_mx_kernel.cuh),
+//   frees the weight slot and issues wgmma m64nBMk16 (f32 accumulators) from a ring of 3 A-register sets:
+//   stage s+2 is decoded while stage s runs on the tensor cores (stage s+1's fragments are ready).
+// note: the weight slot is freed as soon as its bytes are in registers (not when the wgmmas retire), so a
+// slot lives ~1 stage and the ring can run 8 groups ahead for the price of 68 KB of shared memory.
 #pragma once
 
 #include <cuda.h>
@@ -17,18 +23,21 @@
 
 namespace mxq::cuda::gemm {
 
-// note: kBM (activation rows per tile) is 256, or 128 when 256-row tiles would leave SMs idle; 64 or 32 when M
-// itself is that small (a 128-row tile would spend 2-4x the tensor time on zero rows).
-inline constexpr int kSm90BlockN = 128, kSm90Stages = 4, kSm90Threads = 384;
-// Raw weight stages loaded ahead of decoding: 4 for 128-row activation tiles (hides more load latency where a
-// stage's wgmmas are short); 2 for 256-row tiles, whose 128 accumulator registers leave no room (ptxas
-// spills ~1 KB with 4).
-constexpr int sm90_raw_stages(int bm) { return bm == 256 ? 2 : 4; }
+inline constexpr int kSm90BlockN = 128, kSm90Threads = 384;
+// A weight slot: 128 rows x 64 bytes of one layout group (both formats), then 128 u32 of scale bytes.
+inline constexpr int kWGroupBytes = 64, kWSlotBytes = kSm90BlockN * kWGroupBytes;
+// Pipeline shapes by activation tile: x stages and weight slots (8: 8 groups of weights in flight).
+// note: the x ring of 256-row tiles (32 KB a stage) keeps 4 stages as before (5 stages with 6 weight slots
+// measured the same, bench/RESULTS.md "gemm6"); the smaller tiles' rings have room for more.
+constexpr int sm90_x_stages(int bm) { return bm == 256 ? 4 : 6; }
+inline constexpr int kSm90WSlots = 8;
 constexpr int sm90_stage_bytes(int bm) { return bm * kStageK * 2; }
-// note: + 1024 so the stage ring can start on a 1024-byte boundary (128-byte swizzle atoms), + barriers.
+// note: + 1024 so the x ring can start on a 1024-byte boundary (128-byte swizzle atoms), + barriers.
 constexpr int sm90_smem_bytes(int bm) {
-  return kSm90Stages * sm90_stage_bytes(bm) + 1024 + 2 * kSm90Stages * 8;
+  return sm90_x_stages(bm) * sm90_stage_bytes(bm) + kSm90WSlots * (kWSlotBytes + 4 * kSm90BlockN) + 1024 +
+         2 * (sm90_x_stages(bm) + kSm90WSlots) * 8;
 }
+static_assert(sm90_smem_bytes(256) <= 227 * 1024 && sm90_smem_bytes(128) <= 227 * 1024);
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -159,89 +168,205 @@ __device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[16], const uint32_
 }
 #endif
 
-// Grid: x = cdiv(n, 128) * cdiv(m, kBM) tiles (tile_of), y = K splits; 384 threads, sm90_smem_bytes(kBM) of
-// dynamic shared memory. Split-K (gridDim.y > 1, small grids): split z runs stages [z·c, z·c + c) of the
-// cdiv(K, 64) (c = cdiv(stages, splits)) and stores its f32 partial tile, row scale applied, to
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// One row's A-fragment pairs for the 4 k-steps of a stage, read from the row's 64 staged bytes rp of the
+// stage's layout group (GEMV layout: lane run t' holds canonical 16j + 4t' + e at 16t' + 4j + e for MXFP8,
+// at byte 16t' + 2j + e/2 for MXFP4): lo[j] = canonical 16j + 2t, +1 (run t/2), hi[j] = 16j + 2t + 8, +9
+// (run 2 + t/2), so the lane reads runs t/2 and 2 + t/2 and keeps half t&1 of each word (MXFP8) or byte
+// t&1 of each half-word (MXFP4). sc: the stage's two scale bytes (bits 0-15); h: the stage's half of an
+// MXFP4 group; gb: the group's bytes (64, or a tail group's 16..48: runs of gb/4 bytes at (gb/4)·t').
+// Same values in the same fragment slots as the session-5 kernel's decode (16-byte global loads, then 4 quad
+// shuffles for MXFP8, 2 for MXFP4): its outputs were bitwise equal on the GPU (bench/RESULTS.md, gemm6).
+// note: 16-byte reads of [row][64 B]: a quarter warp (2 rows) reads 128 contiguous bytes, conflict-free;
+// the MXFP4 8-byte reads (a half warp, 4 rows) are 2-way conflicted (rows r and r+2 share banks).
+template <class Fmt, bool kTail>
+__device__ __forceinline__ void row_fragments_smem(const uint8_t* rp, uint32_t sc, uint32_t bref, int t,
+                                                   int h, int gb, uint32_t (&lo)[4], uint32_t (&hi)[4]) {
+  const uint32_t s0 = fold_scale(sc & 0xFF, bref, Fmt::kFoldBase);
+  const uint32_t s1 = fold_scale((sc >> 8) & 0xFF, bref, Fmt::kFoldBase);
+  const int tp = t >> 1, odd = t & 1;
+  if constexpr (Fmt::kWords == 4) {
+    uint32_t u0[4], u1[4];
+    if (!kTail || gb == kWGroupBytes) {
+      const uint4 a = *reinterpret_cast<const uint4*>(rp + 16 * tp);
+      const uint4 b = *reinterpret_cast<const uint4*>(rp + 32 + 16 * tp);
+      u0[0] = a.x, u0[1] = a.y, u0[2] = a.z, u0[3] = a.w, u1[0] = b.x, u1[1] = b.y, u1[2] = b.z, u1[3] = b.w;
+    } else {  // a 32-wide tail group: runs of 8 bytes, k-steps 2 and 3 zero
+      const uint2 a = *reinterpret_cast<const uint2*>(rp + 8 * tp);
+      const uint2 b = *reinterpret_cast<const uint2*>(rp + 16 + 8 * tp);
+      u0[0] = a.x, u0[1] = a.y, u0[2] = 0, u0[3] = 0, u1[0] = b.x, u1[1] = b.y, u1[2] = 0, u1[3] = 0;
+    }
+    // note: selector nibbles 8..B replicate a byte's sign into the byte above it (e4m3x4_to_bf16x4_scaled).
+    const uint32_t sel = odd ? 0xB3A2u : 0x9180u;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t s = j < 2 ? s0 : s1;
+      lo[j] = gemv::bf16x2_mul((gemv::prmt(u0[j], 0, sel) << 4) & 0x87F087F0u, s);
+      hi[j] = gemv::bf16x2_mul((gemv::prmt(u1[j], 0, sel) << 4) & 0x87F087F0u, s);
+    }
+  } else {
+    uint32_t u0[2], u1[2];
+    if (!kTail || gb == kWGroupBytes) {
+      const uint2 a = *reinterpret_cast<const uint2*>(rp + 16 * tp + 8 * h);
+      const uint2 b = *reinterpret_cast<const uint2*>(rp + 32 + 16 * tp + 8 * h);
+      u0[0] = a.x, u0[1] = a.y, u1[0] = b.x, u1[1] = b.y;
+    } else {  // a tail group of gb/16 words a run (1..3): stage h uses words 2h, 2h+1 where they exist
+      const int run = gb / 4, words = gb / 16;
+      const uint32_t* ra = reinterpret_cast<const uint32_t*>(rp + run * tp);
+      const uint32_t* rb = reinterpret_cast<const uint32_t*>(rp + run * (2 + tp));
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        u0[i] = 2 * h + i < words ? ra[2 * h + i] : 0u;
+        u1[i] = 2 * h + i < words ? rb[2 * h + i] : 0u;
+      }
+    }
+    // q = {lo, hi of k-step 2i, lo, hi of k-step 2i+1}: byte t&1 of each half-word of u0[i] and u1[i].
+    const uint32_t sel = 0x6240u + (odd ? 0x1111u : 0u);
+    uint32_t p[4];
+    e2m1x8_to_bf16x8_scaled(gemv::prmt(u0[0], u1[0], sel), s0, s0, p);
+    lo[0] = p[0], hi[0] = p[1], lo[1] = p[2], hi[1] = p[3];
+    e2m1x8_to_bf16x8_scaled(gemv::prmt(u0[1], u1[1], sel), s1, s1, p);
+    lo[2] = p[0], hi[2] = p[1], lo[3] = p[2], hi[3] = p[3];
+  }
+}
+
+// The scale bytes of layout group q of a row (bits 0-15: MXFP8 blocks 2q, 2q+1; MXFP4 blocks 4q..4q+3 in
+// bits 0-31), missing tail blocks 0.
+template <class Fmt, bool kTail>
+__device__ __forceinline__ uint32_t group_scales(const uint8_t* row_s, int kb, int q) {
+  if constexpr (Fmt::kWords == 4) {
+    return load_stage_scales<kTail>(row_s, kb, q);
+  } else {
+    const uint32_t lo = load_stage_scales<kTail>(row_s, kb, 2 * q);
+    return !kTail || 4 * q + 2 < kb ? lo | load_stage_scales<kTail>(row_s, kb, 2 * q + 1) << 16 : lo;
+  }
+}
+#endif
+
+// Grid: x = cdiv(n, 128) * cdiv(m, kBM) tiles (tile_of), y = K splits; 384 threads, sm90_smem_bytes(kBM)
+// of dynamic shared memory. Split-K (gridDim.y > 1, small grids): split z runs stages [z·c, z·c + c)
+// of the cdiv(K, 64) (c = cdiv(stages, splits)) and stores its f32 partial tile, row scale applied, to
 // ws[z][m][n]; splitk_reduce sums the splits in order into y (deterministic). ws is null without a split.
-// kTail: K has a short last layout group (K % 64 for MXFP8, K % 128 for MXFP4); without one the weight
-// loads need no bounds and the scale pairs are 2-byte aligned.
+// wmap: the values plane as a 2D uint8 tensor [n rows, row bytes] (make_w_map), zero fill past its edges
+// (rows past n and the bytes past a short last group read 0). kTail: K has a short last layout group
+// (K % 64 for MXFP8, K % 128 for MXFP4); without one the scale loads need no bounds and are aligned.
 template <class Fmt, bool kTail, int kBM>
 __global__ void __launch_bounds__(kSm90Threads, 1)
-    gemm_mx_sm90(const __grid_constant__ CUtensorMap xmap, int m, const uint8_t* __restrict__ wv,
+    gemm_mx_sm90(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int m,
                  const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k,
                  float* __restrict__ partial) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kStageBytes = sm90_stage_bytes(kBM);
+  constexpr int kStageBytes = sm90_stage_bytes(kBM), kX = sm90_x_stages(kBM), kW = kSm90WSlots;
+  constexpr int kSpg = Fmt::kGroupK / kStageK;  // stages per layout group
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint64_t* full = reinterpret_cast<uint64_t*>(ring + kSm90Stages * kStageBytes);
-  uint64_t* empty = full + kSm90Stages;
-  const int wg = threadIdx.x / 128, all_stages = (k + kStageK - 1) / kStageK;
+  uint8_t* wvals = ring + kX * kStageBytes;
+  uint32_t* wscales = reinterpret_cast<uint32_t*>(wvals + kW * kWSlotBytes);
+  uint64_t* xfull = reinterpret_cast<uint64_t*>(wscales + kW * kSm90BlockN);
+  uint64_t *xempty = xfull + kX, *wfull = xempty + kX, *wempty = wfull + kW;
+  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, all_stages = (k + kStageK - 1) / kStageK;
   const int chunk = (all_stages + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
   const int s0 = static_cast<int>(blockIdx.y) * chunk, stages = min(chunk, all_stages - s0);
+  const int g0 = s0 / kSpg, groups = (s0 + stages - 1) / kSpg - g0 + 1;  // the split's layout groups
+  const int kb = k / 32;
   int tile_n, tile_m;
   tile_of(blockIdx.x, (m + kBM - 1) / kBM, tile_n, tile_m);
   const int n0 = tile_n * kSm90BlockN, m0 = tile_m * kBM;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < kSm90Stages; ++i) mbar_init(full + i, 1), mbar_init(empty + i, 8);
+    for (int i = 0; i < kX; ++i) mbar_init(xfull + i, 1), mbar_init(xempty + i, 8);
+    // wfull: warp 1's lane 0 (expect_tx) + its 32 lanes' scale stores; wempty: the 8 consumer warps.
+    for (int i = 0; i < kW; ++i) mbar_init(wfull + i, 33), mbar_init(wempty + i, 8);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
   if (wg == 0) {
-    // Producer: one thread keeps the x ring full.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (threadIdx.x == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+    const int warp = threadIdx.x / 32;
+    if (warp == 0 && lane == 0) {
       for (int s = 0; s < stages; ++s) {
-        const int slot = s % kSm90Stages;
-        if (s >= kSm90Stages) mbar_wait(empty + slot, ((s / kSm90Stages) - 1) & 1);
-        mbar_expect_tx(full + slot, kStageBytes);
-        tma_load_2d(ring + slot * kStageBytes, &xmap, (s0 + s) * kStageK, m0, full + slot);
+        const int slot = s % kX;
+        if (s >= kX) mbar_wait(xempty + slot, ((s / kX) - 1) & 1);
+        mbar_expect_tx(xfull + slot, kStageBytes);
+        tma_load_2d(ring + slot * kStageBytes, &xmap, (s0 + s) * kStageK, m0, xfull + slot);
+      }
+    } else if (warp == 1) {
+      // note: rows past n read row n-1's scales (valid memory); their values are TMA zero fill.
+      auto load = [&](int q, uint32_t(&r)[4]) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          r[i] = group_scales<Fmt, kTail>(ws + static_cast<int64_t>(min(n0 + lane + 32 * i, n - 1)) * kb, kb,
+                                          g0 + q);
+      };
+      constexpr int kAhead = 4;  // groups of scale loads in flight
+      uint32_t sc[kAhead][4];
+#pragma unroll
+      for (int d = 0; d < kAhead; ++d)
+        if (d < groups) load(d, sc[d]);
+      for (int q0 = 0; q0 < groups; q0 += kAhead) {
+#pragma unroll
+        for (int d = 0; d < kAhead; ++d) {
+          const int q = q0 + d, slot = q % kW;
+          if (q < groups) {
+            if (q >= kW) mbar_wait(wempty + slot, ((q / kW) - 1) & 1);
+            if (lane == 0) {
+              mbar_expect_tx(wfull + slot, kWSlotBytes);
+              tma_load_2d(wvals + slot * kWSlotBytes, &wmap, (g0 + q) * kWGroupBytes, n0, wfull + slot);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) wscales[slot * kSm90BlockN + lane + 32 * i] = sc[d][i];
+            mbar_arrive(wfull + slot);
+            if (q + kAhead < groups) load(q + kAhead, sc[d]);
+          }
+        }
       }
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int row_a = n0 + 64 * (wg - 1) + 16 * warp + g, row_b = row_a + 8;
-    // note: rows past n read row n-1 (valid memory) and are never stored.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
+    const int warp = (threadIdx.x / 32) % 4, g = lane / 4, t = lane % 4;
+    const int lr_a = 64 * (wg - 1) + 16 * warp + g, lr_b = lr_a + 8;  // rows in the tile
+    const int row_a = n0 + lr_a, row_b = row_a + 8;
+    // note: rows past n read row n-1's scales (valid memory) and are never stored.
     const int64_t ra = min(row_a, n - 1), rb = min(row_b, n - 1);
-    const int64_t row_bytes = Fmt::kWords == 4 ? k : k / 2;
-    const int kb = k / 32;
-    const uint8_t *va = wv + ra * row_bytes, *vb = wv + rb * row_bytes;
-    const uint8_t *sa = ws + ra * kb, *sb = ws + rb * kb;
-    const uint32_t bref_a = row_max_scale(sa, kb, t), bref_b = row_max_scale(sb, kb, t);
+    const int row_bytes = Fmt::kWords == 4 ? k : k / 2;
+    const uint32_t bref_a = row_max_scale(ws + ra * kb, kb, t), bref_b = row_max_scale(ws + rb * kb, kb, t);
 
     float acc[kBM / 2];
 #pragma unroll
     for (int i = 0; i < kBM / 2; ++i) acc[i] = 0.f;
-    // note: kRaw stages of raw weight bytes in flight (s+2 .. s+1+kRaw while stage s runs): at small M a
-    // stage's wgmmas are short and the global loads' latency is what a CTA waits on.
-    constexpr int kRaw = sm90_raw_stages(kBM);
-    RawStage<Fmt::kWords> raw[kRaw][2];  // [stage % kRaw][row a, row b]
-    uint32_t frag[3][4][4];              // [stage % 3][k-step][register]
-    auto load_stage = [&](int s, RawStage<Fmt::kWords>(&r)[2]) {
-      load_raw<Fmt, kTail>(va, sa, k, s0 + s, t, r[0]);
-      load_raw<Fmt, kTail>(vb, sb, k, s0 + s, t, r[1]);
-    };
-    load_stage(0, raw[0]);
-    if (stages > 1) load_stage(1, raw[1]);
-    stage_fragments<Fmt, true>(raw[0][0], raw[0][1], bref_a, bref_b, t, frag[0]);
-    if (stages > 1) stage_fragments<Fmt, true>(raw[1][0], raw[1][1], bref_a, bref_b, t, frag[1]);
+    uint32_t frag[3][4][4];  // [stage % 3][k-step][register]
+    // Stage s's A fragments from its weight slot; the slot is freed after its group's last stage here.
+    auto decode = [&](int s, uint32_t(&a)[4][4]) {
+      const int as = s0 + s, q = as / kSpg - g0, slot = q % kW, h = kSpg == 2 ? (as & 1) : 0;
+      mbar_wait(wfull + slot, (q / kW) & 1);
+      const uint8_t* vals = wvals + slot * kWSlotBytes;
+      const uint32_t* scl = wscales + slot * kSm90BlockN;
+      const int gb = kTail ? min(kWGroupBytes, row_bytes - (as / kSpg) * kWGroupBytes) : kWGroupBytes;
+      uint32_t lo_a[4], hi_a[4], lo_b[4], hi_b[4];
+      row_fragments_smem<Fmt, kTail>(vals + lr_a * kWGroupBytes, scl[lr_a] >> (16 * h), bref_a, t, h, gb,
+                                     lo_a, hi_a);
+      row_fragments_smem<Fmt, kTail>(vals + lr_b * kWGroupBytes, scl[lr_b] >> (16 * h), bref_b, t, h, gb,
+                                     lo_b, hi_b);
 #pragma unroll
-    for (int q = 2; q < 2 + kRaw; ++q)
-      if (q < stages) load_stage(q, raw[q % kRaw]);
-    // One stage s (fragments in frag[F = s % 3], raw[R = (s + 2) % kRaw] holding stage s+2): wait for its x
-    // tile, issue 4 wgmmas, retire stage s-1 (wait_group 1) and free its slot, then decode stage s+2 into
-    // the fragments stage s-1 used and refill raw[R] with stage s+2+kRaw. Two stages stay queued on the
-    // tensor cores while a third is decoded.
+      for (int j = 0; j < 4; ++j) a[j][0] = lo_a[j], a[j][1] = lo_b[j], a[j][2] = hi_a[j], a[j][3] = hi_b[j];
+      if (kSpg == 1 || h == 1 || s + 1 == stages) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(wempty + slot);
+      }
+    };
+    decode(0, frag[0]);
+    if (stages > 1) decode(1, frag[1]);
+    // One stage s (fragments in frag[F = s % 3]): wait for its x tile, issue 4 wgmmas, retire stage s-1
+    // (wait_group 1) and free its x slot, then decode stage s+2 into the fragments stage s-1 used: stage s
+    // stays queued on the tensor cores (beside the other warpgroup's) while s+2 is decoded.
     // note: fragments are written 2 stages ahead, never while the wgmma they feed has an older wgmma in
     // flight that was issued after the write: ptxas then keeps the wgmmas asynchronous (writing them one
     // stage ahead with wait_group 1 triggers C7513 serialisation).
-    auto stage = [&](int s, auto fi, auto ri) {
-      constexpr int F = decltype(fi)::value, R = decltype(ri)::value;
-      const int slot = s % kSm90Stages;
-      mbar_wait(full + slot, (s / kSm90Stages) & 1);
+    auto stage = [&](int s, auto fi) {
+      constexpr int F = decltype(fi)::value;
+      const int slot = s % kX;
+      mbar_wait(xfull + slot, (s / kX) & 1);
       const uint8_t* tile = ring + slot * kStageBytes;
       wgmma_fence();
 #pragma unroll
@@ -257,24 +382,15 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       }
       wgmma_commit();
       wgmma_wait<1>();
-      if (s > 0 && lane == 0) mbar_arrive(empty + (s + kSm90Stages - 1) % kSm90Stages);
-      if (s + 2 < stages) {
-        stage_fragments<Fmt, true>(raw[R][0], raw[R][1], bref_a, bref_b, t, frag[(F + 2) % 3]);
-        if (s + 2 + kRaw < stages) load_stage(s + 2 + kRaw, raw[R]);
-      }
+      if (s > 0 && lane == 0) mbar_arrive(xempty + (s + kX - 1) % kX);
+      if (s + 2 < stages) decode(s + 2, frag[(F + 2) % 3]);
     };
-    // note: the register indices must be compile-time: the loop body is the lcm(3, kRaw) stages of one
-    // period, each with its own (F, R); the fold stops at the last stage.
-    constexpr int kPeriod = kRaw % 3 == 0 ? kRaw : 3 * kRaw;  // lcm(3, kRaw)
-    for (int s = 0; s < stages; s += kPeriod) {
+    // note: the register indices must be compile-time: the loop body is 3 stages, each with its own F; the
+    // fold stops at the last stage.
+    for (int s = 0; s < stages; s += 3) {
       [&]<int... O>(std::integer_sequence<int, O...>) {
-        (void)((s + O < stages
-                    ? (stage(s + O, std::integral_constant<int, O % 3>{},
-                             std::integral_constant<int, (O + 2) % kRaw>{}),
-                       true)
-                    : false) &&
-               ...);
-      }(std::make_integer_sequence<int, kPeriod>{});
+        (void)((s + O < stages ? (stage(s + O, std::integral_constant<int, O>{}), true) : false) && ...);
+      }(std::make_integer_sequence<int, 3>{});
     }
     wgmma_wait<0>();
 
