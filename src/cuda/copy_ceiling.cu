@@ -5,6 +5,7 @@
 // hash what it writes) can reach. Layout: src and dst device buffers of `bytes` bytes, 16-byte aligned,
 // bytes % 16 == 0. Arch: sm_80+.
 #include "cuda/copy_ceiling.h"
+#include "cuda/device_sms.h"
 
 namespace mxq::cuda {
 namespace {
@@ -42,13 +43,7 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t launch_copy_ceiling(uint8_t* dst, const uint8_t* src, int64_t bytes, int variant,
                                 cudaStream_t stream) {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 0;
-    return n;
-  }();
+  const int sms = device_sms();
   if (sms == 0) return cudaErrorInvalidDevice;
   const int64_t n16 = bytes / 16;
   // note: variant 0: 4 loads in flight per thread, 4 blocks (2048 threads) per SM; 1: 8 loads, 2 blocks;

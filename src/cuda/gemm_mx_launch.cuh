@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "cuda/device_sms.h"
 #include "cuda/gemm_mx_launch.h"
 #include "cuda/gemm_mx_sm80.cuh"
 #include "cuda/gemm_mx_sm90.cuh"
@@ -74,7 +75,8 @@ inline cudaError_t is_sm90(bool* yes) {
 inline int splitk_splits(int64_t tiles, int stages, int sms, int64_t mn, int64_t ws_floats) {
   if (tiles >= sms || ws_floats <= 0) return 1;
   int z = static_cast<int>(std::min<int64_t>({8, sms / tiles, stages / 4}));
-  while (z > 1 && (static_cast<int64_t>(z) * mn > ws_floats || (z - 1) * ((stages + z - 1) / z) >= stages)) --z;
+  while (z > 1 && (static_cast<int64_t>(z) * mn > ws_floats || (z - 1) * ((stages + z - 1) / z) >= stages))
+    --z;
   return std::max(z, 1);
 }
 
@@ -87,13 +89,8 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
   if (path == GemmPath::kAuto)
     if (cudaError_t e = is_sm90(&sm90); e != cudaSuccess) return e;
   if (sm90) {
-    static const int sms = [] {
-      int dev = 0, count = 0;
-      if (cudaGetDevice(&dev) != cudaSuccess ||
-          cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        return 132;
-      return count;
-    }();
+    // note: an unknown SM count plans for the H200's 132.
+    const int sms = device_sms() > 0 ? device_sms() : 132;
     static const cudaError_t attr = [] {
       cudaError_t e = cudaSuccess;
       auto set = [&e](auto kernel, int bm) {
@@ -120,7 +117,8 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
     if (cudaError_t e = make_x_map(&map, x, m, k, bm); e != cudaSuccess) return e;
     if (cudaError_t e = make_w_map(&wmap, values, n, Fmt::kWords == 4 ? k : k / 2); e != cudaSuccess)
       return e;
-    const int64_t tiles = static_cast<int64_t>(tiles_n) * ((m + bm - 1) / bm), mn = static_cast<int64_t>(m) * n;
+    const int64_t tiles = static_cast<int64_t>(tiles_n) * ((m + bm - 1) / bm),
+                  mn = static_cast<int64_t>(m) * n;
     const int splits = splitk_splits(tiles, (k + kStageK - 1) / kStageK, sms, mn, ws_floats);
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
     const bool tail = k % Fmt::kGroupK != 0;

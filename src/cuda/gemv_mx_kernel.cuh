@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "cuda/device_sms.h"
 #include "cuda/gemv_mx_launch.h"
 #include "cuda/pdl.cuh"
 
@@ -457,19 +458,8 @@ inline int gemv_parts_tiles(const GemvParts& p) {
   return tiles;
 }
 
-// The SM count of the current device, read once per device (a launch at m = 1 would ask every time).
-inline int gemv_sms() {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
-  static std::atomic<int> sms_of[16] = {};
-  const int slot = dev >= 0 && dev < 16 ? dev : -1;
-  int sms = slot >= 0 ? sms_of[slot].load(std::memory_order_relaxed) : 0;
-  if (sms < 1) {
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1) return 1;
-    if (slot >= 0) sms_of[slot].store(sms, std::memory_order_relaxed);
-  }
-  return sms;
-}
+// The SM count of the current device (at least 1: a grid of one block per SM still launches).
+inline int gemv_sms() { return std::max(1, device_sms()); }
 
 // The persistent grid: 2 blocks per SM. note: __launch_bounds__(kThreads, 2) caps the kernel at 128
 // registers, so exactly 2 blocks of 256 threads fit an SM (64 K registers); the double-buffered sums take

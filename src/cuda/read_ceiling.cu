@@ -5,6 +5,7 @@
 // the per-shape target that includes the launch and ramp costs (mxq bench linear).
 // Layout: p is a device buffer of `bytes` bytes, 16-byte aligned; the tail below 16 bytes is not read.
 // Arch: sm_80+.
+#include "cuda/device_sms.h"
 #include "cuda/gemv_mx_kernel.cuh"
 #include "cuda/read_ceiling.h"
 
@@ -37,13 +38,7 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t launch_read_ceiling(const uint8_t* p, int64_t bytes, uint32_t* sink, int variant,
                                 cudaStream_t stream) {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 0;
-    return n;
-  }();
+  const int sms = device_sms();
   if (sms == 0) return cudaErrorInvalidDevice;
   const int64_t n16 = bytes / 16;
   // note: variant 0: 4 loads in flight per thread, 4 blocks (2048 threads) per SM; 1: 8 loads, 2 blocks.
