@@ -33,8 +33,8 @@
 #include <thread>
 
 #include "cli/bench_cuda.h"
-#include "cuda/copy_ceiling.h"
 #include "cuda/check.h"
+#include "cuda/copy_ceiling.h"
 #include "cuda/gemv_layout.h"
 #include "cuda/weight_memory_cuda.h"
 #include "refit/applier.h"
@@ -191,10 +191,11 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
   fmt::print("{:<52} {:>9} {:>9} {:>9}\n", "row", "ms", "GB/s", "% ceiling");
   fmt::print("{:<52} {:>9.3f} {:>9.0f} {:>9}\n", "D2D copy of the same bytes (read + written)", *copy,
              copy_gbs, "-");
-  fmt::print("{:<52} {:>9.3f} {:>9.0f} {:>8.1f}%\n", "SM copy kernel of the same bytes (copy_ceiling)", sm_copy,
-             2 * gb / (sm_copy * 1e-3), 100 * *copy / sm_copy);
-  fmt::print("  (its variants, ms: streaming x4 / x8 loads {:.3f} / {:.3f}, cached {:.3f} / {:.3f}; % = D2D / it)\n",
-             sm_copies[0], sm_copies[1], sm_copies[2], sm_copies[3]);
+  fmt::print("{:<52} {:>9.3f} {:>9.0f} {:>8.1f}%\n", "SM copy kernel of the same bytes (copy_ceiling)",
+             sm_copy, 2 * gb / (sm_copy * 1e-3), 100 * *copy / sm_copy);
+  fmt::print(
+      "  (its variants, ms: streaming x4 / x8 loads {:.3f} / {:.3f}, cached {:.3f} / {:.3f}; % = D2D / it)\n",
+      sm_copies[0], sm_copies[1], sm_copies[2], sm_copies[3]);
   fmt::print("{:<52} {:>9.3f} {:>9.1f} {:>9}\n", "pinned H2D copy of the same bytes", *h2d, h2d_gbs, "-");
   auto row = [&](const char* what, float ms, double moved_gb, double ceiling) {
     const double gbs = moved_gb / (ms * 1e-3);

@@ -49,6 +49,7 @@ constexpr int kPairs = 16;   // 1 KiB chunks per warp and tile, one per lane pai
 constexpr int kStripes = 8;  // stripes per lane: 2k + h
 static_assert(kBatchTileBytes == uint64_t{kWarps} * kPairs * 1024, "a tile is one chunk per lane pair");
 constexpr int kStageBlocks = 64, kStages = 4;  // chain: block sums staged per ring slot, ring slots
+constexpr int kChainBatch = 16;                // chain: sums read into registers ahead of their steps
 
 // Secret words for keys whose index is known at compile time (after unrolling): constant-bank operands.
 // kStep[j] = kWord[j] ^ kWord[j + 1]: the odd lane of a pair gets word j + 1 as kWord[j] ^ (mask & kStep[j]).
@@ -291,12 +292,22 @@ __device__ void chain(const BatchTensorDevice& t, bool write, uint64_t* out,
       const uint64_t* cur = ring[b % kStages] + i;
       const int n = stage_blocks(b);
       // note: scramble_add folds the next block's sum into the multiply of this one (the dependent path is
-      // shift, xor, one wide multiply-add); the stage's last scramble adds nothing.
-      uint64_t v = acc + cur[0];
+      // shift, xor, one wide multiply-add); the stage's last scramble adds nothing. A whole stage reads its
+      // sums 16 at a time into registers before the 16 dependent steps, so no step waits on a shared-memory
+      // load (a load per step would add its latency to every step of the chain).
+      uint64_t v = acc;
       if (n == kStageBlocks) {
-#pragma unroll 16
-        for (int a = 1; a < kStageBlocks; ++a) v = x::scramble_add(v, key, cur[a * 8]);
+#pragma unroll 1
+        for (int a0 = 0; a0 < kStageBlocks; a0 += kChainBatch) {
+          uint64_t next[kChainBatch];
+#pragma unroll
+          for (int j = 0; j < kChainBatch; ++j) next[j] = cur[(a0 + j) * 8];
+#pragma unroll
+          for (int j = 0; j < kChainBatch; ++j)
+            v = a0 + j == 0 ? v + next[0] : x::scramble_add(v, key, next[j]);
+        }
       } else {
+        v += cur[0];
         for (int a = 1; a < n; ++a) v = x::scramble_add(v, key, cur[a * 8]);
       }
       acc = x::scramble_add(v, key, 0);
@@ -436,10 +447,10 @@ __device__ __forceinline__ void stage_half(const uint8_t* g, uint64_t len, uint4
   cp_async_commit();
 }
 
-// Stripes 2k + h, k = k0..k0+3, of the lane's chunk (unit 8·k0 of it staged at `chunk`) hashed, and stored through the
-// layout (kBack false) or, for a plane whose native tile is one contiguous range (identity, or transpose4
-// with rows back to back), put back into shared memory in native order (transpose4: transposed in place)
-// for store_out_half.
+// Stripes 2k + h, k = k0..k0+3, of the lane's chunk (unit 8·k0 of it staged at `chunk`) hashed, and stored
+// through the layout (kBack false) or, for a plane whose native tile is one contiguous range (identity, or
+// transpose4 with rows back to back), put back into shared memory in native order (transpose4: transposed in
+// place) for store_out_half.
 template <Kind kKind, bool kFull, bool kBack>
 __device__ __forceinline__ void staged_stripes(const DevicePlane& p, uint4* chunk, uint64_t bq, int h, int k0,
                                                uint64_t bytes, StripeCursor& cur, uint64_t (&acc)[8]) {
@@ -520,8 +531,8 @@ __global__ void __launch_bounds__(kThreads, 4)
     if (bq < bytes) lane_stripes<kSeparable, true, false>(p, src, bq, h, bytes, acc);
   } else {
     const uint64_t len = bytes - tile_q < kBatchTileBytes ? bytes - tile_q : kBatchTileBytes;
-    // note: back: the native tile is one contiguous range, written by store_out_half in whole lines; otherwise
-    // (transpose4 rows apart) each lane stores its stripes through the cursor.
+    // note: back: the native tile is one contiguous range, written by store_out_half in whole lines;
+    // otherwise (transpose4 rows apart) each lane stores its stripes through the cursor.
     const bool back = p.identity() || p.rows_contiguous;
     StripeCursor cur;
     if (!back && bq < bytes) row_col(p, bq + 64 * static_cast<uint64_t>(h), cur.r, cur.c);

@@ -1,12 +1,14 @@
-// The refit benchmark's copy ceiling kernel (cuda/copy_ceiling.h) against memcpy, bitwise: every variant, byte
-// counts from one 16-byte unit to several grid strides with a ragged remainder, the destination poisoned.
+// The refit benchmark's copy ceiling kernel (cuda/copy_ceiling.h) against memcpy, bitwise: every variant,
+// byte counts from one 16-byte unit to several grid strides with a ragged remainder, the destination
+// poisoned.
+#include "cuda/copy_ceiling.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <random>
 #include <vector>
 
-#include "cuda/copy_ceiling.h"
 #include "gpu_test_util.h"
 
 namespace mxq::cuda::test {
@@ -25,7 +27,8 @@ TEST(CopyCeiling, CopiesEveryByte) {
       auto dst = DeviceBuffer::alloc(static_cast<size_t>(bytes));
       ASSERT_TRUE(src && dst);
       ASSERT_EQ(cudaMemset(dst->as(), 0xA5, static_cast<size_t>(bytes)), cudaSuccess);
-      ASSERT_EQ(launch_copy_ceiling(dst->as<uint8_t>(), src->as<uint8_t>(), bytes, variant, nullptr), cudaSuccess);
+      ASSERT_EQ(launch_copy_ceiling(dst->as<uint8_t>(), src->as<uint8_t>(), bytes, variant, nullptr),
+                cudaSuccess);
       std::vector<uint8_t> back(host.size());
       ASSERT_EQ(cudaMemcpy(back.data(), dst->as(), back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
       EXPECT_TRUE(back == host);

@@ -396,9 +396,11 @@ TEST(CudaWeightMemory, WriteTensorsBatchManyTilesPerBlock) {
       ASSERT_TRUE(buf);
       const size_t soff = (vb + 15) / 16 * 16;
       ASSERT_EQ(cudaMemcpy(buf->as<uint8_t>(), both.data(), vb, cudaMemcpyHostToDevice), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(buf->as<uint8_t>() + soff, cs.data(), cs.size(), cudaMemcpyHostToDevice), cudaSuccess);
-      jobs[k] = {"t", &specs[k].values, {buf->as<uint8_t>(), vb}, dv[k], &specs[k].scales,
-                 {buf->as<uint8_t>() + soff, cs.size()}, ds[k], &sums[k]};
+      ASSERT_EQ(cudaMemcpy(buf->as<uint8_t>() + soff, cs.data(), cs.size(), cudaMemcpyHostToDevice),
+                cudaSuccess);
+      jobs[k] = {"t",   &specs[k].values, {buf->as<uint8_t>(), vb},
+                 dv[k], &specs[k].scales, {buf->as<uint8_t>() + soff, cs.size()},
+                 ds[k], &sums[k]};
       src.push_back(std::move(*buf));
       ASSERT_EQ(cudaMemset(dv[k].data(), 0xA5, dv[k].size()), cudaSuccess);
       ASSERT_EQ(cudaMemset(ds[k].data(), 0xA5, ds[k].size()), cudaSuccess);
