@@ -49,7 +49,6 @@ constexpr int kPairs = 16;   // 1 KiB chunks per warp and tile, one per lane pai
 constexpr int kStripes = 8;  // stripes per lane: 2k + h
 static_assert(kBatchTileBytes == uint64_t{kWarps} * kPairs * 1024, "a tile is one chunk per lane pair");
 constexpr int kStageBlocks = 64, kStages = 4;  // chain: block sums staged per ring slot, ring slots
-constexpr int kChainBatch = 16;                // chain: sums read into registers ahead of their steps
 
 // Secret words for keys whose index is known at compile time (after unrolling): constant-bank operands.
 // kStep[j] = kWord[j] ^ kWord[j + 1]: the odd lane of a pair gets word j + 1 as kWord[j] ^ (mask & kStep[j]).
@@ -292,22 +291,13 @@ __device__ void chain(const BatchTensorDevice& t, bool write, uint64_t* out,
       const uint64_t* cur = ring[b % kStages] + i;
       const int n = stage_blocks(b);
       // note: scramble_add folds the next block's sum into the multiply of this one (the dependent path is
-      // shift, xor, one wide multiply-add); the stage's last scramble adds nothing. A whole stage reads its
-      // sums 16 at a time into registers before the 16 dependent steps, so no step waits on a shared-memory
-      // load (a load per step would add its latency to every step of the chain).
-      uint64_t v = acc;
+      // shift, xor, one wide multiply-add); the stage's last scramble adds nothing. (Reading a stage's sums
+      // into registers 16 at a time ahead of their steps measured no faster: bench/RESULTS.md, session 6.)
+      uint64_t v = acc + cur[0];
       if (n == kStageBlocks) {
-#pragma unroll 1
-        for (int a0 = 0; a0 < kStageBlocks; a0 += kChainBatch) {
-          uint64_t next[kChainBatch];
-#pragma unroll
-          for (int j = 0; j < kChainBatch; ++j) next[j] = cur[(a0 + j) * 8];
-#pragma unroll
-          for (int j = 0; j < kChainBatch; ++j)
-            v = a0 + j == 0 ? v + next[0] : x::scramble_add(v, key, next[j]);
-        }
+#pragma unroll 16
+        for (int a = 1; a < kStageBlocks; ++a) v = x::scramble_add(v, key, cur[a * 8]);
       } else {
-        v += cur[0];
         for (int a = 1; a < n; ++a) v = x::scramble_add(v, key, cur[a * 8]);
       }
       acc = x::scramble_add(v, key, 0);
