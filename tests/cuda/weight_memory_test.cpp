@@ -22,6 +22,11 @@ namespace {
 
 using test::fresh_seed;
 
+// A tensor's two plane layouts.
+struct Spec {
+  PlaneLayout values, scales;
+};
+
 std::vector<uint8_t> random_bytes(std::mt19937_64& rng, size_t n) {
   std::vector<uint8_t> v(n);
   for (auto& b : v) b = static_cast<uint8_t>(rng());
@@ -221,9 +226,6 @@ TEST(CudaWeightMemory, WriteTensorsBatchMatchesHost) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
-  struct Spec {
-    PlaneLayout values, scales;
-  };
   std::vector<Spec> specs;
   // GEMV (4x4 word transpose) shapes, incl. a K with a partial last group and a multi-batch chain; rows of
   // 64 and 320 bytes (a lane's stripes step across 1 or 2 rows), many tiles with a ragged scales tail
@@ -349,9 +351,6 @@ TEST(CudaWeightMemory, WriteTensorsBatchManyTilesPerBlock) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
-  struct Spec {
-    PlaneLayout values, scales;
-  };
   std::vector<Spec> specs;
   for (int k = 0; k < 40; ++k) {
     if (k % 9 == 4) {
@@ -432,9 +431,6 @@ TEST(CudaWeightMemory, IncrementalChecksumsFollowSparseWrites) {
   o.incremental_checksums = true;
   auto dev = cuda_weight_memory(o);
   ASSERT_TRUE(dev);
-  struct Spec {
-    PlaneLayout values, scales;
-  };
   std::vector<Spec> specs = {
       {gemv_values_layout(64, 1024), make_layout(rng, 64, 32, 0, 0)},
       {make_layout(rng, 128, 256, 4, 0), make_layout(rng, 128, 16, 0, 0)},
