@@ -108,6 +108,19 @@ MXQ_REFIT_HD inline bool batch_eligible(const DevicePlane& values, const DeviceP
 cudaError_t launch_refit_batch(bool write, bool staged, const BatchTensorDevice* tensors, int count,
                                uint32_t total_tiles, uint32_t* tile_map, unsigned* counters, uint64_t* out,
                                cudaStream_t stream);
+// The write mode of launch_refit_batch by warps (refit_write_warp.cu): one warp a 4 KiB unit, 16 a tile;
+// the same bytes, sums and checksums, the same scratch. Every plane identity or transpose4
+// (batch_warp_plane_ok); at most kMaxWarpTiles tiles (the grid is 16 blocks a tile); counters: count +
+// total_tiles words (one a tensor, one a tile).
+inline constexpr uint32_t kMaxWarpTiles = 0x7FFFFFFFu / 16;
+MXQ_REFIT_HD inline bool batch_warp_plane_ok(const DevicePlane& p) {
+  return p.bytes() == 0 || p.identity() || p.transpose4;
+}
+cudaError_t launch_refit_warp(const BatchTensorDevice* tensors, int count, uint32_t total_tiles,
+                              uint32_t* tile_map, unsigned* counters, uint64_t* out, cudaStream_t stream);
+// tile_map[g] = the tensor whose tiles hold grid tile g (tensors in first_tile order), for the kernels above.
+cudaError_t launch_fill_tile_map(const BatchTensorDevice* tensors, int count, uint32_t total_tiles,
+                                 uint32_t* tile_map, cudaStream_t stream);
 // Chains only (hash mode, tails from the live planes): out[k] from tensors[k].sums as they stand (the
 // incremental checksum: sums kept current by launch_sum_delta). One thread block per tensor.
 cudaError_t launch_refit_chains(const BatchTensorDevice* tensors, int count, uint64_t* out,

@@ -36,6 +36,7 @@ class CudaWeightMemory final : public WeightMemory {
         incremental_(o.incremental_checksums && o.batched_kernels),
         batched_(o.batched_kernels),
         staged_(o.staged_full_write),
+        warp_(o.warp_full_write),
         stage_cap_(o.host_stage_bytes),
         keep_(o.scratch_keep_bytes) {}
   ~CudaWeightMemory() override {
@@ -79,6 +80,7 @@ class CudaWeightMemory final : public WeightMemory {
   cudaStream_t stream() const { return stream_; }
   void set_reread(bool r) { reread_ = r; }
   void set_staged(bool on) { staged_ = on; }
+  void set_warp(bool on) { warp_ = on; }
   void set_incremental(bool on) {
     incremental_ = on && batched_;
     if (!on)
@@ -569,7 +571,7 @@ class CudaWeightMemory final : public WeightMemory {
     if (tiles > 0xFFFFFFFFull) return fail("a checksum batch of {} tiles (at most 2^32 - 1)", tiles);
     const size_t n = dev.size();
     const size_t tensor_bytes = up16(n * sizeof(BatchTensorDevice)), map_bytes = up16(tiles * 4),
-                 counter_bytes = up16(n * 4), out_bytes = up16(n * 8), sum_bytes = blocks * 64;
+                 counter_bytes = up16((n + tiles) * 4), out_bytes = up16(n * 8), sum_bytes = blocks * 64;
     const size_t need = tensor_bytes + map_bytes + counter_bytes + out_bytes + sum_bytes;
     if (meta_.bytes() < need) {
       MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -588,8 +590,17 @@ class CudaWeightMemory final : public WeightMemory {
       dev[k].sums = kept[k] ? kept[k]->sums.as<uint64_t>() : d_sums + first_block[k] * 8;
     MXQ_CUDA_CHECK(cudaMemcpyAsync(d_tensors, dev.data(), n * sizeof(BatchTensorDevice),
                                    cudaMemcpyHostToDevice, stream_));
+    // note: the warp write takes identity and GEMV transpose4 planes; a batch with another layout (or past
+    // its tile cap) takes refit_batch.cu's kernels.
+    const bool by_warps = mode == Mode::kWrite && warp_ && tiles <= kMaxWarpTiles &&
+                          std::all_of(dev.begin(), dev.end(), [](const BatchTensorDevice& d) {
+                            return batch_warp_plane_ok(d.values) && batch_warp_plane_ok(d.scales);
+                          });
     if (mode == Mode::kChains)
       MXQ_CUDA_CHECK(launch_refit_chains(d_tensors, static_cast<int>(n), d_out, stream_));
+    else if (by_warps)
+      MXQ_CUDA_CHECK(launch_refit_warp(d_tensors, static_cast<int>(n), static_cast<uint32_t>(tiles), d_map,
+                                       d_counters, d_out, stream_));
     else
       MXQ_CUDA_CHECK(launch_refit_batch(mode == Mode::kWrite, staged_, d_tensors, static_cast<int>(n),
                                         static_cast<uint32_t>(tiles), d_map, d_counters, d_out, stream_));
@@ -776,7 +787,7 @@ class CudaWeightMemory final : public WeightMemory {
   cudaStream_t stream_ = nullptr;
   bool own_stream_ = false;
   size_t limit_ = SIZE_MAX, scratch_used_ = 0;
-  bool reread_ = false, incremental_ = false, batched_ = true, staged_ = true;
+  bool reread_ = false, incremental_ = false, batched_ = true, staged_ = true, warp_ = true;
   std::map<const uint8_t*, SumRecord> records_;  // by values plane
   std::map<const uint8_t*, std::pair<const uint8_t*, uint64_t>>
       record_of_;  // plane -> (values plane, stream offset)
@@ -816,6 +827,10 @@ void set_incremental_checksums(WeightMemory& memory, bool on) {
 
 void set_staged_full_write(WeightMemory& memory, bool on) {
   if (auto* m = dynamic_cast<CudaWeightMemory*>(&memory)) m->set_staged(on);
+}
+
+void set_warp_full_write(WeightMemory& memory, bool on) {
+  if (auto* m = dynamic_cast<CudaWeightMemory*>(&memory)) m->set_warp(on);
 }
 
 size_t scratch_in_use(const WeightMemory& memory) {

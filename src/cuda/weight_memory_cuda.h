@@ -42,6 +42,10 @@ struct CudaMemoryOptions {
   // stored in whole lines (refit_batch.cu "Staged write"): same bytes and sums; measured 4.63 ms against
   // 5.16 ms for the plain kernel on 7.16 GB (bench/RESULTS.md, 2026-11-30 refit5). false: the plain kernel.
   bool staged_full_write = true;
+  // Batched full writes whose planes are all identity or GEMV transpose4 run one warp per 4 KiB
+  // (refit_write_warp.cu) instead of one 4-warp block per 64 KiB tile: same bytes and sums (bench/RESULTS.md,
+  // session 7). Takes precedence over staged_full_write; other batches take that kernel.
+  bool warp_full_write = true;
   // false: full writes and checksums take the per-plane kernels and the two-kernel hash of the previous
   // path (refit_plane.cu, xxh3_checksum.cu) instead of refit_batch.cu (a fallback; slower).
   bool batched_kernels = true;
@@ -59,6 +63,8 @@ void set_checksum_from_live(WeightMemory& memory, bool reread);
 void set_incremental_checksums(WeightMemory& memory, bool on);
 // CudaMemoryOptions::staged_full_write of a live CUDA weight memory (no effect on any other memory).
 void set_staged_full_write(WeightMemory& memory, bool on);
+// CudaMemoryOptions::warp_full_write of a live CUDA weight memory (no effect on any other memory).
+void set_warp_full_write(WeightMemory& memory, bool on);
 // Scratch bytes of a CUDA weight memory handed out and not freed, and bytes its scratch pool holds reserved
 // (handed out or kept for reuse); 0 for any other memory.
 size_t scratch_in_use(const WeightMemory& memory);

@@ -248,6 +248,9 @@ TEST(CudaWeightMemory, WriteTensorsBatchMatchesHost) {
   // Identity planes over several tiles: values 70 KiB (the second tile mostly empty), scales a tail of
   // less than one block.
   specs.push_back({make_layout(rng, 1, 70 * 1024, 0, 0), make_layout(rng, 1, 1008, 0, 0)});
+  // note: the specs so far are identity or GEMV transpose4 planes: a batch of only those takes the warp
+  // write (refit_write_warp.cu); the separable planes below send a batch to refit_batch.cu.
+  const size_t warp_eligible = specs.size();
   // Random separable planes of every run, identity planes, scales of 16-byte multiples or not, padding.
   for (int run : {16, 8, 4, 2, 1, 0})
     for (int64_t rows : {int64_t{7}, int64_t{64}}) {
@@ -260,100 +263,109 @@ TEST(CudaWeightMemory, WriteTensorsBatchMatchesHost) {
   specs.push_back({make_layout(rng, 64, 256, 4, 16), make_layout(rng, 64, 16, 0, 0)});  // padded native
   specs.push_back({make_layout(rng, 4, 256, 4, 0), make_layout(rng, 0, 0, 0, 0)});      // no scales
   struct Mode {
-    bool reread, batched, staged;
+    bool reread, batched, staged, warp;
   };
-  for (auto [reread, batched, staged] :
-       {Mode{false, true, false}, {false, true, true}, {true, true, false}, {false, false, false}}) {
-    for (bool device_src : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << "checksum_from_live " << reread << ", batched " << batched
-                                        << ", staged " << staged << ", device sources " << device_src);
-      CudaMemoryOptions o;
-      o.checksum_from_live = reread;
-      o.batched_kernels = batched;
-      o.staged_full_write = staged;
-      o.host_stage_bytes = 1 << 20;  // several staging groups
-      auto dev = cuda_weight_memory(o);
-      ASSERT_TRUE(dev);
-      auto host = host_weight_memory();
-      const size_t n = specs.size();
-      std::vector<std::span<uint8_t>> hv(n), hs(n), dv(n), ds(n);
-      std::vector<std::vector<uint8_t>> cv(n), cs(n);
-      std::vector<DeviceBuffer> src;
-      std::vector<TensorWriteJob> jobs(n);
-      std::vector<uint64_t> sums(n, 0);
-      for (size_t k = 0; k < n; ++k) {
-        auto a = host->allocate_plane(specs[k].values), b = host->allocate_plane(specs[k].scales);
-        auto c = (*dev)->allocate_plane(specs[k].values), d = (*dev)->allocate_plane(specs[k].scales);
-        ASSERT_TRUE(a && b && c && d);
-        hv[k] = *a, hs[k] = *b, dv[k] = *c, ds[k] = *d;
-        cv[k] = random_bytes(rng, static_cast<size_t>(specs[k].values.canonical.bytes()));
-        cs[k] = random_bytes(rng, static_cast<size_t>(specs[k].scales.canonical.bytes()));
-        ASSERT_TRUE(host->write_plane(specs[k].values, cv[k], hv[k]));
-        ASSERT_TRUE(host->write_plane(specs[k].scales, cs[k], hs[k]));
-        std::span<const uint8_t> sv = cv[k], ss = cs[k];
-        if (device_src) {
-          // note: tensor 1 gets a source off 16-byte alignment (the plane-by-plane path).
-          const size_t shift = k == 1 ? 1 : 0;
-          auto buf = DeviceBuffer::alloc(cv[k].size() + cs[k].size() + 32);
-          ASSERT_TRUE(buf);
-          uint8_t* at = buf->as<uint8_t>() + shift;
-          const size_t soff = (cv[k].size() + shift + 15) / 16 * 16 - shift;
-          if (!cv[k].empty()) {
-            ASSERT_EQ(cudaMemcpy(at, cv[k].data(), cv[k].size(), cudaMemcpyHostToDevice), cudaSuccess);
+  for (auto [reread, batched, staged, warp] : {Mode{false, true, false, false},
+                                               {false, true, true, false},
+                                               {true, true, false, false},
+                                               {false, false, false, false},
+                                               {false, true, true, true},
+                                               {true, true, true, true}})
+    for (size_t n : {specs.size(), warp_eligible})
+      for (bool device_src : {true, false}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "checksum_from_live " << reread << ", batched " << batched << ", staged " << staged
+                     << ", warp " << warp << ", tensors " << n << ", device sources " << device_src);
+        CudaMemoryOptions o;
+        o.checksum_from_live = reread;
+        o.batched_kernels = batched;
+        o.staged_full_write = staged;
+        o.warp_full_write = warp;
+        o.host_stage_bytes = 1 << 20;  // several staging groups
+        auto dev = cuda_weight_memory(o);
+        ASSERT_TRUE(dev);
+        auto host = host_weight_memory();
+        std::vector<std::span<uint8_t>> hv(n), hs(n), dv(n), ds(n);
+        std::vector<std::vector<uint8_t>> cv(n), cs(n);
+        std::vector<DeviceBuffer> src;
+        std::vector<TensorWriteJob> jobs(n);
+        std::vector<uint64_t> sums(n, 0);
+        for (size_t k = 0; k < n; ++k) {
+          auto a = host->allocate_plane(specs[k].values), b = host->allocate_plane(specs[k].scales);
+          auto c = (*dev)->allocate_plane(specs[k].values), d = (*dev)->allocate_plane(specs[k].scales);
+          ASSERT_TRUE(a && b && c && d);
+          hv[k] = *a, hs[k] = *b, dv[k] = *c, ds[k] = *d;
+          cv[k] = random_bytes(rng, static_cast<size_t>(specs[k].values.canonical.bytes()));
+          cs[k] = random_bytes(rng, static_cast<size_t>(specs[k].scales.canonical.bytes()));
+          ASSERT_TRUE(host->write_plane(specs[k].values, cv[k], hv[k]));
+          ASSERT_TRUE(host->write_plane(specs[k].scales, cs[k], hs[k]));
+          std::span<const uint8_t> sv = cv[k], ss = cs[k];
+          if (device_src) {
+            // note: tensor 1 gets a source off 16-byte alignment (the plane-by-plane path).
+            const size_t shift = k == 1 ? 1 : 0;
+            auto buf = DeviceBuffer::alloc(cv[k].size() + cs[k].size() + 32);
+            ASSERT_TRUE(buf);
+            uint8_t* at = buf->as<uint8_t>() + shift;
+            const size_t soff = (cv[k].size() + shift + 15) / 16 * 16 - shift;
+            if (!cv[k].empty()) {
+              ASSERT_EQ(cudaMemcpy(at, cv[k].data(), cv[k].size(), cudaMemcpyHostToDevice), cudaSuccess);
+            }
+            if (!cs[k].empty()) {
+              ASSERT_EQ(cudaMemcpy(at + soff, cs[k].data(), cs[k].size(), cudaMemcpyHostToDevice),
+                        cudaSuccess);
+            }
+            sv = {at, cv[k].size()}, ss = {at + soff, cs[k].size()};
+            src.push_back(std::move(*buf));
           }
-          if (!cs[k].empty()) {
-            ASSERT_EQ(cudaMemcpy(at + soff, cs[k].data(), cs[k].size(), cudaMemcpyHostToDevice), cudaSuccess);
+          jobs[k] = {"t", &specs[k].values, sv, dv[k], &specs[k].scales, ss, ds[k], &sums[k]};
+        }
+        // Poison the live planes first: every byte must come from this write.
+        for (size_t k = 0; k < n; ++k) {
+          if (!dv[k].empty()) {
+            ASSERT_EQ(cudaMemset(dv[k].data(), 0xA5, dv[k].size()), cudaSuccess);
           }
-          sv = {at, cv[k].size()}, ss = {at + soff, cs[k].size()};
-          src.push_back(std::move(*buf));
+          if (!ds[k].empty()) {
+            ASSERT_EQ(cudaMemset(ds[k].data(), 0xA5, ds[k].size()), cudaSuccess);
+          }
         }
-        jobs[k] = {"t", &specs[k].values, sv, dv[k], &specs[k].scales, ss, ds[k], &sums[k]};
-      }
-      // Poison the live planes first: every byte must come from this write.
-      for (size_t k = 0; k < n; ++k) {
-        if (!dv[k].empty()) {
-          ASSERT_EQ(cudaMemset(dv[k].data(), 0xA5, dv[k].size()), cudaSuccess);
+        ASSERT_TRUE((*dev)->write_tensors(jobs));
+        for (size_t k = 0; k < n; ++k) {
+          std::vector<uint8_t> both = cv[k];
+          both.insert(both.end(), cs[k].begin(), cs[k].end());
+          EXPECT_EQ(sums[k], XXH3_64bits(both.data(), both.size()))
+              << "tensor " << k << ", " << both.size() << " bytes";
+          EXPECT_EQ(download_span(dv[k]), std::vector<uint8_t>(hv[k].begin(), hv[k].end()))
+              << "values of tensor " << k;
+          EXPECT_EQ(download_span(ds[k]), std::vector<uint8_t>(hs[k].begin(), hs[k].end()))
+              << "scales of tensor " << k;
         }
-        if (!ds[k].empty()) {
-          ASSERT_EQ(cudaMemset(ds[k].data(), 0xA5, ds[k].size()), cudaSuccess);
+        std::vector<uint64_t> again(n, 0);
+        std::vector<ChecksumJob> cj;
+        for (size_t k = 0; k < n; ++k)
+          cj.push_back({&specs[k].values, dv[k], &specs[k].scales, ds[k], &again[k]});
+        ASSERT_TRUE((*dev)->checksums(cj));
+        EXPECT_EQ(again, sums) << "hash of the live planes";
+        for (size_t k = 0; k < n; ++k) {
+          host->free_plane(hv[k]), host->free_plane(hs[k]);
+          (*dev)->free_plane(dv[k]), (*dev)->free_plane(ds[k]);
         }
       }
-      ASSERT_TRUE((*dev)->write_tensors(jobs));
-      for (size_t k = 0; k < n; ++k) {
-        std::vector<uint8_t> both = cv[k];
-        both.insert(both.end(), cs[k].begin(), cs[k].end());
-        EXPECT_EQ(sums[k], XXH3_64bits(both.data(), both.size()))
-            << "tensor " << k << ", " << both.size() << " bytes";
-        EXPECT_EQ(download_span(dv[k]), std::vector<uint8_t>(hv[k].begin(), hv[k].end()))
-            << "values of tensor " << k;
-        EXPECT_EQ(download_span(ds[k]), std::vector<uint8_t>(hs[k].begin(), hs[k].end()))
-            << "scales of tensor " << k;
-      }
-      std::vector<uint64_t> again(n, 0);
-      std::vector<ChecksumJob> cj;
-      for (size_t k = 0; k < n; ++k)
-        cj.push_back({&specs[k].values, dv[k], &specs[k].scales, ds[k], &again[k]});
-      ASSERT_TRUE((*dev)->checksums(cj));
-      EXPECT_EQ(again, sums) << "hash of the live planes";
-      for (size_t k = 0; k < n; ++k) {
-        host->free_plane(hv[k]), host->free_plane(hs[k]);
-        (*dev)->free_plane(dv[k]), (*dev)->free_plane(ds[k]);
-      }
-    }
-  }
 }
 
 // A full write of a batch of ~1600 tiles (three waves of resident blocks): tiles of unstaged planes
 // (separable, GEMV rows apart) between staged ones, chains run while later tensors' tiles stream; bytes
 // against the host memory, checksums against libxxhash, twice over the same buffers (the counters start
-// again).
-TEST(CudaWeightMemory, WriteTensorsBatchManyTilesPerBlock) {
+// again). Then the same with no separable plane (~26000 warps of the warp write, refit_write_warp.cu).
+class WriteTensorsBatchManyTiles : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(CudaWeightMemory, WriteTensorsBatchManyTiles, ::testing::Bool());
+TEST_P(WriteTensorsBatchManyTiles, MatchesHostTwice) {
+  const bool warp_only = GetParam();
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << ", warp write only " << warp_only);
   std::mt19937_64 rng(seed);
   std::vector<Spec> specs;
   for (int k = 0; k < 40; ++k) {
-    if (k % 9 == 4) {
+    if (k % 9 == 4 && !warp_only) {
       specs.push_back({make_layout(rng, 4096, 256, 4, 0), make_layout(rng, 4096, 8, 0, 0)});
     } else if (k % 13 == 6) {
       PlaneLayout l = gemv_values_layout(256, 4096);

@@ -79,6 +79,38 @@ TEST(Xxh3Terms, PairStripeSumsGiveTheHash) {
   }
 }
 
+// Block sums the way refit_stream.cu forms them: lane l of a warp holds bytes 16l..16l+15 of each 512-byte
+// half of a block (stripe s = 8·half + l / 4, its words 2u and 2u + 1, u = l % 4, keys secret words s + 2u
+// and s + 2u + 1); sum 2u (2u + 1) of the block is the sum over the halves and the 8 lanes of equal u.
+std::vector<uint64_t> lane_block_sums(const std::vector<uint8_t>& in) {
+  const uint64_t blocks = full_blocks(in.size());
+  std::vector<uint64_t> sums(blocks * 8, 0);
+  for (uint64_t blk = 0; blk < blocks; ++blk)
+    for (int lane = 31; lane >= 0; --lane) {  // note: any order
+      const int u = lane % 4;
+      uint64_t a0 = 0, a1 = 0;
+      for (int half = 0; half < 2; ++half) {
+        const uint64_t q =
+            blk * kBlockBytes + 512 * static_cast<uint64_t>(half) + 16 * static_cast<uint64_t>(lane);
+        const int j = 8 * half + lane / 4 + 2 * u;
+        unit_terms(word_at(in, q), word_at(in, q + 8), secret_word(j), secret_word(j + 1), a0, a1);
+      }
+      sums[blk * 8 + static_cast<uint64_t>(2 * u)] += a0;
+      sums[blk * 8 + static_cast<uint64_t>(2 * u + 1)] += a1;
+    }
+  return sums;
+}
+
+TEST(Xxh3Terms, LaneSumsOfTheStreamingWriteGiveTheHash) {
+  std::mt19937_64 rng(std::random_device{}());
+  for (uint64_t len : {1040ull, 2048ull, 4096ull + 48, 65536ull, 131072ull + 1024 + 16}) {
+    std::vector<uint8_t> in(len);
+    for (auto& b : in) b = static_cast<uint8_t>(rng());
+    EXPECT_EQ(lane_block_sums(in), unit_block_sums(in)) << len;
+    EXPECT_EQ(finish(in, lane_block_sums(in)), XXH3_64bits(in.data(), len)) << len;
+  }
+}
+
 TEST(Xxh3Terms, ScrambleAddIsScramblePlusNext) {
   std::mt19937_64 rng(std::random_device{}());
   for (int n = 0; n < 100000; ++n) {
