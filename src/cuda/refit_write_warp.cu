@@ -26,6 +26,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/refit_launch.h"
 #include "cuda/refit_tile.cuh"
@@ -100,14 +102,58 @@ __device__ __forceinline__ void warp_chain(const BatchTensorDevice& t, uint64_t*
   if (lane < 8) chain_finish(t, true, acc, i, out);
 }
 
+// Study variant (MXQ_REFIT_WARP_CHAIN=ring): the chain through a 6-stage shared-memory ring fed by cp.async.
+constexpr int kRingStages = 6, kRingBlocks = 16;
+__device__ __forceinline__ void ring_chain(const BatchTensorDevice& t, uint64_t* out,
+                                           uint64_t (*ring)[kRingBlocks * 8]) {
+  const int lane = static_cast<int>(threadIdx.x), i = lane & 7;
+  const uint64_t blocks = x::full_blocks(t.len);
+  const uint64_t stages = (blocks + kRingBlocks - 1) / kRingBlocks;
+  auto stage_blocks = [&](uint64_t b) {
+    const uint64_t left = blocks - b * kRingBlocks;
+    return static_cast<int>(left < kRingBlocks ? left : kRingBlocks);
+  };
+  auto issue = [&](uint64_t b) {
+    if (b < stages) {
+      const int pieces = stage_blocks(b) * 4;
+      const uint64_t* from = t.sums + b * kRingBlocks * 8;
+      uint64_t* to = ring[b % kRingStages];
+      for (int e = lane; e < pieces; e += 32) cp_async16(to + 2 * e, from + 2 * e);
+    }
+    cp_async_commit();
+  };
+  for (int b = 0; b < kRingStages - 1; ++b) issue(static_cast<uint64_t>(b));
+  uint64_t acc = x::init_acc(i);
+  const uint64_t key = x::scramble_key(i);
+  for (uint64_t b = 0; b < stages; ++b) {
+    cp_async_wait<kRingStages - 2>();
+    __syncwarp();
+    issue(b + kRingStages - 1);
+    const uint64_t* cur = ring[b % kRingStages] + i;
+    const int n = stage_blocks(b);
+    uint64_t v = acc + cur[0];
+    if (n == kRingBlocks) {
+#pragma unroll
+      for (int a = 1; a < kRingBlocks; ++a) v = x::scramble_add(v, key, cur[a * 8]);
+    } else {
+      for (int a = 1; a < n; ++a) v = x::scramble_add(v, key, cur[a * 8]);
+    }
+    acc = x::scramble_add(v, key, 0);
+  }
+  cp_async_wait<0>();
+  if (lane < 8) chain_finish(t, true, acc, i, out);
+}
+
 __device__ __forceinline__ unsigned add_release(unsigned* at) {
   unsigned before;
   asm volatile("atom.release.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(at) : "memory");
   return before;
 }
 
-// counters: count tensor counters, then one a tile.
-__global__ void __launch_bounds__(32)
+// counters: count tensor counters, then one a tile. kChain: 0 register rows, 1 ring, 2 none (no counting
+// either: the chains run after, launch_refit_chains).
+template <int kChain>
+__global__ void __launch_bounds__(32, 32)
     refit_write_warp(const BatchTensorDevice* tensors, int count, const uint32_t* tile_map,
                      unsigned* counters, uint64_t* out) {
   const uint32_t tile = blockIdx.x / kUnitsPerTile;
@@ -171,7 +217,7 @@ __global__ void __launch_bounds__(32)
   // completes a tile adds to the tensor's (16 sub-counters a tensor measured 5.7-6.0 ms, session 7).
   __syncwarp();
   unsigned before = 0;
-  if (lane == 0) before = add_release(counters + count + tile);
+  if (kChain != 2 && lane == 0) before = add_release(counters + count + tile);
   if (q0 < bytes) {
     const bool contiguous = p.identity() || p.rows_contiguous;
     uint8_t* base = p.native + (p.identity() ? 0 : (contiguous ? p.row_off[0] : 0));
@@ -192,6 +238,7 @@ __global__ void __launch_bounds__(32)
       __stcs(reinterpret_cast<uint4*>(at), w);
     }
   }
+  if (kChain == 2) return;
   before = __shfl_sync(0xFFFFFFFFu, before, 0);
   if (before != kUnitsPerTile - 1) return;
   __threadfence();
@@ -199,7 +246,12 @@ __global__ void __launch_bounds__(32)
   before = __shfl_sync(0xFFFFFFFFu, before, 0);
   if (before != t.tiles - 1) return;
   __threadfence();
-  warp_chain(t, out + k);
+  if constexpr (kChain == 1) {
+    __shared__ __align__(16) uint64_t ring[kRingStages][kRingBlocks * 8];
+    ring_chain(t, out + k, ring);
+  } else {
+    warp_chain(t, out + k);
+  }
 }
 
 }  // namespace
@@ -212,8 +264,21 @@ cudaError_t launch_refit_warp(const BatchTensorDevice* tensors, int count, uint3
           cudaMemsetAsync(counters, 0, sizeof(unsigned) * (static_cast<size_t>(count) + total_tiles), stream))
     return e;
   if (cudaError_t e = launch_fill_tile_map(tensors, count, total_tiles, tile_map, stream)) return e;
-  refit_write_warp<<<total_tiles * kUnitsPerTile, 32, 0, stream>>>(tensors, count, tile_map, counters, out);
-  return cudaGetLastError();
+  // Study switch (session 7): MXQ_REFIT_WARP_CHAIN = rows (default) | ring | after.
+  static const int chain = [] {
+    const char* e = std::getenv("MXQ_REFIT_WARP_CHAIN");
+    return !e ? 0 : std::strcmp(e, "ring") == 0 ? 1 : std::strcmp(e, "after") == 0 ? 2 : 0;
+  }();
+  const unsigned grid = total_tiles * kUnitsPerTile;
+  if (chain == 1)
+    refit_write_warp<1><<<grid, 32, 0, stream>>>(tensors, count, tile_map, counters, out);
+  else if (chain == 2)
+    refit_write_warp<2><<<grid, 32, 0, stream>>>(tensors, count, tile_map, counters, out);
+  else
+    refit_write_warp<0><<<grid, 32, 0, stream>>>(tensors, count, tile_map, counters, out);
+  if (cudaError_t e = cudaGetLastError()) return e;
+  if (chain == 2) return launch_refit_chains(tensors, count, out, stream);
+  return cudaSuccess;
 }
 
 }  // namespace mxq::cuda
