@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -270,6 +271,24 @@ cudaError_t launch_refit_warp(const BatchTensorDevice* tensors, int count, uint3
     return !e ? 0 : std::strcmp(e, "ring") == 0 ? 1 : std::strcmp(e, "after") == 0 ? 2 : 0;
   }();
   const unsigned grid = total_tiles * kUnitsPerTile;
+  // Study (session 7): MXQ_REFIT_WARP_TIME with chain == after prints the write and the chains apart.
+  static const bool timed = std::getenv("MXQ_REFIT_WARP_TIME") != nullptr;
+  if (timed && chain == 2) {
+    cudaEvent_t ev[3];
+    for (auto& e : ev) cudaEventCreate(&e);
+    cudaEventRecord(ev[0], stream);
+    refit_write_warp<2><<<grid, 32, 0, stream>>>(tensors, count, tile_map, counters, out);
+    cudaEventRecord(ev[1], stream);
+    cudaError_t rc = launch_refit_chains(tensors, count, out, stream);
+    cudaEventRecord(ev[2], stream);
+    cudaEventSynchronize(ev[2]);
+    float w = 0, c = 0;
+    cudaEventElapsedTime(&w, ev[0], ev[1]);
+    cudaEventElapsedTime(&c, ev[1], ev[2]);
+    std::fprintf(stderr, "study: warp write %.3f ms, chains-only kernel %.3f ms\n", w, c);
+    for (auto& e : ev) cudaEventDestroy(e);
+    return rc;
+  }
   if (chain == 1)
     refit_write_warp<1><<<grid, 32, 0, stream>>>(tensors, count, tile_map, counters, out);
   else if (chain == 2)
