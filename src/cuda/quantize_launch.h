@@ -16,7 +16,7 @@ namespace mxq::cuda {
 // default: MXFP8 2, MXFP4 2 below 2^25 elements and 4 from there).
 // ctas_per_sm: FP8-B128 only; 0 = one CTA per 128x128 tile, 1..4 = a grid of ctas_per_sm x SMs CTAs striding
 // over the tiles with the next tile's loads issued before the current tile's reduction; -1 = the measured
-// default: 3 below 4096 tiles, 0 from there (bench/RESULTS.md, 2026-11-30 quant7).
+// default: 3 while the tiles fit one round of it (<= 3 x SMs tiles), else 0 (bench/RESULTS.md, quant7).
 // Another value is refused (cudaErrorInvalidValue).
 struct QuantLaunch {
   int unroll = 0;
