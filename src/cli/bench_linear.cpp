@@ -170,8 +170,9 @@ Status gemv_study(const RotatedWeights& w, const Shape& s, const std::vector<int
   return {};
 }
 
-// FP8-B128 on sm_90a, beside the table's row: our GEMM with each weight-tile width forced (incl. the
-// quantize), and the GEMMs alone on x quantized once (ours, auto tile; cuBLASLt's matmul, M % 4 == 0 only).
+// FP8-B128 on sm_90a, beside the table's row (cuBLASLt): our GEMM (gemm_fp8_b128_sm90.h, not in the table)
+// with its automatic kernel shape and each shape forced (incl. the quantize), and the GEMMs alone on x
+// quantized once (ours, auto shape; cuBLASLt's matmul, M % 4 == 0 only).
 Status fp8_gemm_rows(cuda::LinearContext& ctx, const RotatedWeights& w, const Shape& s,
                      const std::vector<int64_t>& ms, const uint16_t* xp, uint16_t* yp,
                      const std::vector<double>& bf16_us, const std::vector<double>& lt_us, cudaStream_t stream) {
@@ -189,7 +190,8 @@ Status fp8_gemm_rows(cuda::LinearContext& ctx, const RotatedWeights& w, const Sh
       const cuda::LinearWeights lw = w.at(i);
       return cuda::Fp8B128Weights{lw.values, reinterpret_cast<const float*>(lw.scales), w.n, w.k};
     };
-    for (auto [tile, name] : {std::pair{cuda::Fp8GemmTile::kN128, "fp8 sm90 n128"},
+    for (auto [tile, name] : {std::pair{cuda::Fp8GemmTile::kAuto, "fp8 sm90 auto"},
+                              std::pair{cuda::Fp8GemmTile::kN128, "fp8 sm90 n128"},
                               std::pair{cuda::Fp8GemmTile::kN64, "fp8 sm90 n64"},
                               std::pair{cuda::Fp8GemmTile::kN128Pair, "fp8 sm90 pair"}})
       if (Status st = row(name, time_graph(stream, kLaunchesPerGraph, kReps,

@@ -3,8 +3,9 @@
 // x: E4M3 [M, K] row-major with f32 1x128 scales, K-block-major (sx of row r, block b at b·xs_ld + r, what
 // quantize_act_fp8_b128 writes for cuBLASLt); W: the native FP8-B128 layout unchanged (linear_prepare,
 // gemm_fp8_b128_cublaslt.h): E4M3 [N, K] row-major, f32 block scales at nb·ws_ld + kb (rows padded to 4).
-// Shapes: N and K multiples of 128 (others go to cuBLASLt: linear.cpp), any M >= 1 (TMA zero-fills rows
-// past M, their outputs are never stored).
+// Shapes: N and K multiples of 128, any M >= 1 (TMA zero-fills rows past M, their outputs are never stored).
+// Status: correct (GPU tests) but not in the linear table: cuBLASLt measured faster at every M tried
+// (bench/RESULTS.md, fp8gemm7: the GEMM alone at M = 4096 reached 0.73-0.79x of cuBLASLt's TFLOP/s).
 // Tile: 128 x rows (M) x BN W rows (N, 128 or 64), K in 128-wide stages (one scale block a stage).
 // Persistent: grid = min(tiles, SMs); CTA b runs tiles b, b + grid, ... in a raster order that walks N
 // inside groups of 8 M-blocks (the ~132 tiles in flight share 8 x tiles and ~17 W tiles in L2).
@@ -17,10 +18,11 @@
 //   4 x wgmma m64nBNk32 e4m3·e4m3 (both operands from shared memory) into an f32 partial, wait, free the
 //   slot ("empty", one arrive per consumer warp), then promote: acc += partial · sx[row] · sw (DeepGEMM's
 //   fix for the tensor cores' limited-precision FP8 accumulation: at most 128 products accumulate there).
-//   Each warpgroup keeps two partials in flight: stage i+1's wgmmas are issued before stage i is promoted
-//   (and before a finished tile is stored), so promotion and stores overlap the tensor cores' work.
-//   bf16 epilogue from registers.
+//   While one warpgroup promotes, the other's wgmmas keep the tensor cores busy. bf16 epilogue from registers.
 // note: W's scale (one float per stage, the same for the whole tile) is read from global (L1) one stage ahead.
+// note: a variant with two partials in flight per warpgroup (stage i+1's wgmmas issued before stage i is
+// promoted, stores overlapping the next tile; ptxas kept it asynchronous) measured 5-20% slower at M = 4096
+// (bench/RESULTS.md, fp8gemm7 call 2): it holds each slot until the next stage has landed.
 #include <cuda.h>
 #include <cuda_bf16.h>
 
@@ -96,8 +98,8 @@ __device__ __forceinline__ void wgmma_e4m3_m64n64k32(float (&d)[32], uint64_t da
 }
 
 // Cluster helpers for the paired (kPair) kernel: this CTA's rank in its cluster, a TMA whose box lands at the
-// same shared offset in every CTA of `mask` (each CTA's barrier at bar's offset gets the bytes), the address of
-// the barrier at bar's offset in CTA `rank` and an arrive on it, and a cluster-wide barrier.
+// same shared offset in every CTA of `mask` (each CTA's barrier at bar's offset gets the bytes), an arrive on
+// the barrier at bar's offset in CTA `rank`, and a cluster-wide barrier.
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -111,13 +113,12 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
       "l"(map), "r"(c0), "r"(c1), "r"(gemm::smem_addr(bar)), "h"(mask)
       : "memory");
 }
-__device__ __forceinline__ uint32_t cluster_map(const uint64_t* bar, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(gemm::smem_addr(bar)), "r"(rank));
-  return remote;
-}
-__device__ __forceinline__ void mbar_arrive_remote(uint32_t remote) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
+  asm volatile(
+      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
+      " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(gemm::smem_addr(bar)),
+      "r"(rank)
+      : "memory");
 }
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\n barrier.cluster.wait.acquire;" ::: "memory");
@@ -186,55 +187,44 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int c = wg - 1, warp = (threadIdx.x / 32) % 4, g = lane / 4, t4 = lane % 4;
     const int lr = 64 * c + 16 * warp + g;  // this thread's first x row in the tile (the second: lr + 8)
-    // The CTA's stages as one stream: stage i is k-block i % kblocks of its (i / kblocks)-th unit; it sits in
-    // ring slot i % kS (the producer walks the same stream).
-    const int total = (units > first ? (units - first + step - 1) / step : 0) * kblocks;
-    auto unit_tile = [&](int i, int& tm, int& tn) {
-      int um;
-      tile_coords(first + (i / kblocks) * step, unit_m, nblocks, um, tn);
-      tm = kPair ? 2 * um + rank : um;
-    };
-    float acc[kAcc], p0[kAcc], p1[kAcc], sw0 = 0.f, sw1 = 0.f;
+    float acc[kAcc], part[kAcc];
+    int it = 0;
+    for (int u = first; u < units; u += step) {
+      int um, tn;
+      tile_coords(u, unit_m, nblocks, um, tn);
+      const int tm = kPair ? 2 * um + rank : um;
+      const float* sw_row = wsc + static_cast<int64_t>(tn * kBN / 128) * ws_ld;
 #pragma unroll
-    for (int e = 0; e < kAcc; ++e) acc[e] = 0.f;
-    // Stage i's wgmmas into partial p (and its W scale into sw): wait for the slot, 4 x k32, one commit group.
-    auto issue = [&](int i, float(&p)[kAcc], float& sw) {
-      const int slot = i % kS;
-      int tm, tn;
-      unit_tile(i, tm, tn);
-      sw = __ldg(wsc + static_cast<int64_t>(tn * kBN / 128) * ws_ld + i % kblocks);
-      mbar_wait(full + slot, (i / kS) & 1);
-      const uint8_t* xa = xring + slot * kXTileBytes + 64 * c * kBK;
-      const uint8_t* wb = wring + slot * kWTile;
-      gemm::wgmma_fence();
+      for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+      float sw_next = __ldg(sw_row);
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        const int slot = it % kS;
+        const float sw = sw_next;
+        if (kb + 1 < kblocks) sw_next = __ldg(sw_row + kb + 1);
+        mbar_wait(full + slot, (it / kS) & 1);
+        const uint8_t* xa = xring + slot * kXTileBytes + 64 * c * kBK;
+        const uint8_t* wb = wring + slot * kWTile;
+        gemm::wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < kBK / 32; ++j) {
-        if constexpr (kBN == 128)
-          wgmma_e4m3_m64n128k32(p, smem_desc(xa + 32 * j), smem_desc(wb + 32 * j), j);
-        else
-          wgmma_e4m3_m64n64k32(p, smem_desc(xa + 32 * j), smem_desc(wb + 32 * j), j);
+        for (int j = 0; j < kBK / 32; ++j) {
+          if constexpr (kBN == 128)
+            wgmma_e4m3_m64n128k32(part, smem_desc(xa + 32 * j), smem_desc(wb + 32 * j), j);
+          else
+            wgmma_e4m3_m64n64k32(part, smem_desc(xa + 32 * j), smem_desc(wb + 32 * j), j);
+        }
+        gemm::wgmma_commit();
+        gemm::wgmma_wait<0>();
+        const float sxa = sring[slot * kBM + lr], sxb = sring[slot * kBM + lr + 8];
+        __syncwarp();
+        if (lane == 0) {
+          mbar_arrive(empty + slot);
+          if constexpr (kPair) mbar_arrive_cluster(empty + slot, rank ^ 1);
+        }
+        const float fa = sxa * sw, fb = sxb * sw;
+        // acc[4j + e] holds row lr + 8·(e >= 2), column 8j + 2·t4 + (e & 1)
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) acc[i] = fmaf(part[i], (i & 2) ? fb : fa, acc[i]);
       }
-      gemm::wgmma_commit();
-    };
-    // Stage i is done (its group retired): free the slot, promote p into acc; after a unit's last k-block,
-    // store the tile and clear acc.
-    auto finish = [&](int i, const float(&p)[kAcc], float sw) {
-      const int slot = i % kS;
-      const float sxa = sring[slot * kBM + lr], sxb = sring[slot * kBM + lr + 8];
-      // note: the peer's barrier address is mapped by every lane (a branch around it serialises the wgmmas)
-      const uint32_t remote = kPair ? cluster_map(empty + slot, rank ^ 1) : 0u;
-      __syncwarp();
-      if (lane == 0) {
-        mbar_arrive(empty + slot);
-        if constexpr (kPair) mbar_arrive_remote(remote);
-      }
-      const float fa = sxa * sw, fb = sxb * sw;
-      // acc[4j + e] holds row lr + 8·(e >= 2), column 8j + 2·t4 + (e & 1)
-#pragma unroll
-      for (int e = 0; e < kAcc; ++e) acc[e] = fmaf(p[e], (e & 2) ? fb : fa, acc[e]);
-      if (i % kblocks != kblocks - 1) return;
-      int tm, tn;
-      unit_tile(i, tm, tn);
       const int row_a = tm * kBM + lr, row_b = row_a + 8;
       __nv_bfloat16* ya = y + static_cast<int64_t>(row_a) * n + tn * kBN + 2 * t4;
       __nv_bfloat16* yb = ya + 8 * static_cast<int64_t>(n);
@@ -243,37 +233,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (row_a < m)
           *reinterpret_cast<__nv_bfloat162*>(ya + 8 * j) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
         if (row_b < m)
-          *reinterpret_cast<__nv_bfloat162*>(yb + 8 * j) = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+          *reinterpret_cast<__nv_bfloat162*>(yb + 8 * j) =
+              __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
       }
-#pragma unroll
-      for (int e = 0; e < kAcc; ++e) acc[e] = 0.f;
-    };
-    // Two partials in flight per warpgroup: stage i+1's wgmmas are issued before stage i is promoted (and
-    // before a tile's store, which so overlaps the next tile's first stage), so each warpgroup keeps the
-    // tensor cores fed itself instead of relying on the other warpgroup alone.
-    // note: p0 / p1 by stage parity, so the loop body is two stages (register arrays need fixed indices); the
-    // body has no branch around a wgmma or a wait, and the last one or two stages are peeled: ptxas otherwise
-    // cannot prove which partial is retired at a join and inserts waits that serialise the wgmmas (C7517).
-    issue(0, p0, sw0);
-    int i = 0;
-    for (; i + 2 < total; i += 2) {
-      issue(i + 1, p1, sw1);
-      gemm::wgmma_wait<1>();
-      finish(i, p0, sw0);
-      issue(i + 2, p0, sw0);
-      gemm::wgmma_wait<1>();
-      finish(i + 1, p1, sw1);
-    }
-    // The last two stages, or the last one (total >= 1: the grid has no more CTAs than units).
-    if (i + 2 == total) {
-      issue(i + 1, p1, sw1);
-      gemm::wgmma_wait<1>();
-      finish(i, p0, sw0);
-      gemm::wgmma_wait<0>();
-      finish(i + 1, p1, sw1);
-    } else {
-      gemm::wgmma_wait<0>();
-      finish(i, p0, sw0);
     }
   }
   // note: neither CTA of a pair may exit while the peer can still multicast into it or arrive on its barriers
@@ -353,7 +315,7 @@ cudaError_t launch_gemm_fp8_b128_sm90(const uint8_t* xq, const float* xs, int64_
   // kAuto: 64-wide W tiles when 128-wide ones fill at most half the SMs (small M), else 128 (less shared-memory
   // traffic per FLOP). note: bench/RESULTS.md (fp8gemm7, call 1): at M = 128 64-wide tiles were 1.2-1.3x
   // faster on q/o and down (32 tiles of 128), a tie on gate_up (192); at M = 512 128-wide won everywhere,
-  // q/o's 128 tiles included.
+  // q/o's 128 tiles included. kN128Pair is never picked: it measured 1.4-2.1x slower than kN128.
   const int64_t tiles128 = static_cast<int64_t>((m + kBM - 1) / kBM) * (n / 128);
   switch (tile) {
     case Fp8GemmTile::kN128:

@@ -6,7 +6,6 @@
 #include <limits>
 
 #include "cuda/check.h"
-#include "cuda/gemm_fp8_b128_sm90.h"
 #include "cuda/gemm_mx.h"
 #include "cuda/gemv_fp8_b128.h"
 #include "cuda/gemv_fp8_b128_launch.h"
@@ -23,7 +22,6 @@ enum class Kernel : uint8_t {
   kGemvMxfp4,
   kGemvFp8B128,
   kCublasLtFp8B128,
-  kGemmFp8B128Sm90,
   kGemmMxfp8,
   kGemmMxfp4
 };
@@ -49,9 +47,6 @@ constexpr int64_t kFp8GemvMaxMSm90 = 8;
 // 32); per shape the crossovers fall at M 19.5..22.6, so sm_90a's MX GEMV stops at 20 (bench/RESULTS.md,
 // session 5).
 constexpr int64_t kMxGemvMaxMSm90 = 20;
-// note: sm_90a's FP8-B128 GEMM (gemm_fp8_b128_sm90.h) serves M >= kFp8GemmMinMSm90 where N and K are multiples
-// of 128; cuBLASLt the M between the GEMV and it, and every shape the GEMM does not take.
-constexpr int64_t kFp8GemmMinMSm90 = 9;
 // note: the closed table (see linear.h); a (format, arch, M) with no entry is refused as missing. gemm_mx
 // picks its wgmma (sm_90a) or mma.sync (sm_80) kernel itself; both read the GEMV's native layout.
 constexpr Entry kTable[] = {
@@ -67,9 +62,8 @@ constexpr Entry kTable[] = {
     {Format::kMXFP4, Arch::kSm80, kGemvMaxM + 1, kAnyM, Kernel::kGemmMxfp4, "gemm_mxfp4"},
     {Format::kFP8_B128, Arch::kSm90a, 1, kFp8GemvMaxMSm90, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
     {Format::kFP8_B128, Arch::kSm80, 1, kGemvFp8B128MaxM, Kernel::kGemvFp8B128, "gemv_fp8_b128"},
-    {Format::kFP8_B128, Arch::kSm90a, kFp8GemvMaxMSm90 + 1, kFp8GemmMinMSm90 - 1, Kernel::kCublasLtFp8B128,
+    {Format::kFP8_B128, Arch::kSm90a, kFp8GemvMaxMSm90 + 1, kAnyM, Kernel::kCublasLtFp8B128,
      "cublaslt_fp8_b128"},
-    {Format::kFP8_B128, Arch::kSm90a, kFp8GemmMinMSm90, kAnyM, Kernel::kGemmFp8B128Sm90, "gemm_fp8_b128"},
 };
 
 Result<const Entry*> find_entry(Format f, Arch arch, int64_t m) {
@@ -101,7 +95,6 @@ Status check_shape(Kernel kernel, int64_t n, int64_t k) {
                     k);
       return {};
     case Kernel::kCublasLtFp8B128:
-    case Kernel::kGemmFp8B128Sm90:  // note: shapes the GEMM does not take run on cuBLASLt
       return check_fp8_b128_gemm_shape(n, k);
   }
   return fail("linear: kernel without a shape rule");  // not reached: every kind has one
@@ -310,11 +303,6 @@ Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int
     case Kernel::kCublasLtFp8B128:
       return ctx.fp8().run(x, m, Fp8B128Weights{w.values, reinterpret_cast<const float*>(w.scales), w.n, w.k},
                            y, stream);
-    case Kernel::kGemmFp8B128Sm90: {
-      const Fp8B128Weights fw{w.values, reinterpret_cast<const float*>(w.scales), w.n, w.k};
-      if (!fp8_b128_sm90_takes(w.n, w.k)) return ctx.fp8().run(x, m, fw, y, stream);
-      return linear_fp8_b128_sm90(ctx.fp8(), x, m, fw, y, stream);
-    }
     case Kernel::kGemmMxfp8:
       return gemm_mxfp8(x, m, MxGemvWeights{w.format, w.values, w.scales, w.n, w.k}, y, stream, ctx.splitk());
     case Kernel::kGemmMxfp4:

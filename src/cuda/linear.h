@@ -8,8 +8,7 @@
 //   mxfp8/4   sm_80         33..    gemm_mx (mma.sync)
 //   fp8-b128  sm_90a        1..8    gemv_fp8_b128 (weight-only)
 //   fp8-b128  sm_80         1..32   gemv_fp8_b128
-//   fp8-b128  sm_90a        9..     gemm_fp8_b128 (our wgmma GEMM, gemm_fp8_b128_sm90.h; activations quantized
-//                                   per 1x128); N or K not a multiple of 128: cuBLASLt block-scaled FP8
+//   fp8-b128  sm_90a        9..     cuBLASLt block-scaled FP8 (activations quantized per 1x128)
 // Anything else is a missing entry: check_linear_supported refuses it at load naming format, arch and
 // tensor; linear() refuses it the same way if asked anyway.
 #pragma once

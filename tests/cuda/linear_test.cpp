@@ -1,9 +1,8 @@
 // The CUDA linear dispatch table (cuda/linear.h) against the CPU linear (cpu/linear.h) on the same
 // dequantized operands, for every table entry: fresh random canonical planes, linear_prepare's native
 // layout, y poisoned first, M in {1, 3, 8, 16, 17, 24, 32, 33, 128, 512} and ragged N, K (MX: K % 128 == 0,
-// the streaming GEMV at M > 24, and K % 128 != 0). FP8-B128 at M > 8 (sm_90a) runs gemm_fp8_b128 (N, K
-// multiples of 128) or cuBLASLt on x quantized per 1x128, so its reference takes x through the CPU twin of
-// that quantizer.
+// the streaming GEMV at M > 24, and K % 128 != 0). FP8-B128 at M > 8 (sm_90a) runs
+// cuBLASLt on x quantized per 1x128, so its reference takes x through the CPU twin of that quantizer.
 // Also: load-time refusals (names format, arch, tensor) and the prepares probed as byte permutations.
 #include "cuda/linear.h"
 
@@ -77,8 +76,7 @@ TEST_P(Linear, MatchesCpuTwinOnDequantizedOperands) {
 
   // Reference: CPU linear (f32) on the canonical weights and on x as the kernel sees it.
   std::vector<float> xf(x.size());
-  const bool act_quant =
-      *kernel == std::string_view("cublaslt_fp8_b128") || *kernel == std::string_view("gemm_fp8_b128");
+  const bool act_quant = *kernel == std::string_view("cublaslt_fp8_b128");
   if (act_quant) {
     const int64_t blocks = cdiv(c.k, 128);
     std::vector<uint8_t> xv(x.size());
