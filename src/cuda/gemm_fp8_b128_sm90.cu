@@ -21,7 +21,7 @@
 //   While one warpgroup promotes, the other's wgmmas keep the tensor cores busy. bf16 epilogue from registers.
 // note: W's scale (one float per stage, the same for the whole tile) is read from global (L1) one stage ahead.
 // note: a variant with two partials in flight per warpgroup (stage i+1's wgmmas issued before stage i is
-// promoted, stores overlapping the next tile; ptxas kept it asynchronous) measured 5-20% slower at M = 4096
+// promoted, stores overlapping the next tile; ptxas kept it asynchronous) measured 4-23% slower at M = 4096
 // (bench/RESULTS.md, fp8gemm7 call 2): it holds each slot until the next stage has landed.
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -328,7 +328,7 @@ cudaError_t launch_gemm_fp8_b128_sm90(const uint8_t* xq, const float* xs, int64_
       break;
   }
   return 2 * tiles128 <= sms ? launch<64, false>(xq, xs, xs_ld, m, wv, wsc, ws_ld, n, k, y, sms, stream)
-                        : launch<128, false>(xq, xs, xs_ld, m, wv, wsc, ws_ld, n, k, y, sms, stream);
+                             : launch<128, false>(xq, xs, xs_ld, m, wv, wsc, ws_ld, n, k, y, sms, stream);
 }
 
 }  // namespace mxq::cuda
