@@ -10,22 +10,13 @@
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/device_ranges.h"
 #include "cuda/plane_tables.h"
 #include "cuda/refit_launch.h"
 #include "cuda/sparse_decode_launch.h"
 
 namespace mxq::cuda {
 namespace {
-
-bool is_device(const void* p) {
-  if (!p) return false;
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();  // note: older drivers flag plain host pointers; clear it
-    return false;
-  }
-  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-}
 
 class CudaWeightMemory final : public WeightMemory {
  public:
@@ -396,6 +387,7 @@ class CudaWeightMemory final : public WeightMemory {
     std::vector<BatchItem> direct;                                    // device sources, batched
     std::vector<std::pair<BatchItem, const TensorWriteJob*>> staged;  // host sources, batched via staging
     std::vector<TensorWriteJob> rest;
+    DeviceRanges ranges;
     for (const TensorWriteJob& j : jobs) {
       if (auto s = check_sizes(*j.values_layout, j.values_src.size(), j.values.size()); !s)
         return fail_in(j.name, s.error());
@@ -411,8 +403,8 @@ class CudaWeightMemory final : public WeightMemory {
         continue;
       }
       // note: an empty plane is neither host nor device memory.
-      const int on_dev = (!j.values_src.empty() && is_device(j.values_src.data())) +
-                         (!j.scales_src.empty() && is_device(j.scales_src.data()));
+      const int on_dev = (!j.values_src.empty() && ranges.is_device(j.values_src.data())) +
+                         (!j.scales_src.empty() && ranges.is_device(j.scales_src.data()));
       const int on_host = !j.values_src.empty() + !j.scales_src.empty() - on_dev;
       const bool aligned = reinterpret_cast<uintptr_t>(j.values_src.data()) % 16 == 0 &&
                            reinterpret_cast<uintptr_t>(j.scales_src.data()) % 16 == 0;
