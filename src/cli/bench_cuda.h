@@ -154,7 +154,13 @@ inline constexpr BenchShape kQwen3Shapes[] = {
 // to every format and rule, against `copy_gbs`.
 Status gpu_quantize_table(cudaStream_t stream, double copy_gbs, std::span<const BenchShape> shapes,
                           bool with_f32);
-// `mxq bench quantize --device cuda`: that table over the Qwen3 shapes, plus [rows, cols] when rows > 0.
+// The bf16 kernels' launch shapes (cuda::QuantLaunch) with PDL on and off, and the plain copy kernel of the
+// same bytes, over `shapes` (bench_quantize_shapes.cpp).
+Status gpu_quantize_shapes_table(cudaStream_t stream, double copy_gbs, std::span<const BenchShape> shapes);
+// Median µs per launch of the plain copy kernel (cuda::launch_copy16) reading and writing `bytes` each.
+Result<double> time_copy16(cudaStream_t stream, int64_t bytes);
+// `mxq bench quantize --device cuda`: those two tables over the Qwen3 shapes, plus [rows, cols] when rows >
+// 0.
 Status run_bench_quantize_cuda(int64_t rows, int64_t cols);
 
 }  // namespace mxq::cli

@@ -23,6 +23,7 @@
 
 #include "cli/bench_cuda.h"
 #include "cuda/check.h"
+#include "cuda/gemm_fp8_b128_sm90.h"
 #include "cuda/gemm_mx.h"
 #include "cuda/gemv_fp8_b128.h"
 #include "cuda/gemv_mx.h"
@@ -169,6 +170,59 @@ Status gemv_study(const RotatedWeights& w, const Shape& s, const std::vector<int
   return {};
 }
 
+// FP8-B128 on sm_90a, beside the table's row (cuBLASLt): our GEMM (gemm_fp8_b128_sm90.h, not in the table)
+// with its automatic kernel shape and each shape forced (incl. the quantize), and the GEMMs alone on x
+// quantized once (ours, auto shape; cuBLASLt's matmul, M % 4 == 0 only).
+Status fp8_gemm_rows(cuda::LinearContext& ctx, const RotatedWeights& w, const Shape& s,
+                     const std::vector<int64_t>& ms, const uint16_t* xp, uint16_t* yp,
+                     const std::vector<double>& bf16_us, const std::vector<double>& lt_us, cudaStream_t stream) {
+  if (!cuda::fp8_b128_sm90_takes(s.n, s.k)) return {};
+  for (size_t mi = 0; mi < ms.size(); ++mi) {
+    const int64_t m = ms[mi];
+    auto row = [&](const char* kernel, Result<double> us) -> Status {
+      if (!us) return tl::unexpected(us.error());
+      fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8.2f} {:>7.1f} {:>6} {:>6} {:>5.0f}% {:>8.2f} {:>8.2f}\n",
+                 s.name, "fp8-b128", s.n, s.k, m, kernel, *us, 2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12, "", "",
+                 100.0 * bf16_us[mi] / *us, bf16_us[mi], lt_us[mi]);
+      return {};
+    };
+    auto weights = [&](int i) {
+      const cuda::LinearWeights lw = w.at(i);
+      return cuda::Fp8B128Weights{lw.values, reinterpret_cast<const float*>(lw.scales), w.n, w.k};
+    };
+    for (auto [tile, name] : {std::pair{cuda::Fp8GemmTile::kAuto, "fp8 sm90 auto"},
+                              std::pair{cuda::Fp8GemmTile::kN128, "fp8 sm90 n128"},
+                              std::pair{cuda::Fp8GemmTile::kN64, "fp8 sm90 n64"},
+                              std::pair{cuda::Fp8GemmTile::kN128Pair, "fp8 sm90 pair"}})
+      if (Status st = row(name, time_graph(stream, kLaunchesPerGraph, kReps,
+                                           [&](int i) {
+                                             return cuda::linear_fp8_b128_sm90(ctx.fp8(), xp, m, weights(i), yp,
+                                                                               stream, tile);
+                                           }));
+          !st)
+        return st;
+    auto q = ctx.fp8().quantize(xp, m, s.n, s.k, stream);
+    if (!q) return tl::unexpected(q.error());
+    if (Status st = row("gemm only (ours)", time_graph(stream, kLaunchesPerGraph, kReps,
+                                                       [&](int i) {
+                                                         return cuda::gemm_fp8_b128_sm90(
+                                                             q->values, q->scales, q->scale_ld, m, weights(i), yp,
+                                                             stream);
+                                                       }));
+        !st)
+      return st;
+    if (m % 4 != 0) continue;
+    if (Status st = row("gemm only (Lt)", time_graph(stream, kLaunchesPerGraph, kReps,
+                                                     [&](int i) {
+                                                       return ctx.fp8().matmul(q->values, q->scales, m, weights(i),
+                                                                               yp, stream);
+                                                     }));
+        !st)
+      return st;
+  }
+  return {};
+}
+
 Status run_bench(const Run& run) {
   cudaStream_t stream;
   MXQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -259,6 +313,8 @@ Status run_bench(const Run& run) {
             100.0 * gbs / *copy_gbs, 100.0 * bf16_us[mi] / *us, bf16_us[mi], lt_us[mi], *read_us,
             100.0 * *read_us / *us);
       }
+      if (f == Format::kFP8_B128 && *arch == cuda::Arch::kSm90a)
+        if (Status st = fp8_gemm_rows(**ctx, *w, s, run.ms, xp, yp, bf16_us, lt_us, stream); !st) return st;
       if (run.gemv_study)
         if (Status st = gemv_study(*w, s, run.ms, xp, yp, *copy_gbs, *read_us, (*ctx)->splitk(), stream); !st)
           return st;

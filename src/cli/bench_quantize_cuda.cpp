@@ -1,7 +1,11 @@
 // The GPU quantizers' table (`mxq bench quantize --device cuda`, and the last table of `mxq bench linear`):
 // bf16 / f32 [N, K] -> MXFP8 (every scale rule), MXFP4, FP8-B128 on Qwen3 shapes, GB/s = input read + values
 // + scales written, against the device-to-device copy rate (read + written) measured in the same process.
-// CUDA-graph event medians over L2-rotated copies of the input; fresh random non-zero inputs.
+// CUDA-graph event medians over L2-rotated copies of the input; fresh random non-zero inputs. The bf16
+// kernels launch with PDL as the process default (cuda/pdl.h). `%same`: against a plain copy kernel
+// (cuda/copy16.cu) moving the same total bytes in the same graph setup, since one launch of a few MB cannot
+// reach the 2 GiB copy rate. `mxq bench quantize --device cuda` adds the launch-shape table
+// (quantize_launch.h's QuantLaunch, PDL on and off).
 #if defined(MXQ_HAVE_CUDA)
 #include <fmt/format.h>
 
@@ -33,6 +37,29 @@ constexpr Case kCases[] = {
     {Format::kMXFP4, QuantRule::kCt, "ct"},       {Format::kFP8_B128, QuantRule::kCeil, "-"}};
 constexpr int kLaunchesPerGraph = 20, kReps = 15;
 
+}  // namespace
+
+// Median µs of launch_copy16 moving `bytes` (read `bytes`, write `bytes`) from rotated buffers.
+Result<double> time_copy16(cudaStream_t stream, int64_t bytes) {
+  bytes = bytes / 16 * 16;
+  const int copies = copies_for(2 * bytes);
+  std::vector<DeviceBuffer> src, dst;
+  for (int i = 0; i < copies; ++i) {
+    auto a = DeviceBuffer::alloc(static_cast<size_t>(bytes));
+    auto b = DeviceBuffer::alloc(static_cast<size_t>(bytes));
+    if (!a || !b) return fail("bench quantize: device allocation failed for a {}-byte copy", bytes);
+    MXQ_CUDA_CHECK(cudaMemsetAsync(a->as(), 0x5A, static_cast<size_t>(bytes), stream));
+    src.push_back(std::move(*a)), dst.push_back(std::move(*b));
+  }
+  return time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) -> Status {
+    const size_t k = static_cast<size_t>(i % copies);
+    MXQ_CUDA_CHECK(cuda::launch_copy16(src[k].as(), dst[k].as(), bytes, stream));
+    return {};
+  });
+}
+
+namespace {
+
 QuantFormat quant_format(Format f) {
   return f == Format::kMXFP8   ? QuantFormat::kMXFP8
          : f == Format::kMXFP4 ? QuantFormat::kMXFP4
@@ -55,8 +82,8 @@ Status gpu_quantize_table(cudaStream_t stream, double copy_gbs, std::span<const 
   fmt::print(
       "\nquantize -> format on the GPU (GB/s = input read + values + scales written; %copy of {:.0f} GB/s)\n",
       copy_gbs);
-  fmt::print("{:<24} {:>4} {:>8} {:>5} {:>6} {:>6} {:>8} {:>8} {:>7}\n", "shape", "src", "format", "rule",
-             "N", "K", "us", "GB/s", "%copy");
+  fmt::print("{:<24} {:>4} {:>8} {:>5} {:>6} {:>6} {:>8} {:>8} {:>7} {:>7}\n", "shape", "src", "format",
+             "rule", "N", "K", "us", "GB/s", "%copy", "%same");
   for (const BenchShape& s : shapes) {
     for (QuantSrc src : {QuantSrc::kBF16, QuantSrc::kF32}) {
       if (src == QuantSrc::kF32 && !with_f32) continue;
@@ -102,10 +129,13 @@ Status gpu_quantize_table(cudaStream_t stream, double copy_gbs, std::span<const 
           return {};
         });
         if (!us) return tl::unexpected(us.error());
-        const double gbs = static_cast<double>(in_bytes + vbytes + sbytes) / (*us * 1e-6) / 1e9;
-        fmt::print("{:<24} {:>4} {:>8} {:>5} {:>6} {:>6} {:>8.2f} {:>8.0f} {:>6.1f}%\n", s.name,
+        const int64_t total = in_bytes + vbytes + sbytes;
+        auto same_us = time_copy16(stream, total / 2);
+        if (!same_us) return tl::unexpected(same_us.error());
+        const double gbs = static_cast<double>(total) / (*us * 1e-6) / 1e9;
+        fmt::print("{:<24} {:>4} {:>8} {:>5} {:>6} {:>6} {:>8.2f} {:>8.0f} {:>6.1f}% {:>6.1f}%\n", s.name,
                    src == QuantSrc::kF32 ? "f32" : "bf16", traits(f).name, c.rule_name, s.n, s.k, *us, gbs,
-                   100.0 * gbs / copy_gbs);
+                   100.0 * gbs / copy_gbs, 100.0 * *same_us / *us);
       }
     }
   }
@@ -123,6 +153,7 @@ Status run_bench_quantize_cuda(int64_t rows, int64_t cols) {
     std::vector<BenchShape> shapes(std::begin(kQwen3Shapes), std::end(kQwen3Shapes));
     if (rows > 0) shapes.insert(shapes.begin(), BenchShape{"--rows x --cols", rows, cols});
     st = gpu_quantize_table(stream, *copy_gbs, shapes, true);
+    if (st) st = gpu_quantize_shapes_table(stream, *copy_gbs, shapes);
   }
   cudaStreamDestroy(stream);
   return st;

@@ -215,33 +215,40 @@ Status Fp8B128Gemm::matmul(const uint8_t* xq, const float* xs, int64_t m, const 
   return run_plan(handle_, **plan, xq, w, y, workspace_.as(), workspace_.bytes(), stream);
 }
 
-Status Fp8B128Gemm::run(const uint16_t* x, int64_t m, const Fp8B128Weights& w, uint16_t* y,
-                        cudaStream_t stream) {
-  if (Status st = check_fp8_b128_gemm_shape(w.n, w.k); !st) return st;
-  if (m < 1) return fail("fp8-b128 cuBLASLt GEMM: m = {} (expected >= 1)", m);
-  if (!x || !y) return fail("fp8-b128 cuBLASLt GEMM: null device pointer");
+Result<Fp8B128Gemm::QuantizedAct> Fp8B128Gemm::quantize(const uint16_t* x, int64_t m, int64_t n, int64_t k,
+                                                        cudaStream_t stream) {
   const int64_t mp = fp8_b128_padded_m(m);
-  const bool padded = mp != m;
-  if (act_values_.bytes() < static_cast<size_t>(mp * w.k) ||
-      act_scales_.bytes() < static_cast<size_t>(cdiv(w.k, 128) * mp) * sizeof(float) ||
-      (padded && out_pad_.bytes() < static_cast<size_t>(mp * w.n) * 2)) {
+  if (act_values_.bytes() < static_cast<size_t>(mp * k) ||
+      act_scales_.bytes() < static_cast<size_t>(cdiv(k, 128) * mp) * sizeof(float) ||
+      (mp != m && out_pad_.bytes() < static_cast<size_t>(mp * n) * 2)) {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     MXQ_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
     if (capturing != cudaStreamCaptureStatusNone)
       return fail(
-          "fp8-b128 cuBLASLt GEMM: scratch too small for m = {}, n = {}, k = {} while capturing a CUDA "
-          "graph (call reserve() first)",
-          m, w.n, w.k);
-    if (Status st = reserve(m, w.n, w.k); !st) return st;
+          "fp8-b128 GEMM: scratch too small for m = {}, n = {}, k = {} while capturing a CUDA graph (call "
+          "reserve() first)",
+          m, n, k);
+    if (Status st = reserve(m, n, k); !st) return tl::unexpected(st.error());
   }
   auto* xq = act_values_.as<uint8_t>();
   auto* xs = act_scales_.as<float>();
   // note: pad rows m..mp-1 of x_q and their scales are left as they are: each row of D depends on its own
   // row of x only, and the pad rows of D are never copied out.
-  if (Status st = quantize_act_fp8_b128(x, m, w.k, xq, xs, mp, stream); !st) return st;
-  if (!padded) return matmul(xq, xs, m, w, y, stream);
+  if (Status st = quantize_act_fp8_b128(x, m, k, xq, xs, mp, stream); !st) return tl::unexpected(st.error());
+  return QuantizedAct{xq, xs, mp};
+}
+
+Status Fp8B128Gemm::run(const uint16_t* x, int64_t m, const Fp8B128Weights& w, uint16_t* y,
+                        cudaStream_t stream) {
+  if (Status st = check_fp8_b128_gemm_shape(w.n, w.k); !st) return st;
+  if (m < 1) return fail("fp8-b128 cuBLASLt GEMM: m = {} (expected >= 1)", m);
+  if (!x || !y) return fail("fp8-b128 cuBLASLt GEMM: null device pointer");
+  auto q = quantize(x, m, w.n, w.k, stream);
+  if (!q) return tl::unexpected(q.error());
+  const int64_t mp = q->scale_ld;
+  if (mp == m) return matmul(q->values, q->scales, m, w, y, stream);
   auto* ypad = out_pad_.as<uint16_t>();
-  if (Status st = matmul(xq, xs, mp, w, ypad, stream); !st) return st;
+  if (Status st = matmul(q->values, q->scales, mp, w, ypad, stream); !st) return st;
   // note: D is row-major [mp, n], so its first m rows are one contiguous run.
   MXQ_CUDA_CHECK(
       cudaMemcpyAsync(y, ypad, static_cast<size_t>(m * w.n) * 2, cudaMemcpyDeviceToDevice, stream));

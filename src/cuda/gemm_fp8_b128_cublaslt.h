@@ -84,6 +84,15 @@ class Fp8B128Gemm {
   // Sizes the scratch (quantized x, and the padded D for M % 4 != 0) for up to max_m rows, max_n
   // outputs, max_k inputs; run() grows it otherwise, which is refused while the stream is captured.
   Status reserve(int64_t max_m, int64_t max_n, int64_t max_k);
+  // x (bf16 [m, k]) quantized per 1x128 into the scratch (values [m, k], scales K-block-major with leading
+  // dimension fp8_b128_padded_m(m)), as run() and the sm_90a kernel (gemm_fp8_b128_sm90.h) take it. Grows
+  // the scratch for (m, n, k) outside graph capture, refuses inside.
+  struct QuantizedAct {
+    const uint8_t* values;
+    const float* scales;
+    int64_t scale_ld;
+  };
+  Result<QuantizedAct> quantize(const uint16_t* x, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
   // Quantizes x (bf16 [m, w.k]) and runs the matmul into y (bf16 [m, w.n]). m >= 1.
   Status run(const uint16_t* x, int64_t m, const Fp8B128Weights& w, uint16_t* y, cudaStream_t stream);
   // The matmul alone on already-quantized activations: xq E4M3 [m, k], xs M-major f32 scales with leading

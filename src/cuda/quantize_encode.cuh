@@ -46,6 +46,55 @@ __device__ __forceinline__ uint32_t f32_to_e2m1(float v, float sign_src) {
   return sign_src < 0.0f ? code | 8u : code;
 }
 
+// Two f32 → two E4M3 bytes (lo in bits 7:0, hi in bits 15:8), each as f32_to_e4m3: one cvt on sm_89+.
+__device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;"
+      : "=h"(r)
+      : "f"(hi), "f"(lo));  // note: first source → bits 15:8
+  return r;
+#else
+  return f32_to_e4m3(lo) | f32_to_e4m3(hi) << 8;
+#endif
+}
+
+// Lane-wise bf16x2 a·b + c, one rounding (RNE); subnormals kept.
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t min_u16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t d;
+  asm("min.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  return __vminu2(a, b);
+#endif
+}
+
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t d;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  return __vmaxu2(a, b);
+#endif
+}
+
+// The largest |x| bit pattern among 8 bf16 (4 words): |x| patterns order as the magnitudes do, and Inf / NaN
+// are the largest, so the result is >= 0x7F80 exactly when one of them is not finite.
+__device__ __forceinline__ uint32_t amax_bits8(const uint32_t (&w)[4]) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) m = max_u16x2(m, w[e] & 0x7FFF7FFFu);
+  return max(m & 0xFFFFu, m >> 16);
+}
+
 // 2^e for e in [-127, 127] as f32 (2^-127 is subnormal).
 __device__ __forceinline__ float exp2_int(int e) {
   return e == -127 ? __uint_as_float(0x00400000u) : __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
@@ -113,26 +162,37 @@ __device__ __forceinline__ float load_mx_block(const uint16_t* x, int64_t i, uin
 }
 
 // The FP8-B128 tile epilogue shared by quantize_fp8_b128.cu (bf16) and quantize_src.cu (f16 / f32): the
-// thread's amax and finiteness are combined over the block (kThreads threads, one 128x128 tile), the first
-// tile with a non-finite input is recorded in bad_block, thread 0 writes the tile's f32 scale, and every
-// thread gets the factor 448 / amax its values are multiplied by.
+// thread's amax and finiteness are combined over the block (kThreads threads, one 128x128 tile: tile
+// (tile_row, tile_col) of the scales plane), the first tile with a non-finite input is recorded in bad_block,
+// thread 0 writes the tile's f32 scale, and every thread gets the factor 448 / amax its values are multiplied
+// by. parity (0 / 1) picks one of two shared buffers: a CTA that loops over tiles alternates it, so a fast
+// warp's next tile never overwrites a buffer a slow warp still reads (the barrier between is the next
+// call's).
 template <int kThreads>
-__device__ __forceinline__ float fp8_b128_tile_factor(float amax, bool finite, int64_t cols,
+__device__ __forceinline__ float fp8_b128_tile_factor(float amax, bool finite, int64_t cols, int64_t tile_row,
+                                                      int64_t tile_col, int parity,
                                                       unsigned long long* bad_block, float* scales) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-  __shared__ float warp_max[kThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+  __shared__ float warp_max[2][kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_max[parity][threadIdx.x / 32] = amax;
   const int any_bad = __syncthreads_or(!finite);
-  amax = warp_max[0];
+  amax = warp_max[parity][0];
 #pragma unroll
-  for (int i = 1; i < kThreads / 32; ++i) amax = fmaxf(amax, warp_max[i]);
+  for (int i = 1; i < kThreads / 32; ++i) amax = fmaxf(amax, warp_max[parity][i]);
   const int64_t scale_cols = (cols + 127) / 128;
-  const int64_t block_index = static_cast<int64_t>(blockIdx.y) * scale_cols + blockIdx.x;
+  const int64_t block_index = tile_row * scale_cols + tile_col;
   if (any_bad && threadIdx.x == 0) atomicMin(bad_block, static_cast<unsigned long long>(block_index));
   const float amax_c = fmaxf(amax, 1e-4f);  // note: 1e-4 floor as DeepSeek's reference quantizer
   if (threadIdx.x == 0) scales[block_index] = amax_c / 448.0f;
   return 448.0f / amax_c;
+}
+
+// One tile per CTA: the tile is (blockIdx.y, blockIdx.x).
+template <int kThreads>
+__device__ __forceinline__ float fp8_b128_tile_factor(float amax, bool finite, int64_t cols,
+                                                      unsigned long long* bad_block, float* scales) {
+  return fp8_b128_tile_factor<kThreads>(amax, finite, cols, blockIdx.y, blockIdx.x, 0, bad_block, scales);
 }
 
 }  // namespace mxq::cuda::quant

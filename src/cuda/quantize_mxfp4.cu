@@ -1,9 +1,10 @@
 // MXFP4 quantize, rule ct: bf16 [rows, cols] → packed E2M1 values (16 bytes per block at i*16) + E8M0 scales.
-// Layout: four threads per 1x32 block, each thread kUnroll such parts; block i covers x[i*32, i*32+32) of
-// the flattened row-major input (cols is a multiple of 32, so blocks never straddle rows). Thread q of block
-// i reads elements [8q, 8q+8) (one 16-byte load: a warp reads 512 contiguous bytes), writes value bytes
-// [4q, 4q+4) of the block, and thread 0 writes scale byte i, which is exactly the row-major [rows, cols/32]
-// scales plane.
+// Layout: four threads per 1x32 block, each thread `unroll` (QuantLaunch, default by
+// size: 2 or 4) such parts; block i
+// covers x[i*32, i*32+32) of the flattened row-major input (cols is a multiple of 32, so blocks never
+// straddle rows). Thread q of block i reads elements [8q, 8q+8) (one 16-byte load: a warp reads 512
+// contiguous bytes), writes value bytes [4q, 4q+4) of the block, and thread 0 writes scale byte i, which is
+// exactly the row-major [rows, cols/32] scales plane.
 //
 // note: the encode works on bf16 pairs, two elements per instruction (the ALU pipe bounded the one-element
 // f32 encode at ~70% of copy). For |x| scaled by the block's power of two, t = |x| · 2^(127-b) < 8 (rule ct),
@@ -16,39 +17,18 @@
 // bf16 |x| and every scale 2^-127..2^127 (see tests/cuda/quantize_test.cpp, EveryBf16Value, for the GPU).
 // The block's amax is an integer max of the |x| bit patterns (monotone for non-negative bf16; Inf and NaN
 // are the largest patterns, so one compare flags a non-finite block).
+#include "cuda/pdl.cuh"
 #include "cuda/quantize_encode.cuh"
 #include "cuda/quantize_launch.h"
 
 namespace mxq::cuda {
 namespace {
 
-constexpr int kThreads = 256, kUnroll = 4;
+using quant::fma_bf16x2;
+using quant::max_u16x2;
+using quant::min_u16x2;
 
-__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-
-__device__ __forceinline__ uint32_t min_u16x2(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t d;
-  asm("min.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-#else
-  return __vminu2(a, b);
-#endif
-}
-
-__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t d;
-  asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-#else
-  return __vmaxu2(a, b);
-#endif
-}
+constexpr int kThreads = 256;
 
 // Two elements (the bf16 pair w, its magnitudes a) → their E2M1 codes in bits 3:0 (low) and 19:16 (high).
 // f2: the block's factor as a bf16 pair.
@@ -63,11 +43,13 @@ __device__ __forceinline__ uint32_t e2m1_pair(uint32_t w, uint32_t a, uint32_t f
   return code | neg;
 }
 
+template <int kUnroll>
 __global__ void __launch_bounds__(kThreads)
     quantize_mxfp4_ct_kernel(const uint16_t* __restrict__ x, int64_t blocks, uint8_t* __restrict__ values,
                              uint8_t* __restrict__ scales, unsigned long long* bad_block) {
   // note: a CTA covers kUnroll x kThreads / 4 blocks; its j-th pass covers kThreads / 4 consecutive blocks
   // (a warp reads 512 contiguous bytes), and all kUnroll loads are issued before the first use.
+  pdl::enter();
   const int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
   uint4 r[kUnroll];
 #pragma unroll
@@ -108,12 +90,24 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t launch_quantize_mxfp4_ct(const uint16_t* x, int64_t rows, int64_t cols, uint8_t* values,
-                                     uint8_t* scales, unsigned long long* bad_block, cudaStream_t stream) {
+                                     uint8_t* scales, unsigned long long* bad_block, cudaStream_t stream,
+                                     QuantLaunch shape) {
   const int64_t blocks = rows * (cols / 32);
   if (blocks == 0) return cudaSuccess;
-  const auto grid = static_cast<unsigned>((blocks * 4 + kThreads * kUnroll - 1) / (kThreads * kUnroll));
-  quantize_mxfp4_ct_kernel<<<grid, kThreads, 0, stream>>>(x, blocks, values, scales, bad_block);
-  return cudaGetLastError();
+  // note: measured (bench/RESULTS.md, quant7): 2 is faster up to 6144x4096 (25M elements: 0.5% there, 1.3%
+  // at 4096x4096, 14% at 2048x768; at 1536x2048 the two swap places between PDL on and off), 4 is 1.3-2.5%
+  // faster at 4096x12288 and 24576x4096; 8 is slowest everywhere.
+  const int u = shape.unroll != 0 ? shape.unroll : (rows * cols < (int64_t{1} << 25) ? 2 : 4);
+  if (u != 2 && u != 4 && u != 8) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((blocks * 4 + kThreads * u - 1) / (kThreads * u)));
+  if (u == 2)
+    return launch_pdl(quantize_mxfp4_ct_kernel<2>, grid, kThreads, 0, stream, x, blocks, values, scales,
+                      bad_block);
+  if (u == 4)
+    return launch_pdl(quantize_mxfp4_ct_kernel<4>, grid, kThreads, 0, stream, x, blocks, values, scales,
+                      bad_block);
+  return launch_pdl(quantize_mxfp4_ct_kernel<8>, grid, kThreads, 0, stream, x, blocks, values, scales,
+                    bad_block);
 }
 
 }  // namespace mxq::cuda

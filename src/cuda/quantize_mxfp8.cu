@@ -1,7 +1,18 @@
 // MXFP8 quantize, rule ceil: bf16 [rows, cols] → E4M3 values (32 bytes per block at i*32) + E8M0 scales.
-// Layout: one thread per 1x32 block; block i covers x[i*32, i*32+32) of the flattened row-major input (cols
-// is a multiple of 32, so blocks never straddle rows) and writes scale byte i, which is exactly the row-major
-// [rows, cols/32] scales plane.
+// Layout: four threads per 1x32 block, each thread `unroll` (QuantLaunch, default 2) such parts; block i
+// covers x[i*32, i*32+32) of the flattened row-major input (cols is a multiple of 32, so blocks never
+// straddle rows). Thread q of block i reads elements [8q, 8q+8) (one 16-byte load: a warp reads 512
+// contiguous bytes), writes value bytes [8q, 8q+8) of the block (one 8-byte store: a warp writes 256
+// contiguous bytes), and thread 0 writes scale byte i, which is exactly the row-major [rows, cols/32] scales
+// plane.
+//
+// note: the block's amax is an integer max of the |x| bit patterns (monotone for non-negative bf16; Inf and
+// NaN are the largest patterns, so one compare flags a non-finite block). The scaling x · 2^(127-b) runs on
+// bf16 pairs (one fma.rn.bf16x2 with -0 as addend per two elements): it is exact, since a bf16 times a power
+// of two stays a bf16 unless it leaves the normal range, and under rule ceil |x| · 2^(127-b) <= 448 (no
+// overflow) while a product below 2^-126 encodes to a signed zero either way (the E4M3 grid ends at 2^-9).
+// The two scaled elements then go to E4M3 in one cvt (sm_89+).
+#include "cuda/pdl.cuh"
 #include "cuda/quantize_encode.cuh"
 #include "cuda/quantize_launch.h"
 
@@ -10,44 +21,68 @@ namespace {
 
 constexpr int kThreads = 256;
 
+template <int kUnroll>
 __global__ void __launch_bounds__(kThreads)
     quantize_mxfp8_ceil_kernel(const uint16_t* __restrict__ x, int64_t blocks, uint8_t* __restrict__ values,
                                uint8_t* __restrict__ scales, unsigned long long* bad_block) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (i >= blocks) return;
-  uint32_t w[16];
-  const float amax = quant::load_mx_block(x, i, w, bad_block);
-  const uint32_t b = quant::mxfp8_ceil_scale(amax);
-  const float factor = quant::exp2_int(127 - static_cast<int>(b));
-  uint32_t out[8];
+  // note: a CTA covers kUnroll x kThreads / 4 blocks; its j-th pass covers kThreads / 4 consecutive blocks,
+  // and all kUnroll loads are issued before the first use.
+  pdl::enter();
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
+  uint4 r[kUnroll];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    uint32_t word = 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t pair = w[2 * j + h];
-      const uint32_t lo = quant::f32_to_e4m3(quant::bf16_bits_to_f32(pair & 0xFFFFu) * factor);
-      const uint32_t hi = quant::f32_to_e4m3(quant::bf16_bits_to_f32(pair >> 16) * factor);
-      word |= (lo | hi << 8) << (16 * h);
-    }
-    out[j] = word;
+  for (int j = 0; j < kUnroll; ++j) {
+    const int64_t g = base + j * kThreads;
+    // note: no early return: the four threads of a block shuffle with the whole warp, and the last warps
+    // may hold threads past the last block (they load nothing and store nothing).
+    r[j] = (g >> 2) < blocks ? __ldg(reinterpret_cast<const uint4*>(x) + g) : make_uint4(0, 0, 0, 0);
   }
-  uint4* dst = reinterpret_cast<uint4*>(values + i * 32);
-  dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
-  dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
-  scales[i] = static_cast<uint8_t>(b);
+#pragma unroll
+  for (int j = 0; j < kUnroll; ++j) {
+    const int64_t g = base + j * kThreads, i = g >> 2;
+    const bool live = i < blocks;
+    const uint32_t w[4] = {r[j].x, r[j].y, r[j].z, r[j].w};
+    uint32_t m = quant::amax_bits8(w);
+    m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+    m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+    const bool q0 = live && (g & 3) == 0;
+    if (m >= 0x7F80u && q0) atomicMin(bad_block, static_cast<unsigned long long>(i));
+    const uint32_t b = quant::mxfp8_ceil_scale(quant::bf16_bits_to_f32(m));
+    const uint32_t f = __float_as_uint(quant::exp2_int(127 - static_cast<int>(b))) >> 16;
+    const uint32_t f2 = f | f << 16;
+    uint32_t p[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t t = quant::fma_bf16x2(w[e], f2, 0x80008000u);  // note: + (-0) keeps the sign of zero
+      p[e] = quant::f32x2_to_e4m3x2(__uint_as_float(t << 16), __uint_as_float(t & 0xFFFF0000u));
+    }
+    if (live)
+      reinterpret_cast<uint2*>(values)[g] =
+          make_uint2(__byte_perm(p[0], p[1], 0x5410), __byte_perm(p[2], p[3], 0x5410));
+    if (q0) scales[i] = static_cast<uint8_t>(b);
+  }
 }
-
-unsigned grid_for(int64_t blocks) { return static_cast<unsigned>((blocks + kThreads - 1) / kThreads); }
 
 }  // namespace
 
 cudaError_t launch_quantize_mxfp8_ceil(const uint16_t* x, int64_t rows, int64_t cols, uint8_t* values,
-                                       uint8_t* scales, unsigned long long* bad_block, cudaStream_t stream) {
+                                       uint8_t* scales, unsigned long long* bad_block, cudaStream_t stream,
+                                       QuantLaunch shape) {
   const int64_t blocks = rows * (cols / 32);
   if (blocks == 0) return cudaSuccess;
-  quantize_mxfp8_ceil_kernel<<<grid_for(blocks), kThreads, 0, stream>>>(x, blocks, values, scales, bad_block);
-  return cudaGetLastError();
+  // note: 2 was fastest on every Qwen3 shape (bench/RESULTS.md, quant7: 2.5% over 4 at 4096x4096, 10% at
+  // 2048x768; 8 was slowest everywhere).
+  const int u = shape.unroll == 0 ? 2 : shape.unroll;
+  if (u != 2 && u != 4 && u != 8) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((blocks * 4 + kThreads * u - 1) / (kThreads * u)));
+  if (u == 2)
+    return launch_pdl(quantize_mxfp8_ceil_kernel<2>, grid, kThreads, 0, stream, x, blocks, values, scales,
+                      bad_block);
+  if (u == 4)
+    return launch_pdl(quantize_mxfp8_ceil_kernel<4>, grid, kThreads, 0, stream, x, blocks, values, scales,
+                      bad_block);
+  return launch_pdl(quantize_mxfp8_ceil_kernel<8>, grid, kThreads, 0, stream, x, blocks, values, scales,
+                    bad_block);
 }
 
 }  // namespace mxq::cuda

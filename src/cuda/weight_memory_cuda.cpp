@@ -10,22 +10,13 @@
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/device_ranges.h"
 #include "cuda/plane_tables.h"
 #include "cuda/refit_launch.h"
 #include "cuda/sparse_decode_launch.h"
 
 namespace mxq::cuda {
 namespace {
-
-bool is_device(const void* p) {
-  if (!p) return false;
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();  // note: older drivers flag plain host pointers; clear it
-    return false;
-  }
-  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-}
 
 class CudaWeightMemory final : public WeightMemory {
  public:
@@ -265,13 +256,8 @@ class CudaWeightMemory final : public WeightMemory {
     if (!table) return tl::unexpected(table.error());
     if (jobs.empty()) return std::optional<SparseRefusal>{};
     const size_t scan_bytes = 2 * (table->chunks + 1) * sizeof(uint64_t);
-    if (decode_scan_.bytes() < scan_bytes) {
-      MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      decode_scan_ = DeviceBuffer();
-      auto b = DeviceBuffer::alloc(scan_bytes + scan_bytes / 4);
-      if (!b) return fail("sparse decode scratch of {} bytes: {}", scan_bytes, b.error().message);
-      decode_scan_ = std::move(*b);
-    }
+    if (auto g = grow(decode_scan_, scan_bytes, "sparse decode scratch"); !g)
+      return tl::unexpected(g.error());
     auto* error = decode_error_.as<unsigned long long>();
     const bool runs = std::any_of(jobs.begin(), jobs.end(),
                                   [](const SparsePlaneJob& j) { return j.encoding == 2 && j.count > 0; });
@@ -403,6 +389,7 @@ class CudaWeightMemory final : public WeightMemory {
     std::vector<BatchItem> direct;                                    // device sources, batched
     std::vector<std::pair<BatchItem, const TensorWriteJob*>> staged;  // host sources, batched via staging
     std::vector<TensorWriteJob> rest;
+    DeviceRanges ranges;
     for (const TensorWriteJob& j : jobs) {
       if (auto s = check_sizes(*j.values_layout, j.values_src.size(), j.values.size()); !s)
         return fail_in(j.name, s.error());
@@ -418,8 +405,8 @@ class CudaWeightMemory final : public WeightMemory {
         continue;
       }
       // note: an empty plane is neither host nor device memory.
-      const int on_dev = (!j.values_src.empty() && is_device(j.values_src.data())) +
-                         (!j.scales_src.empty() && is_device(j.scales_src.data()));
+      const int on_dev = (!j.values_src.empty() && ranges.is_device(j.values_src.data())) +
+                         (!j.scales_src.empty() && ranges.is_device(j.scales_src.data()));
       const int on_host = !j.values_src.empty() + !j.scales_src.empty() - on_dev;
       const bool aligned = reinterpret_cast<uintptr_t>(j.values_src.data()) % 16 == 0 &&
                            reinterpret_cast<uintptr_t>(j.scales_src.data()) % 16 == 0;
@@ -434,16 +421,15 @@ class CudaWeightMemory final : public WeightMemory {
     if (auto s = run_batch(Mode::kWrite, direct); !s) return s;
     // Host sources: groups of at most stage_cap_ bytes (or one tensor) copied into the staging buffer, then
     // one batch each; one stream keeps a group's copy behind the previous group's kernel.
+    auto staged_bytes = [&](size_t k) {
+      return up16(staged[k].second->values_src.size()) + up16(staged[k].second->scales_src.size());
+    };
     size_t cap = stage_cap_;
-    for (const auto& [item, j] : staged)
-      cap = std::max(cap, up16(j->values_src.size()) + up16(j->scales_src.size()));
+    for (size_t k = 0; k < staged.size(); ++k) cap = std::max(cap, staged_bytes(k));
     for (size_t g = 0; g < staged.size();) {
       size_t bytes = 0, end = g;
-      while (end < staged.size() && (end == g || bytes + up16(staged[end].second->values_src.size()) +
-                                                         up16(staged[end].second->scales_src.size()) <=
-                                                     cap))
-        bytes += up16(staged[end].second->values_src.size()) + up16(staged[end].second->scales_src.size()),
-            ++end;
+      while (end < staged.size() && (end == g || bytes + staged_bytes(end) <= cap))
+        bytes += staged_bytes(end++);
       auto st = stage(bytes);
       if (!st) return tl::unexpected(st.error());
       std::vector<BatchItem> group;
@@ -573,13 +559,7 @@ class CudaWeightMemory final : public WeightMemory {
     const size_t tensor_bytes = up16(n * sizeof(BatchTensorDevice)), map_bytes = up16(tiles * 4),
                  counter_bytes = up16((n + tiles) * 4), out_bytes = up16(n * 8), sum_bytes = blocks * 64;
     const size_t need = tensor_bytes + map_bytes + counter_bytes + out_bytes + sum_bytes;
-    if (meta_.bytes() < need) {
-      MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      meta_ = DeviceBuffer();
-      auto b = DeviceBuffer::alloc(need + need / 4);
-      if (!b) return fail("refit batch scratch of {} bytes: {}", need, b.error().message);
-      meta_ = std::move(*b);
-    }
+    if (auto g = grow(meta_, need, "refit batch scratch"); !g) return g;
     uint8_t* base = meta_.as<uint8_t>();
     auto* d_tensors = reinterpret_cast<BatchTensorDevice*>(base);
     auto* d_map = reinterpret_cast<uint32_t*>(base + tensor_bytes);
@@ -713,13 +693,7 @@ class CudaWeightMemory final : public WeightMemory {
     const size_t job_bytes = up16(dev.size() * sizeof(SparseJobDevice)),
                  prefix_bytes = up16(first_entry.size() * 8);
     const size_t need = job_bytes + 2 * prefix_bytes;
-    if (job_table_.bytes() < need) {
-      MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      job_table_ = DeviceBuffer();
-      auto b = DeviceBuffer::alloc(need + need / 4);
-      if (!b) return fail("sparse job table of {} bytes: {}", need, b.error().message);
-      job_table_ = std::move(*b);
-    }
+    if (auto g = grow(job_table_, need, "sparse job table"); !g) return tl::unexpected(g.error());
     // note: a copy from pageable memory returns once the driver holds the bytes, so the host table may go;
     // stream order keeps the new table from overwriting one a queued kernel still reads.
     std::vector<uint8_t> host(need);
@@ -772,15 +746,21 @@ class CudaWeightMemory final : public WeightMemory {
     return p;
   }
 
+  // A device buffer grown on demand to at least `need` bytes (a quarter more, so slow growth does not
+  // reallocate at every call); the stream is drained first, since queued work may still read the old one.
+  Status grow(DeviceBuffer& b, size_t need, std::string_view what) {
+    if (b.bytes() >= need) return {};
+    MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    b = DeviceBuffer();
+    auto fresh = DeviceBuffer::alloc(need + need / 4);
+    if (!fresh) return fail("{} of {} bytes: {}", what, need, fresh.error().message);
+    b = std::move(*fresh);
+    return {};
+  }
+
   // One staging buffer, grown on demand; stream order keeps a later use from overtaking an earlier one.
   Result<uint8_t*> stage(size_t bytes) {
-    if (staging_.bytes() < bytes) {
-      MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      staging_ = DeviceBuffer();
-      auto b = DeviceBuffer::alloc(bytes + bytes / 4);
-      if (!b) return fail("staging buffer of {} bytes: {}", bytes, b.error().message);
-      staging_ = std::move(*b);
-    }
+    if (auto g = grow(staging_, bytes, "staging buffer"); !g) return tl::unexpected(g.error());
     return staging_.as<uint8_t>();
   }
 

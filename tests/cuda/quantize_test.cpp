@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda/pdl.h"
+#include "cuda/quantize_launch.h"
 #include "format/codec.h"
 #include "format/quantize.h"
 #include "gpu_test_util.h"
@@ -133,7 +135,8 @@ std::vector<uint16_t> regime_bf16(std::mt19937_64& rng, size_t count) {
 
 // Runs the GPU quantizer on x [rows, cols] (poisoned outputs) and expects `want`'s planes byte for byte; a
 // values mismatch names the input pair and the block's first element.
-void expect_gpu_planes(Format f, const std::vector<uint16_t>& x, int64_t rows, int64_t cols, const Planes& want) {
+void expect_gpu_planes(Format f, const std::vector<uint16_t>& x, int64_t rows, int64_t cols,
+                       const Planes& want) {
   auto dx = test::upload(x);
   auto dv = test::poisoned<uint8_t>(want.values.size());
   auto ds = test::poisoned<uint8_t>(want.scales.size());
@@ -144,7 +147,8 @@ void expect_gpu_planes(Format f, const std::vector<uint16_t>& x, int64_t rows, i
   auto values = test::download<uint8_t>(*dv, want.values.size());
   auto scales = test::download<uint8_t>(*ds, want.scales.size());
   ASSERT_TRUE(values && scales);
-  for (size_t i = 0; i < want.scales.size(); ++i) ASSERT_EQ((*scales)[i], want.scales[i]) << "scale byte " << i;
+  for (size_t i = 0; i < want.scales.size(); ++i)
+    ASSERT_EQ((*scales)[i], want.scales[i]) << "scale byte " << i;
   const size_t per_byte = f == Format::kMXFP4 ? 2 : 1;
   auto describe = [&](size_t i) {
     const size_t elem = per_byte * i, lead = f == Format::kFP8_B128 ? elem : elem / 32 * 32;
@@ -222,7 +226,8 @@ TEST_P(GpuQuantizeEveryBf16, BitwiseEqualsSpecReference) {  // covers N-11, N-12
   for (int s = 0; s <= 4; ++s)
     for (size_t k = 0; k < finite.size(); k += 31) {
       float amax = 0.0f;
-      for (size_t j = k; j < std::min(finite.size(), k + 31); ++j) amax = std::max(amax, std::fabs(bf16_to_f32(finite[j])));
+      for (size_t j = k; j < std::min(finite.size(), k + 31); ++j)
+        amax = std::max(amax, std::fabs(bf16_to_f32(finite[j])));
       const float lead = std::ldexp(amax, s);
       uint32_t bits = 0;
       std::memcpy(&bits, &lead, 4);
@@ -235,6 +240,119 @@ TEST_P(GpuQuantizeEveryBf16, BitwiseEqualsSpecReference) {  // covers N-11, N-12
 
 INSTANTIATE_TEST_SUITE_P(Formats, GpuQuantizeEveryBf16, ::testing::Values(Format::kMXFP8, Format::kMXFP4),
                          [](const auto& info) { return std::string(traits(info.param).name); });
+
+// Every launch shape of the three bf16 kernels (QuantLaunch: the variants `mxq bench quantize --device cuda`
+// times), PDL on and off, on shapes whose last CTA is ragged and (FP8-B128 with ctas_per_sm > 0) where a CTA
+// loops over several tiles: bitwise against the spec reference, nothing flagged, then one Inf and one NaN
+// placed in the input and the first of their blocks (row-major block order) reported.
+struct ShapeCase {
+  Format format;
+  QuantLaunch shape;
+};
+void PrintTo(const ShapeCase& c, std::ostream* os) {
+  *os << traits(c.format).name << " unroll " << c.shape.unroll << " ctas_per_sm " << c.shape.ctas_per_sm
+      << " (0 / -1: the default)";
+}
+
+cudaError_t launch_shape(const ShapeCase& c, const void* x, int64_t rows, int64_t cols, void* values,
+                         void* scales, unsigned long long* bad) {
+  const auto* xb = static_cast<const uint16_t*>(x);
+  auto* v = static_cast<uint8_t*>(values);
+  if (c.format == Format::kMXFP8)
+    return launch_quantize_mxfp8_ceil(xb, rows, cols, v, static_cast<uint8_t*>(scales), bad, nullptr,
+                                      c.shape);
+  if (c.format == Format::kMXFP4)
+    return launch_quantize_mxfp4_ct(xb, rows, cols, v, static_cast<uint8_t*>(scales), bad, nullptr, c.shape);
+  return launch_quantize_fp8_b128(xb, rows, cols, v, static_cast<float*>(scales), bad, nullptr, c.shape);
+}
+
+class GpuQuantizeLaunchShape : public ::testing::TestWithParam<ShapeCase> {};
+
+TEST_P(GpuQuantizeLaunchShape, BitwiseEqualsSpecReference) {  // covers N-10, N-11, N-12
+  const ShapeCase c = GetParam();
+  const Format f = c.format;
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<std::array<int64_t, 2>> dims =
+      f == Format::kFP8_B128
+          ? std::vector<std::array<int64_t, 2>>{{1, 1}, {257, 300}, {1100, 2999}, {3000, 3000}}
+          : std::vector<std::array<int64_t, 2>>{{1, 32}, {3, 96}, {61, 4096}, {1000, 2080}};
+  for (const auto& [rows, cols] : dims) {
+    SCOPED_TRACE("shape [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
+    std::vector<uint16_t> x = regime_bf16(rng, static_cast<size_t>(rows * cols));
+    const Planes want = ref_quantize(f, x, rows, cols);
+    // The block index (row-major over the scales plane) of element (r, col).
+    const auto block_of = [&](int64_t r, int64_t col) -> unsigned long long {
+      if (f == Format::kFP8_B128)
+        return static_cast<unsigned long long>(r / 128 * ((cols + 127) / 128) + col / 128);
+      return static_cast<unsigned long long>(r * (cols / 32) + col / 32);
+    };
+    for (bool pdl : {true, false}) {
+      SCOPED_TRACE(pdl ? "pdl on" : "pdl off");
+      set_pdl(pdl);
+      for (bool with_bad : {false, true}) {
+        std::vector<uint16_t> xi = x;
+        unsigned long long expect_bad = ~0ull;
+        if (with_bad) {
+          xi[static_cast<size_t>(rows / 2 * cols + cols / 2)] = 0xFF80;  // -inf
+          expect_bad = block_of(rows / 2, cols / 2);
+          if (rows >= 3) {
+            xi[static_cast<size_t>((rows - 1) * cols)] = 0x7FC1;  // NaN
+            expect_bad = std::min(expect_bad, block_of(rows - 1, 0));
+          }
+        }
+        auto dx = test::upload(xi);
+        auto dv = test::poisoned<uint8_t>(want.values.size());
+        auto ds = test::poisoned<uint8_t>(want.scales.size());
+        auto db = test::poisoned<unsigned long long>(1);
+        ASSERT_TRUE(dx && dv && ds && db);
+        ASSERT_EQ(launch_shape(c, dx->as(), rows, cols, dv->as(), ds->as(), db->as<unsigned long long>()),
+                  cudaSuccess);
+        auto bad = test::download<unsigned long long>(*db, 1);
+        ASSERT_TRUE(bad);
+        ASSERT_EQ((*bad)[0], expect_bad) << (with_bad ? "with Inf and NaN" : "all finite");
+        if (with_bad) continue;
+        auto values = test::download<uint8_t>(*dv, want.values.size());
+        auto scales = test::download<uint8_t>(*ds, want.scales.size());
+        ASSERT_TRUE(values && scales);
+        for (size_t i = 0; i < want.scales.size(); ++i)
+          ASSERT_EQ((*scales)[i], want.scales[i]) << "scale byte " << i;
+        for (size_t i = 0; i < want.values.size(); ++i)
+          ASSERT_EQ((*values)[i], want.values[i]) << "value byte " << i;
+      }
+    }
+  }
+  set_pdl(true);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuQuantizeLaunchShape,
+    ::testing::Values(ShapeCase{Format::kMXFP8, {2, 0}}, ShapeCase{Format::kMXFP8, {4, 0}},
+                      ShapeCase{Format::kMXFP8, {8, 0}}, ShapeCase{Format::kMXFP4, {2, 0}},
+                      ShapeCase{Format::kMXFP4, {4, 0}}, ShapeCase{Format::kMXFP4, {8, 0}},
+                      ShapeCase{Format::kFP8_B128, {4, 0}}, ShapeCase{Format::kFP8_B128, {4, 1}},
+                      ShapeCase{Format::kFP8_B128, {4, 2}}, ShapeCase{Format::kFP8_B128, {4, 3}},
+                      ShapeCase{Format::kFP8_B128, {4, 4}}, ShapeCase{Format::kMXFP8, {}},
+                      ShapeCase{Format::kMXFP4, {}}, ShapeCase{Format::kFP8_B128, {}}),
+    [](const auto& info) {
+      std::string n(traits(info.param.format).name);
+      std::replace(n.begin(), n.end(), '-', '_');
+      const QuantLaunch& l = info.param.shape;
+      if (l.unroll == 0 && l.ctas_per_sm == -1) return n + "_default";
+      return n + "_unroll" + std::to_string(l.unroll) + "_ctas" + std::to_string(l.ctas_per_sm);
+    });
+
+TEST(GpuQuantizeArgs, RefusesUnknownLaunchShape) {
+  EXPECT_EQ(launch_quantize_mxfp8_ceil(nullptr, 1, 32, nullptr, nullptr, nullptr, nullptr, {3, 0}),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(launch_quantize_mxfp4_ct(nullptr, 1, 32, nullptr, nullptr, nullptr, nullptr, {16, 0}),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(launch_quantize_fp8_b128(nullptr, 1, 1, nullptr, nullptr, nullptr, nullptr, {4, 5}),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(launch_quantize_fp8_b128(nullptr, 1, 1, nullptr, nullptr, nullptr, nullptr, {4, -2}),
+            cudaErrorInvalidValue);
+}
 
 class GpuQuantizeRefuses : public ::testing::TestWithParam<Format> {};
 
