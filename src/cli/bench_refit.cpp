@@ -205,7 +205,7 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
     const double gbs = moved_gb / (ms * 1e-3);
     fmt::print("{:<52} {:>9.3f} {:>9.0f} {:>8.1f}%\n", what, ms, gbs, 100 * gbs / ceiling);
   };
-  row("full refit from device (warp write, fused sums)", *full, 2 * gb, copy_gbs);
+  row("full refit from device (warp write, chains overlapped)", *full, 2 * gb, copy_gbs);
   fmt::print("{:<52} {:>9} {:>9} {:>8.1f}%\n", "  the same, against the SM copy kernel", "", "",
              100 * sm_copy / *full);
   row("  the same, 64 KiB tiles staged in shared memory", *full_staged, 2 * gb, copy_gbs);

@@ -63,4 +63,35 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Pinned host memory grown on demand (a quarter more than asked, so slow growth does not reallocate each
+// time); get() returns null when it cannot be had. Growing frees the old block: the caller makes sure no
+// queued copy still uses it.
+class PinnedHost {
+ public:
+  PinnedHost() = default;
+  PinnedHost(const PinnedHost&) = delete;
+  PinnedHost& operator=(const PinnedHost&) = delete;
+  ~PinnedHost() {
+    if (ptr_) cudaFreeHost(ptr_);
+  }
+  uint8_t* get(size_t bytes) {
+    if (bytes_ < bytes) {
+      if (ptr_) cudaFreeHost(ptr_);
+      ptr_ = nullptr, bytes_ = 0;
+      if (cudaHostAlloc(&ptr_, bytes + bytes / 4, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        ptr_ = nullptr;
+        return nullptr;
+      }
+      bytes_ = bytes + bytes / 4;
+    }
+    return static_cast<uint8_t*>(ptr_);
+  }
+  size_t capacity() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 }  // namespace mxq::cuda

@@ -45,6 +45,7 @@ using namespace refit_tile;
 
 // The end of a tile, every thread: the pair's exchange of its lane sums, the block's sums stored, the
 // tensor's counter bumped, and the chain run by the block that finishes the tensor's last tile.
+template <int kSt = kStages>
 __device__ __forceinline__ void finish_tile(const BatchTensorDevice& t, int k, bool write,
                                             uint64_t stream_off, uint64_t bq, uint64_t bytes, int h,
                                             const uint64_t (&acc)[8], unsigned* counters, uint64_t* out,
@@ -67,7 +68,7 @@ __device__ __forceinline__ void finish_tile(const BatchTensorDevice& t, int k, b
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  chain(t, write, out + k, ring);
+  chain<kSt>(t, write, out + k, ring);
 }
 
 // note: 4 blocks per SM (128 registers): ptxas would take ~150 for the write mode and run 3.
@@ -127,7 +128,9 @@ __global__ void __launch_bounds__(kThreads, 4)
 // The chain's ring reuses the buffer once the tile is stored.
 constexpr int kChunkUnits = 1024 / 16, kHalfSkewUnits = kChunkUnits / 2 + 1, kTileChunks = kWarps * kPairs;
 constexpr size_t kStagedSmem = sizeof(uint4) * kTileChunks * kHalfSkewUnits;
-static_assert(kStagedSmem >= kRingBytes, "the chain's ring fits in the half tile's shared memory");
+constexpr int kStagedRing = 8;  // the chain's ring slots in the staged buffer (twice the plain kernel's)
+static_assert(kStagedSmem >= kRingBytes / kStages * kStagedRing,
+              "the chain's ring fits in the half tile's shared memory");
 
 // Half `half` (units 32·half .. 32·half + 31 of every chunk) of the tile at g (len bytes there, a multiple
 // of 16) into `tile` (32 units a chunk); units past len are zeros. One cp.async group.
@@ -258,13 +261,16 @@ __global__ void __launch_bounds__(kThreads, 4)
       __syncthreads();  // note: the next half (or the chain's ring) reuses the buffer
     }
   }
-  finish_tile(t, k, true, stream_off, bq, bytes, h, acc, counters, out,
-              reinterpret_cast<uint64_t(*)[kStageBlocks * 8]>(staged));
+  finish_tile<kStagedRing>(t, k, true, stream_off, bq, bytes, h, acc, counters, out,
+                           reinterpret_cast<uint64_t(*)[kStageBlocks * 8]>(staged));
 }
 
+// note: 12 ring slots (48 KiB, the static limit): these chains run beside the warp write at full
+// bandwidth (refit_write_warp.cu).
+constexpr int kChainsRing = 12;
 __global__ void __launch_bounds__(kThreads) chains_only(const BatchTensorDevice* tensors, uint64_t* out) {
-  __shared__ __align__(16) uint64_t ring[kStages][kStageBlocks * 8];
-  chain(tensors[blockIdx.x], false, out + blockIdx.x, ring);
+  __shared__ __align__(16) uint64_t ring[kChainsRing][kStageBlocks * 8];
+  chain<kChainsRing>(tensors[blockIdx.x], false, out + blockIdx.x, ring);
 }
 
 __global__ void fill_tile_map(const BatchTensorDevice* tensors, int count, uint32_t total, uint32_t* map) {

@@ -36,6 +36,7 @@ struct DevicePlane {
   // Rows back to back: row_off[r] == row_off[0] + r·row_bytes for every row (then canonical byte q of a
   // transpose4 plane's 64-byte group g sits inside native bytes row_off[0] + [64g, 64g + 64)).
   bool rows_contiguous = false;
+  int64_t row0 = 0;  // row_off[0] (from the host's copy of the table), for rows_contiguous planes
   MXQ_REFIT_HD int64_t bytes() const { return rows * row_bytes; }
   MXQ_REFIT_HD bool identity() const { return row_off == nullptr; }
 };
@@ -109,15 +110,20 @@ cudaError_t launch_refit_batch(bool write, bool staged, const BatchTensorDevice*
                                uint32_t total_tiles, uint32_t* tile_map, unsigned* counters, uint64_t* out,
                                cudaStream_t stream);
 // The write mode of launch_refit_batch by warps (refit_write_warp.cu): one warp a 4 KiB unit, 16 a tile;
-// the same bytes, sums and checksums, the same scratch. Every plane identity or transpose4
-// (batch_warp_plane_ok); at most kMaxWarpTiles tiles (the grid is 16 blocks a tile); counters: count +
-// total_tiles words (one a tensor, one a tile).
+// the same bytes, sums and checksums. Every plane identity or transpose4 (batch_warp_plane_ok); at most
+// kMaxWarpTiles tiles (the grid is 16 blocks a tile). host: the same `count` descriptors in host memory
+// (the launcher cuts the batch into segments of whole tensors). The chains run on the side streams, joined
+// back into `stream` before it returns; no counters.
 inline constexpr uint32_t kMaxWarpTiles = 0x7FFFFFFFu / 16;
 MXQ_REFIT_HD inline bool batch_warp_plane_ok(const DevicePlane& p) {
   return p.bytes() == 0 || p.identity() || p.transpose4;
 }
-cudaError_t launch_refit_warp(const BatchTensorDevice* tensors, int count, uint32_t total_tiles,
-                              uint32_t* tile_map, unsigned* counters, uint64_t* out, cudaStream_t stream);
+struct WarpChainStreams;  // the side streams and events of launch_refit_warp, made once by its owner
+cudaError_t warp_chain_streams_create(WarpChainStreams** out);
+void warp_chain_streams_destroy(WarpChainStreams* s);
+cudaError_t launch_refit_warp(const BatchTensorDevice* tensors, const BatchTensorDevice* host, int count,
+                              uint32_t total_tiles, uint32_t* tile_map, uint64_t* out, WarpChainStreams* side,
+                              cudaStream_t stream);
 // tile_map[g] = the tensor whose tiles hold grid tile g (tensors in first_tile order), for the kernels above.
 cudaError_t launch_fill_tile_map(const BatchTensorDevice* tensors, int count, uint32_t total_tiles,
                                  uint32_t* tile_map, cudaStream_t stream);

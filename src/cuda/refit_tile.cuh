@@ -21,7 +21,7 @@ constexpr int kWarps = 4, kThreads = kWarps * 32;
 constexpr int kPairs = 16;   // 1 KiB chunks per warp and tile, one per lane pair
 constexpr int kStripes = 8;  // stripes per lane: 2k + h
 static_assert(kBatchTileBytes == uint64_t{kWarps} * kPairs * 1024, "a tile is one chunk per lane pair");
-constexpr int kStageBlocks = 64, kStages = 4;  // chain: block sums staged per ring slot, ring slots
+constexpr int kStageBlocks = 64, kStages = 4;  // chain: block sums staged per ring slot, ring slots (default)
 
 // Secret words for keys whose index is known at compile time (after unrolling): constant-bank operands.
 // kStep[j] = kWord[j] ^ kWord[j + 1]: the odd lane of a pair gets word j + 1 as kWord[j] ^ (mask & kStep[j]).
@@ -250,11 +250,15 @@ __device__ __forceinline__ void chain_finish(const BatchTensorDevice& t, bool wr
 }
 
 // Lanes 0..7 of warp 0 of the block finish tensor t; every thread of the block calls it.
-// Ring: stage b (kStageBlocks blocks' sums) sits in slot b % kStages; warps 1..3 keep kStages - 1 stages in
+// Ring: stage b (kStageBlocks blocks' sums) sits in slot b % kSt; warps 1..3 keep kSt - 1 stages in
 // flight (cp.async groups, one per stage, empty past the end), a barrier per stage hands a slot over.
+// note: a chain that runs beside a write at full bandwidth sees loads of several microseconds (the write
+// keeps ~17 MB in flight: ~4 us at 4 TB/s); 3 stages ahead (~3.6 us of steps) ran its chains at half speed
+// (session 8), hence deeper rings where shared memory allows (kSt).
 constexpr size_t kRingBytes = sizeof(uint64_t) * kStages * kStageBlocks * 8;
-inline __device__ void chain(const BatchTensorDevice& t, bool write, uint64_t* out,
-                             uint64_t (*ring)[kStageBlocks * 8]) {
+template <int kSt = kStages>
+__device__ __forceinline__ void chain(const BatchTensorDevice& t, bool write, uint64_t* out,
+                                      uint64_t (*ring)[kStageBlocks * 8]) {
   const int tid = threadIdx.x, i = tid & 7;
   const uint64_t blocks = x::full_blocks(t.len);
   const uint64_t* s = t.sums;
@@ -267,22 +271,22 @@ inline __device__ void chain(const BatchTensorDevice& t, bool write, uint64_t* o
     if (b < stages) {
       const int pieces = stage_blocks(b) * 4;  // 16-byte pieces: 4 per block
       const uint64_t* from = s + b * kStageBlocks * 8;
-      uint64_t* to = ring[b % kStages];
+      uint64_t* to = ring[b % kSt];
       for (int e = tid - 32; e < pieces; e += kThreads - 32) cp_async16(to + 2 * e, from + 2 * e);
     }
     cp_async_commit();
   };
   if (tid >= 32)
-    for (int b = 0; b < kStages - 1; ++b) issue(static_cast<uint64_t>(b));
+    for (int b = 0; b < kSt - 1; ++b) issue(static_cast<uint64_t>(b));
   uint64_t acc = x::init_acc(i);
   const uint64_t key = x::scramble_key(i);
   for (uint64_t b = 0; b < stages; ++b) {
-    if (tid >= 32) cp_async_wait<kStages - 2>();
+    if (tid >= 32) cp_async_wait<kSt - 2>();
     __syncthreads();
     if (tid >= 32) {
-      issue(b + kStages - 1);
+      issue(b + kSt - 1);
     } else if (tid < 8) {
-      const uint64_t* cur = ring[b % kStages] + i;
+      const uint64_t* cur = ring[b % kSt] + i;
       const int n = stage_blocks(b);
       // note: scramble_add folds the next block's sum into the multiply of this one (the dependent path is
       // shift, xor, one wide multiply-add); the stage's last scramble adds nothing. (Reading a stage's sums

@@ -7,10 +7,12 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cuda/check.h"
 #include "cuda/device_ranges.h"
+#include "cuda/kept_sums.h"
 #include "cuda/plane_tables.h"
 #include "cuda/refit_launch.h"
 #include "cuda/sparse_decode_launch.h"
@@ -35,7 +37,7 @@ class CudaWeightMemory final : public WeightMemory {
     for (const auto& [ptr, bytes] : scratch_) cudaFreeAsync(ptr, stream_);
     if (stream_) cudaStreamSynchronize(stream_);
     if (pool_) cudaMemPoolDestroy(pool_);
-    if (pinned_) cudaFreeHost(pinned_);
+    warp_chain_streams_destroy(side_);
     if (own_stream_) cudaStreamDestroy(stream_);
   }
 
@@ -47,6 +49,8 @@ class CudaWeightMemory final : public WeightMemory {
     auto st = DeviceBuffer::alloc(sizeof(unsigned long long));
     if (!st) return tl::unexpected(st.error());
     status_ = std::move(*st);
+    status_host_ = reinterpret_cast<unsigned long long*>(status_pinned_.get(sizeof(unsigned long long)));
+    if (!status_host_) return fail("pinned host memory of 8 bytes for the status word");
     MXQ_CUDA_CHECK(cudaMemsetAsync(status_.as(), 0xFF, sizeof(unsigned long long), stream_));
     auto de = DeviceBuffer::alloc(sizeof(unsigned long long));
     if (!de) return tl::unexpected(de.error());
@@ -74,8 +78,7 @@ class CudaWeightMemory final : public WeightMemory {
   void set_warp(bool on) { warp_ = on; }
   void set_incremental(bool on) {
     incremental_ = on && batched_;
-    if (!on)
-      while (!records_.empty()) forget(records_.begin()->first);
+    if (!on) kept_.forget_all(stream_);
   }
   std::string_view name() const override { return "cuda"; }
   bool on_device() const override { return true; }
@@ -108,6 +111,7 @@ class CudaWeightMemory final : public WeightMemory {
         p.cols = std::move(*t);
         p.transpose4 = plane_is_transpose4(l, p.run);
         p.rows_contiguous = plane_rows_contiguous(l);
+        p.row0 = l.row_off.empty() ? 0 : l.row_off[0];
       }
     }
     MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -118,7 +122,7 @@ class CudaWeightMemory final : public WeightMemory {
   }
   void free_plane(std::span<uint8_t> native) override {
     uint64_t off = 0;
-    if (SumRecord* r = record_of(native.data(), off)) forget(r->values);
+    if (SumRecord* r = kept_.record_of(native.data(), off)) kept_.forget(r->values, stream_);
     planes_.erase(native.data());
   }
 
@@ -177,7 +181,7 @@ class CudaWeightMemory final : public WeightMemory {
                      std::span<uint8_t> native) override {
     if (auto s = check_sizes(l, canonical.size(), native.size()); !s) return s;
     if (canonical.empty()) return {};
-    invalidate(native.data());
+    kept_.invalidate(native.data());
     if (l.kind == PlaneKind::kIdentity) {
       MXQ_CUDA_CHECK(
           cudaMemcpyAsync(native.data(), canonical.data(), canonical.size(), cudaMemcpyDefault, stream_));
@@ -236,18 +240,10 @@ class CudaWeightMemory final : public WeightMemory {
   }
 
   std::span<uint8_t> host_staging(size_t bytes) override {
-    if (pinned_bytes_ < bytes) {
-      cudaStreamSynchronize(stream_);  // note: a queued upload may still read the old buffer
-      if (pinned_) cudaFreeHost(pinned_);
-      pinned_ = nullptr, pinned_bytes_ = 0;
-      void* p = nullptr;
-      if (cudaHostAlloc(&p, bytes + bytes / 4, cudaHostAllocDefault) != cudaSuccess) {
-        cudaGetLastError();
-        return {};
-      }
-      pinned_ = static_cast<uint8_t*>(p), pinned_bytes_ = bytes + bytes / 4;
-    }
-    return {pinned_, bytes};
+    // note: a queued upload may still read the buffer that growing frees
+    if (pinned_.capacity() < bytes) cudaStreamSynchronize(stream_);
+    uint8_t* p = pinned_.get(bytes);
+    return p ? std::span<uint8_t>{p, bytes} : std::span<uint8_t>{};
   }
 
   Result<std::optional<SparseRefusal>> decode_sparse(std::span<const SparsePlaneJob> jobs,
@@ -344,7 +340,8 @@ class CudaWeightMemory final : public WeightMemory {
     MXQ_CUDA_CHECK(
         launch_sparse_scatter(*p, d_idx, kWidth, count, entry_bytes, d_bytes, d_undo, status, stream_));
     uint64_t stream_off = 0;
-    if (SumRecord* rec = incremental_ ? record_of(native.data(), stream_off) : nullptr; rec && rec->valid) {
+    if (SumRecord* rec = incremental_ ? kept_.record_of(native.data(), stream_off) : nullptr;
+        rec && rec->valid) {
       // note: without the old bytes the kept sums cannot follow: the next checksum re-reads the tensor.
       if (d_undo)
         MXQ_CUDA_CHECK(launch_sum_delta(*p, d_idx, kWidth, count, entry_bytes, d_undo, stream_off, rec->len,
@@ -370,7 +367,7 @@ class CudaWeightMemory final : public WeightMemory {
       if (!v) return tl::unexpected(v.error());
       if (!s) return tl::unexpected(s.error());
       uint64_t off = 0;
-      SumRecord* rec = incremental_ && !reread_ && v->native ? record_of(v->native, off) : nullptr;
+      SumRecord* rec = incremental_ && !reread_ && v->native ? kept_.record_of(v->native, off) : nullptr;
       if (batch_eligible(*v, *s) && rec && rec->valid && rec->scales == s->native &&
           rec->len == static_cast<uint64_t>(v->bytes() + s->bytes()))
         chains.push_back({*v, *s, nullptr, nullptr, j.out});
@@ -494,9 +491,12 @@ class CudaWeightMemory final : public WeightMemory {
   }
 
   Status sync() override {
-    unsigned long long status = 0;
-    MXQ_CUDA_CHECK(cudaMemcpyAsync(&status, status_.as(), sizeof status, cudaMemcpyDeviceToHost, stream_));
+    // note: into pinned memory, so the copy queues behind the stream's work and one synchronize waits for
+    // both (a pageable destination makes the copy itself wait for the stream: two round trips).
+    MXQ_CUDA_CHECK(
+        cudaMemcpyAsync(status_host_, status_.as(), sizeof *status_host_, cudaMemcpyDeviceToHost, stream_));
     MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const unsigned long long status = *status_host_;
     // note: the pool's release threshold acts at syncs too; trimming here makes "at most keep_ bytes kept
     // after a sync" hold whatever the driver's heuristics (no work when less is reserved).
     if (scratch_reserved() > keep_) MXQ_CUDA_CHECK(cudaMemPoolTrimTo(pool_, keep_));
@@ -517,6 +517,7 @@ class CudaWeightMemory final : public WeightMemory {
     DeviceBuffer buffer, row_off, col_off, cols;
     int run = 16;
     bool transpose4 = false, rows_contiguous = false;
+    int64_t row0 = 0;
   };
 
   struct BatchItem {
@@ -547,7 +548,10 @@ class CudaWeightMemory final : public WeightMemory {
       d.first_tile = static_cast<uint32_t>(tiles);
       d.values_tiles = batch_tiles(it.values.bytes());
       d.tiles = d.values_tiles + batch_tiles(it.scales.bytes());
-      SumRecord* rec = incremental_ ? record_for(it.values, it.scales, d.len) : nullptr;
+      SumRecord* rec = incremental_
+                           ? kept_.record_for(it.values.native, it.scales.native,
+                                              static_cast<uint64_t>(it.values.bytes()), d.len, stream_)
+                           : nullptr;
       kept.push_back(rec);
       first_block.push_back(blocks);
       if (!rec) blocks += xxh3_job_blocks(d.len);
@@ -568,8 +572,12 @@ class CudaWeightMemory final : public WeightMemory {
     auto* d_sums = reinterpret_cast<uint64_t*>(base + tensor_bytes + map_bytes + counter_bytes + out_bytes);
     for (size_t k = 0; k < n; ++k)
       dev[k].sums = kept[k] ? kept[k]->sums.as<uint64_t>() : d_sums + first_block[k] * 8;
-    MXQ_CUDA_CHECK(cudaMemcpyAsync(d_tensors, dev.data(), n * sizeof(BatchTensorDevice),
-                                   cudaMemcpyHostToDevice, stream_));
+    // note: the tables go through pinned memory (a pageable copy waits for the stream and stages).
+    uint8_t* host = table_.get(tensor_bytes + out_bytes);
+    if (!host) return fail("pinned host memory of {} bytes for a refit batch", tensor_bytes + out_bytes);
+    std::memcpy(host, dev.data(), n * sizeof(BatchTensorDevice));
+    MXQ_CUDA_CHECK(
+        cudaMemcpyAsync(d_tensors, host, n * sizeof(BatchTensorDevice), cudaMemcpyHostToDevice, stream_));
     // note: the warp write takes identity and GEMV transpose4 planes; a batch with another layout (or past
     // its tile cap) takes refit_batch.cu's kernels.
     const bool by_warps = mode == Mode::kWrite && warp_ && tiles <= kMaxWarpTiles &&
@@ -578,68 +586,21 @@ class CudaWeightMemory final : public WeightMemory {
                           });
     if (mode == Mode::kChains)
       MXQ_CUDA_CHECK(launch_refit_chains(d_tensors, static_cast<int>(n), d_out, stream_));
-    else if (by_warps)
-      MXQ_CUDA_CHECK(launch_refit_warp(d_tensors, static_cast<int>(n), static_cast<uint32_t>(tiles), d_map,
-                                       d_counters, d_out, stream_));
-    else
+    else if (by_warps) {
+      if (!side_) MXQ_CUDA_CHECK(warp_chain_streams_create(&side_));
+      MXQ_CUDA_CHECK(launch_refit_warp(d_tensors, dev.data(), static_cast<int>(n),
+                                       static_cast<uint32_t>(tiles), d_map, d_out, side_, stream_));
+    } else
       MXQ_CUDA_CHECK(launch_refit_batch(mode == Mode::kWrite, staged_, d_tensors, static_cast<int>(n),
                                         static_cast<uint32_t>(tiles), d_map, d_counters, d_out, stream_));
-    std::vector<uint64_t> out(n);
-    MXQ_CUDA_CHECK(cudaMemcpyAsync(out.data(), d_out, n * 8, cudaMemcpyDeviceToHost, stream_));
+    auto* out = reinterpret_cast<uint64_t*>(host + tensor_bytes);
+    MXQ_CUDA_CHECK(cudaMemcpyAsync(out, d_out, n * 8, cudaMemcpyDeviceToHost, stream_));
     if (auto s = sync(); !s) return s;
     for (size_t k = 0; k < n; ++k) {
       *items[k].out = out[k];
       if (kept[k]) kept[k]->valid = true;
     }
     return {};
-  }
-
-  // Incremental checksums: each batched tensor keeps its block sums (64 bytes per KiB) next to its planes,
-  // current after every full write or hash and every sparse write that saves the old bytes.
-  struct SumRecord {
-    DeviceBuffer sums;
-    const uint8_t* values = nullptr;
-    const uint8_t* scales = nullptr;
-    uint64_t len = 0;
-    bool valid = false;
-  };
-  // The record of a tensor (created on first use; null when its memory cannot be had: the batch then uses
-  // scratch, as without the option).
-  SumRecord* record_for(const DevicePlane& v, const DevicePlane& s, uint64_t len) {
-    auto it = records_.find(v.native);
-    if (it != records_.end() && (it->second.scales != s.native || it->second.len != len)) {
-      forget(v.native);
-      it = records_.end();
-    }
-    if (it == records_.end()) {
-      auto buf = DeviceBuffer::alloc(std::max<size_t>(16, xxh3_job_blocks(len) * 64));
-      if (!buf) return nullptr;
-      SumRecord r;
-      r.sums = std::move(*buf), r.values = v.native, r.scales = s.native, r.len = len;
-      it = records_.emplace(v.native, std::move(r)).first;
-      record_of_[v.native] = {v.native, 0};
-      if (s.native) record_of_[s.native] = {v.native, static_cast<uint64_t>(v.bytes())};
-    }
-    return &it->second;
-  }
-  // The kept record a plane belongs to, with the plane's offset in the tensor's stream.
-  SumRecord* record_of(const uint8_t* plane, uint64_t& stream_off) {
-    auto it = record_of_.find(plane);
-    if (it == record_of_.end()) return nullptr;
-    stream_off = it->second.second;
-    return &records_.find(it->second.first)->second;
-  }
-  void forget(const uint8_t* values) {
-    auto it = records_.find(values);
-    if (it == records_.end()) return;
-    cudaStreamSynchronize(stream_);  // note: queued kernels may still use the sums
-    record_of_.erase(it->second.values);
-    if (it->second.scales) record_of_.erase(it->second.scales);
-    records_.erase(it);
-  }
-  void invalidate(const uint8_t* plane) {
-    uint64_t off = 0;
-    if (SumRecord* r = record_of(plane, off)) r->valid = false;
   }
 
   // The device table of a batch of encoded sparse planes (SparseJobDevice + the entry and chunk prefixes),
@@ -671,8 +632,9 @@ class CudaWeightMemory final : public WeightMemory {
       d.count = j.count, d.entries = j.entries, d.entry_bytes = j.entry_bytes;
       d.encoding = j.encoding, d.policy = static_cast<uint8_t>(j.policy);
       uint64_t stream_off = 0;
-      if (SumRecord* rec =
-              with_sums && incremental_ && j.count > 0 ? record_of(j.native.data(), stream_off) : nullptr;
+      if (SumRecord* rec = with_sums && incremental_ && j.count > 0
+                               ? kept_.record_of(j.native.data(), stream_off)
+                               : nullptr;
           rec && rec->valid) {
         // note: without the old bytes the kept sums cannot follow: the next checksum re-reads the tensor.
         if (d.undo) {
@@ -739,6 +701,7 @@ class CudaWeightMemory final : public WeightMemory {
       p.cols = it->second.cols.bytes() ? it->second.cols.as<int32_t>() : nullptr;
       p.transpose4 = it->second.transpose4;
       p.rows_contiguous = it->second.rows_contiguous;
+      p.row0 = it->second.row0;
     } else {
       // note: identity offsets are the canonical index, whatever split of rows the layout records.
       p.rows = 1, p.row_bytes = l.canonical.bytes();
@@ -768,14 +731,15 @@ class CudaWeightMemory final : public WeightMemory {
   bool own_stream_ = false;
   size_t limit_ = SIZE_MAX, scratch_used_ = 0;
   bool reread_ = false, incremental_ = false, batched_ = true, staged_ = true, warp_ = true;
-  std::map<const uint8_t*, SumRecord> records_;  // by values plane
-  std::map<const uint8_t*, std::pair<const uint8_t*, uint64_t>>
-      record_of_;  // plane -> (values plane, stream offset)
+  KeptSums kept_;  // incremental checksums
   size_t stage_cap_ = 0;
   DeviceBuffer meta_;
-  uint8_t* pinned_ = nullptr;  // host_staging
-  size_t pinned_bytes_ = 0;    // batch tables, tile map, counters, block sums, results
-  std::map<const uint8_t*, Plane> planes_;
+  PinnedHost table_;  // run_batch's tables (descriptors, results), between syncs
+  PinnedHost status_pinned_;
+  unsigned long long* status_host_ = nullptr;  // sync()'s copy of status_, in status_pinned_
+  WarpChainStreams* side_ = nullptr;           // launch_refit_warp's, made at its first use
+  PinnedHost pinned_;                          // host_staging
+  std::unordered_map<const uint8_t*, Plane> planes_;
   std::map<uint8_t*, size_t> scratch_;  // scratch handed out from pool_: bytes
   cudaMemPool_t pool_ = nullptr;
   size_t keep_ = 0;  // CudaMemoryOptions::scratch_keep_bytes

@@ -207,17 +207,19 @@ MXQ_XXH_HD uint64_t scramble_add(uint64_t acc, uint64_t key, uint64_t next) {
   const auto lo = static_cast<uint32_t>(acc), hi = static_cast<uint32_t>(acc >> 32);
   const uint32_t ulo = lo ^ (hi >> 15) ^ static_cast<uint32_t>(key);
   const uint32_t uhi = hi ^ static_cast<uint32_t>(key >> 32);
-  const uint64_t addend =
-      uint64_t{static_cast<uint32_t>(next >> 32) + uhi * static_cast<uint32_t>(kPrime32_1)} << 32 |
-      static_cast<uint32_t>(next);
+  const uint32_t add_hi = static_cast<uint32_t>(next >> 32) + uhi * static_cast<uint32_t>(kPrime32_1);
 #if defined(__CUDA_ARCH__)
-  uint64_t r;
-  asm("mad.wide.u32 %0, %1, %2, %3;"
-      : "=l"(r)
-      : "r"(ulo), "r"(static_cast<uint32_t>(kPrime32_1)), "l"(addend));
-  return r;
+  // note: written as the low word's multiply-add with carry out and the high word's with carry in (one
+  // asm: the carry flag lives between them), ptxas emits one IMAD.WIDE.U32 with the 64-bit addend, so a
+  // chain step is SHF, LOP3, IMAD.WIDE on the dependent path; from mad.wide.u32 with that addend it emitted
+  // a wide multiply then a 64-bit add (IMAD.WIDE, IADD3, IMAD.X: 5 dependent instructions a step).
+  uint32_t rlo, rhi;
+  asm("mad.lo.cc.u32 %0, %2, %3, %4;\n\tmadc.hi.u32 %1, %2, %3, %5;"
+      : "=r"(rlo), "=r"(rhi)
+      : "r"(ulo), "r"(static_cast<uint32_t>(kPrime32_1)), "r"(static_cast<uint32_t>(next)), "r"(add_hi));
+  return uint64_t{rhi} << 32 | rlo;
 #else
-  return uint64_t{ulo} * kPrime32_1 + addend;
+  return uint64_t{ulo} * kPrime32_1 + (uint64_t{add_hi} << 32 | static_cast<uint32_t>(next));
 #endif
 }
 

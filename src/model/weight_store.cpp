@@ -119,22 +119,21 @@ Status WeightStore::apply_tensor(std::string_view name, std::span<const uint8_t>
 }
 
 Status WeightStore::apply_tensors(std::span<const TensorWrite> writes) {
+  std::vector<TensorWriteJob> jobs;
+  jobs.reserve(writes.size());
   for (const TensorWrite& w : writes) {
     auto it = tensors_.find(w.name);
     if (it == tensors_.end()) return fail("{}: not a tensor of this model", w.name);
-    const QTensor& t = it->second;
+    QTensor& t = it->second;
     const auto want_values = static_cast<uint64_t>(t.layout.values.canonical.bytes()),
                want_scales = static_cast<uint64_t>(t.layout.scales.canonical.bytes());
     if (w.values.size() != want_values || w.scales.size() != want_scales)
       return fail("{}: {} update with {} value bytes and {} scale bytes, expected {} and {}", w.name,
                   traits(t.format).name, w.values.size(), w.scales.size(), want_values, want_scales);
-  }
-  std::vector<TensorWriteJob> jobs;
-  for (const TensorWrite& w : writes) {
-    QTensor& t = tensors_.find(w.name)->second;
     jobs.push_back(
         {w.name, &t.layout.values, w.values, t.values, &t.layout.scales, w.scales, t.scales, &t.checksum});
   }
+  // note: every write was checked above before the first byte moves.
   return memory_->write_tensors(jobs);
 }
 
