@@ -5,6 +5,16 @@
 #include "cuda/check.h"
 
 namespace mxq::cuda {
+namespace {
+
+Status check_shape(const Fp8B128Weights& w) {
+  if (!fp8_b128_sm90_takes(w.n, w.k))
+    return fail("fp8-b128 sm_90a GEMM: weight shape [{}, {}] (expected N and K positive multiples of 128)", w.n,
+                w.k);
+  return {};
+}
+
+}  // namespace
 
 bool fp8_b128_sm90_takes(int64_t n, int64_t k) {
   return n >= 128 && k >= 128 && n % 128 == 0 && k % 128 == 0 && n <= INT_MAX && k <= INT_MAX &&
@@ -13,9 +23,7 @@ bool fp8_b128_sm90_takes(int64_t n, int64_t k) {
 
 Status gemm_fp8_b128_sm90(const uint8_t* xq, const float* xs, int64_t xs_ld, int64_t m, const Fp8B128Weights& w,
                           uint16_t* y, cudaStream_t stream, Fp8GemmTile tile) {
-  if (!fp8_b128_sm90_takes(w.n, w.k))
-    return fail("fp8-b128 sm_90a GEMM: weight shape [{}, {}] (expected N and K positive multiples of 128)", w.n,
-                w.k);
+  if (Status st = check_shape(w); !st) return st;
   if (m < 1 || m > INT_MAX) return fail("fp8-b128 sm_90a GEMM: m = {} (expected 1..{})", m, INT_MAX);
   if (xs_ld < m || xs_ld % 4 != 0 || xs_ld > INT_MAX)
     return fail("fp8-b128 sm_90a GEMM: x scale leading dimension {} for m = {} (expected >= m, a multiple of 4)",
@@ -33,9 +41,7 @@ Status gemm_fp8_b128_sm90(const uint8_t* xq, const float* xs, int64_t xs_ld, int
 
 Status linear_fp8_b128_sm90(Fp8B128Gemm& g, const uint16_t* x, int64_t m, const Fp8B128Weights& w, uint16_t* y,
                             cudaStream_t stream, Fp8GemmTile tile) {
-  if (!fp8_b128_sm90_takes(w.n, w.k))
-    return fail("fp8-b128 sm_90a GEMM: weight shape [{}, {}] (expected N and K positive multiples of 128)", w.n,
-                w.k);
+  if (Status st = check_shape(w); !st) return st;
   if (m < 1) return fail("fp8-b128 sm_90a GEMM: m = {} (expected >= 1)", m);
   if (!x) return fail("fp8-b128 sm_90a GEMM: null device pointer");
   auto q = g.quantize(x, m, w.n, w.k, stream);
