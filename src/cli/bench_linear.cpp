@@ -175,15 +175,17 @@ Status gemv_study(const RotatedWeights& w, const Shape& s, const std::vector<int
 // quantized once (ours, auto shape; cuBLASLt's matmul, M % 4 == 0 only).
 Status fp8_gemm_rows(cuda::LinearContext& ctx, const RotatedWeights& w, const Shape& s,
                      const std::vector<int64_t>& ms, const uint16_t* xp, uint16_t* yp,
-                     const std::vector<double>& bf16_us, const std::vector<double>& lt_us, cudaStream_t stream) {
+                     const std::vector<double>& bf16_us, const std::vector<double>& lt_us,
+                     cudaStream_t stream) {
   if (!cuda::fp8_b128_sm90_takes(s.n, s.k)) return {};
   for (size_t mi = 0; mi < ms.size(); ++mi) {
     const int64_t m = ms[mi];
     auto row = [&](const char* kernel, Result<double> us) -> Status {
       if (!us) return tl::unexpected(us.error());
-      fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8.2f} {:>7.1f} {:>6} {:>6} {:>5.0f}% {:>8.2f} {:>8.2f}\n",
-                 s.name, "fp8-b128", s.n, s.k, m, kernel, *us, 2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12, "", "",
-                 100.0 * bf16_us[mi] / *us, bf16_us[mi], lt_us[mi]);
+      fmt::print(
+          "{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8.2f} {:>7.1f} {:>6} {:>6} {:>5.0f}% {:>8.2f} {:>8.2f}\n",
+          s.name, "fp8-b128", s.n, s.k, m, kernel, *us, 2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12, "", "",
+          100.0 * bf16_us[mi] / *us, bf16_us[mi], lt_us[mi]);
       return {};
     };
     auto weights = [&](int i) {
@@ -196,8 +198,8 @@ Status fp8_gemm_rows(cuda::LinearContext& ctx, const RotatedWeights& w, const Sh
                               std::pair{cuda::Fp8GemmTile::kN128Pair, "fp8 sm90 pair"}})
       if (Status st = row(name, time_graph(stream, kLaunchesPerGraph, kReps,
                                            [&](int i) {
-                                             return cuda::linear_fp8_b128_sm90(ctx.fp8(), xp, m, weights(i), yp,
-                                                                               stream, tile);
+                                             return cuda::linear_fp8_b128_sm90(ctx.fp8(), xp, m, weights(i),
+                                                                               yp, stream, tile);
                                            }));
           !st)
         return st;
@@ -206,16 +208,16 @@ Status fp8_gemm_rows(cuda::LinearContext& ctx, const RotatedWeights& w, const Sh
     if (Status st = row("gemm only (ours)", time_graph(stream, kLaunchesPerGraph, kReps,
                                                        [&](int i) {
                                                          return cuda::gemm_fp8_b128_sm90(
-                                                             q->values, q->scales, q->scale_ld, m, weights(i), yp,
-                                                             stream);
+                                                             q->values, q->scales, q->scale_ld, m, weights(i),
+                                                             yp, stream);
                                                        }));
         !st)
       return st;
     if (m % 4 != 0) continue;
     if (Status st = row("gemm only (Lt)", time_graph(stream, kLaunchesPerGraph, kReps,
                                                      [&](int i) {
-                                                       return ctx.fp8().matmul(q->values, q->scales, m, weights(i),
-                                                                               yp, stream);
+                                                       return ctx.fp8().matmul(q->values, q->scales, m,
+                                                                               weights(i), yp, stream);
                                                      }));
         !st)
       return st;

@@ -12,17 +12,17 @@
 // Warp-specialised, 3 warpgroups (384 threads):
 //   warpgroup 0, the producer (setmaxnreg 40): warp 0 lane 0 streams every tile's stages into a ring of
 //   kStages slots by TMA (x 128 x 128 B and W BN x 128 B, both 128-byte swizzled, and the 128 x scales of
-//   the stage), one mbarrier "full" per slot with the transaction bytes; the ring runs on across tiles, so the
-//   next tile's stages load while the consumers finish and store the current one;
-//   warpgroups 1 and 2, the consumers (setmaxnreg 232), own x rows 0-63 and 64-127 of the tile: per stage
-//   4 x wgmma m64nBNk32 e4m3·e4m3 (both operands from shared memory) into an f32 partial, wait, free the
-//   slot ("empty", one arrive per consumer warp), then promote: acc += partial · sx[row] · sw (DeepGEMM's
-//   fix for the tensor cores' limited-precision FP8 accumulation: at most 128 products accumulate there).
-//   While one warpgroup promotes, the other's wgmmas keep the tensor cores busy. bf16 epilogue from registers.
-// note: W's scale (one float per stage, the same for the whole tile) is read from global (L1) one stage ahead.
-// note: a variant with two partials in flight per warpgroup (stage i+1's wgmmas issued before stage i is
-// promoted, stores overlapping the next tile; ptxas kept it asynchronous) measured 4-23% slower at M = 4096
-// (bench/RESULTS.md, fp8gemm7 call 2): it holds each slot until the next stage has landed.
+//   the stage), one mbarrier "full" per slot with the transaction bytes; the ring runs on across tiles, so
+//   the next tile's stages load while the consumers finish and store the current one; warpgroups 1 and 2, the
+//   consumers (setmaxnreg 232), own x rows 0-63 and 64-127 of the tile: per stage 4 x wgmma m64nBNk32
+//   e4m3·e4m3 (both operands from shared memory) into an f32 partial, wait, free the slot ("empty", one
+//   arrive per consumer warp), then promote: acc += partial · sx[row] · sw (DeepGEMM's fix for the tensor
+//   cores' limited-precision FP8 accumulation: at most 128 products accumulate there). While one warpgroup
+//   promotes, the other's wgmmas keep the tensor cores busy. bf16 epilogue from registers.
+// note: W's scale (one float per stage, the same for the whole tile) is read from global (L1) one stage
+// ahead. note: a variant with two partials in flight per warpgroup (stage i+1's wgmmas issued before stage i
+// is promoted, stores overlapping the next tile; ptxas kept it asynchronous) measured 4-23% slower at M =
+// 4096 (bench/RESULTS.md, fp8gemm7 call 2): it holds each slot until the next stage has landed.
 #include <cuda.h>
 #include <cuda_bf16.h>
 
@@ -70,14 +70,14 @@ __device__ __forceinline__ void wgmma_e4m3_m64n128k32(float (&d)[64], uint64_t d
       "%59, %60, %61, %62, %63"
       "}, %64, %65, p, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-        "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-        "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
@@ -90,10 +90,10 @@ __device__ __forceinline__ void wgmma_e4m3_m64n64k32(float (&d)[32], uint64_t da
       "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
       "}, %32, %33, p, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-        "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
@@ -244,8 +244,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // A 2D tensor map of `type` over [rows, cols] (row stride `stride` bytes) with `box` = {cols, rows}.
-cudaError_t make_map(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t cols, uint64_t rows,
-                     uint64_t stride, uint32_t box_cols, uint32_t box_rows, CUtensorMapSwizzle swizzle) {
+cudaError_t make_map(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t cols,
+                     uint64_t rows, uint64_t stride, uint32_t box_cols, uint32_t box_rows,
+                     CUtensorMapSwizzle swizzle) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = gemm::tensor_map_encoder();
   if (!encode) return cudaErrorNotSupported;
   const cuuint64_t dims[2] = {cols, rows}, strides[1] = {stride};
@@ -257,17 +258,19 @@ cudaError_t make_map(CUtensorMap* map, CUtensorMapDataType type, const void* bas
 }
 
 template <int kBN, bool kPair>
-cudaError_t launch(const uint8_t* xq, const float* xs, int64_t xs_ld, int m, const uint8_t* wv, const float* wsc,
-                   int64_t ws_ld, int n, int k, uint16_t* y, int sms, cudaStream_t stream) {
+cudaError_t launch(const uint8_t* xq, const float* xs, int64_t xs_ld, int m, const uint8_t* wv,
+                   const float* wsc, int64_t ws_ld, int n, int k, uint16_t* y, int sms, cudaStream_t stream) {
   auto* kernel = gemm_fp8_b128_sm90<kBN, kPair>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(kBN));
   if (attr != cudaSuccess) return attr;
   CUtensorMap xmap, wmap, smap;
   const auto u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
-  if (cudaError_t e = make_map(&xmap, u8, xq, k, m, k, kBK, kBM, CU_TENSOR_MAP_SWIZZLE_128B); e != cudaSuccess)
+  if (cudaError_t e = make_map(&xmap, u8, xq, k, m, k, kBK, kBM, CU_TENSOR_MAP_SWIZZLE_128B);
+      e != cudaSuccess)
     return e;
-  if (cudaError_t e = make_map(&wmap, u8, wv, k, n, k, kBK, kPair ? kBN / 2 : kBN, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (cudaError_t e =
+          make_map(&wmap, u8, wv, k, n, k, kBK, kPair ? kBN / 2 : kBN, CU_TENSOR_MAP_SWIZZLE_128B);
       e != cudaSuccess)
     return e;
   if (cudaError_t e = make_map(&smap, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, xs, m, k / kBK, xs_ld * 4, kBM, 1,
@@ -303,19 +306,19 @@ cudaError_t launch(const uint8_t* xq, const float* xs, int64_t xs_ld, int m, con
 
 }  // namespace
 
-cudaError_t launch_gemm_fp8_b128_sm90(const uint8_t* xq, const float* xs, int64_t xs_ld, int m, const uint8_t* wv,
-                                      const float* wsc, int64_t ws_ld, int n, int k, uint16_t* y, Fp8GemmTile tile,
-                                      cudaStream_t stream) {
+cudaError_t launch_gemm_fp8_b128_sm90(const uint8_t* xq, const float* xs, int64_t xs_ld, int m,
+                                      const uint8_t* wv, const float* wsc, int64_t ws_ld, int n, int k,
+                                      uint16_t* y, Fp8GemmTile tile, cudaStream_t stream) {
   bool sm90 = false;
   if (cudaError_t e = gemm::is_sm90(&sm90); e != cudaSuccess) return e;
   if (!sm90) return cudaErrorNoKernelImageForDevice;
   if (m < 1) return cudaSuccess;
   // note: an unknown SM count plans for the H200's 132.
   const int sms = device_sms() > 0 ? device_sms() : 132;
-  // kAuto: 64-wide W tiles when 128-wide ones fill at most half the SMs (small M), else 128 (less shared-memory
-  // traffic per FLOP). note: bench/RESULTS.md (fp8gemm7, call 1): at M = 128 64-wide tiles were 1.2-1.3x
-  // faster on q/o and down (32 tiles of 128), a tie on gate_up (192); at M = 512 128-wide won everywhere,
-  // q/o's 128 tiles included. kN128Pair is never picked: it measured 1.4-2.1x slower than kN128.
+  // kAuto: 64-wide W tiles when 128-wide ones fill at most half the SMs (small M), else 128 (less
+  // shared-memory traffic per FLOP). note: bench/RESULTS.md (fp8gemm7, call 1): at M = 128 64-wide tiles
+  // were 1.2-1.3x faster on q/o and down (32 tiles of 128), a tie on gate_up (192); at M = 512 128-wide won
+  // everywhere, q/o's 128 tiles included. kN128Pair is never picked: it measured 1.4-2.1x slower than kN128.
   const int64_t tiles128 = static_cast<int64_t>((m + kBM - 1) / kBM) * (n / 128);
   switch (tile) {
     case Fp8GemmTile::kN128:

@@ -15,10 +15,10 @@ enum class Fp8GemmTile : uint8_t { kAuto, kN128, kN64, kN128Pair };
 
 // y [m, n] bf16 = (xq · xs) · (W · ws)^T. xq: E4M3 [m, k] row-major; xs: f32 [k/128][xs_ld] (row r of block b
 // at b·xs_ld + r, xs_ld >= m, a multiple of 4); wv: E4M3 [n, k]; wsc: f32 block scales, block (nb, kb) at
-// nb·ws_ld + kb. n, k multiples of 128; m >= 1. Runs only on compute capability 9.0 (cudaErrorNoKernelImageForDevice
-// elsewhere).
-cudaError_t launch_gemm_fp8_b128_sm90(const uint8_t* xq, const float* xs, int64_t xs_ld, int m, const uint8_t* wv,
-                                      const float* wsc, int64_t ws_ld, int n, int k, uint16_t* y, Fp8GemmTile tile,
-                                      cudaStream_t stream);
+// nb·ws_ld + kb. n, k multiples of 128; m >= 1. Runs only on compute capability 9.0
+// (cudaErrorNoKernelImageForDevice elsewhere).
+cudaError_t launch_gemm_fp8_b128_sm90(const uint8_t* xq, const float* xs, int64_t xs_ld, int m,
+                                      const uint8_t* wv, const float* wsc, int64_t ws_ld, int n, int k,
+                                      uint16_t* y, Fp8GemmTile tile, cudaStream_t stream);
 
 }  // namespace mxq::cuda

@@ -68,11 +68,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // k % 8 == 0: half-warp h of warp w quantizes (row, block) item 2w + h.
 __global__ void __launch_bounds__(kThreads)
-    quantize_act_fp8_b128_x8(const uint16_t* __restrict__ x, int64_t m, int64_t k, uint8_t* __restrict__ values,
-                             float* __restrict__ scales, int64_t scale_ld) {
+    quantize_act_fp8_b128_x8(const uint16_t* __restrict__ x, int64_t m, int64_t k,
+                             uint8_t* __restrict__ values, float* __restrict__ scales, int64_t scale_ld) {
   const int64_t blocks = (k + kBlock - 1) / kBlock;
-  const int64_t item = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * 2 + (threadIdx.x / 16) % 2;
-  // note: both half-warps of a warp stay for the shuffles; an item past the end loads nothing, stores nothing.
+  const int64_t item =
+      (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * 2 + (threadIdx.x / 16) % 2;
+  // note: both half-warps of a warp stay for the shuffles; an item past the end loads nothing, stores
+  // nothing.
   const bool live = item < m * blocks;
   const int hl = threadIdx.x % 16;
   const int64_t r = live ? item / blocks : 0, b = live ? item % blocks : 0, c = b * kBlock + 8 * hl;
@@ -104,7 +106,8 @@ cudaError_t launch_quantize_act_fp8_b128(const uint16_t* x, int64_t m, int64_t k
   if (m == 0 || k == 0) return cudaSuccess;
   const int64_t warps = m * ((k + kBlock - 1) / kBlock);
   // note: the 16-byte form also needs x 16-byte and values 8-byte aligned (row starts then are too)
-  if (k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(values) % 8 == 0) {
+  if (k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(values) % 8 == 0) {
     const dim3 grid8(static_cast<unsigned>((warps + 2 * kWarps - 1) / (2 * kWarps)));
     quantize_act_fp8_b128_x8<<<grid8, kThreads, 0, stream>>>(x, m, k, values, scales, scale_ld);
     return cudaGetLastError();

@@ -195,4 +195,30 @@ __device__ __forceinline__ float fp8_b128_tile_factor(float amax, bool finite, i
   return fp8_b128_tile_factor<kThreads>(amax, finite, cols, blockIdx.y, blockIdx.x, 0, bad_block, scales);
 }
 
+// The four-threads-a-block MX quantizers (quantize_mxfp8.cu, quantize_mxfp4.cu): part j of a CTA is thread
+// index g = base + j·kThreads, 8 elements of block g / 4; all kUnroll 16-byte loads are issued before the
+// first use, zeros for threads past the last block (they must stay: their block's four threads shuffle with
+// the whole warp).
+template <int kThreads, int kUnroll>
+__device__ __forceinline__ void load_block_parts(const uint16_t* __restrict__ x, int64_t base, int64_t blocks,
+                                                 uint4 (&r)[kUnroll]) {
+#pragma unroll
+  for (int j = 0; j < kUnroll; ++j) {
+    const int64_t g = base + j * kThreads;
+    r[j] = (g >> 2) < blocks ? __ldg(reinterpret_cast<const uint4*>(x) + g) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// The block's amax pattern from its four threads' (lanes 4k..4k+3 of the warp), in every one of them.
+__device__ __forceinline__ uint32_t block_amax4(uint32_t m) {
+  m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+  return max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+}
+
+// 2^(127 - b) (b an E8M0 scale) as a bf16 pair, for fma_bf16x2 scaling.
+__device__ __forceinline__ uint32_t scale_factor_bf16x2(uint32_t b) {
+  const uint32_t f = __float_as_uint(exp2_int(127 - static_cast<int>(b))) >> 16;
+  return f | f << 16;
+}
+
 }  // namespace mxq::cuda::quant

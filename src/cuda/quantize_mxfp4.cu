@@ -25,7 +25,6 @@ namespace mxq::cuda {
 namespace {
 
 using quant::fma_bf16x2;
-using quant::max_u16x2;
 using quant::min_u16x2;
 
 constexpr int kThreads = 256;
@@ -52,29 +51,20 @@ __global__ void __launch_bounds__(kThreads)
   pdl::enter();
   const int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
   uint4 r[kUnroll];
-#pragma unroll
-  for (int j = 0; j < kUnroll; ++j) {
-    const int64_t g = base + j * kThreads;
-    // note: no early return: the four threads of a block shuffle with the whole warp, and the last warps
-    // may hold threads past the last block (they load nothing and store nothing).
-    r[j] = (g >> 2) < blocks ? __ldg(reinterpret_cast<const uint4*>(x) + g) : make_uint4(0, 0, 0, 0);
-  }
+  quant::load_block_parts<kThreads>(x, base, blocks, r);
 #pragma unroll
   for (int j = 0; j < kUnroll; ++j) {
     const int64_t g = base + j * kThreads, i = g >> 2;
     const bool live = i < blocks;
     const uint32_t w[4] = {r[j].x, r[j].y, r[j].z, r[j].w};
-    uint32_t a[4], m = 0;
+    uint32_t a[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) a[e] = w[e] & 0x7FFF7FFFu, m = max_u16x2(m, a[e]);
-    m = max(m & 0xFFFFu, m >> 16);
-    m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
-    m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+    for (int e = 0; e < 4; ++e) a[e] = w[e] & 0x7FFF7FFFu;
+    const uint32_t m = quant::block_amax4(quant::amax_bits8(w));
     const bool q0 = live && (g & 3) == 0;
     if (m >= 0x7F80u && q0) atomicMin(bad_block, static_cast<unsigned long long>(i));
     const uint32_t b = quant::mxfp4_ct_scale(quant::bf16_bits_to_f32(m));
-    const uint32_t f = __float_as_uint(quant::exp2_int(127 - static_cast<int>(b))) >> 16;
-    const uint32_t f2 = f | f << 16;
+    const uint32_t f2 = quant::scale_factor_bf16x2(b);
     uint32_t t[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {

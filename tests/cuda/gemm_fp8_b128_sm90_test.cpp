@@ -45,7 +45,8 @@ TEST_P(GemmFp8B128Sm90, MatchesCpuTwinAndCublasLt) {
   const std::vector<int64_t> shape = {c.n, c.k};
   auto geo = tensor_geometry("w", f, shape);
   ASSERT_TRUE(geo) << geo.error().message;
-  const HostPlanes canonical = test::random_planes(rng, f, values_bytes(f, c.n, c.k), scales_bytes(f, c.n, c.k));
+  const HostPlanes canonical =
+      test::random_planes(rng, f, values_bytes(f, c.n, c.k), scales_bytes(f, c.n, c.k));
   auto native = linear_prepare(f, *arch, *geo, canonical);
   ASSERT_TRUE(native) << native.error().message;
   const std::vector<uint16_t> x = test::random_bf16(rng, static_cast<size_t>(c.m * c.k));
@@ -90,8 +91,9 @@ TEST_P(GemmFp8B128Sm90, MatchesCpuTwinAndCublasLt) {
   const double lt_err = test::nmse(lt, ref);
   EXPECT_LE(lt_err, tol) << "cuBLASLt";
   const std::vector<double> lt_ref(lt.begin(), lt.end());
-  for (auto [tile, name] : {std::pair{Fp8GemmTile::kAuto, "auto"}, std::pair{Fp8GemmTile::kN128, "n128"},
-                            std::pair{Fp8GemmTile::kN64, "n64"}, std::pair{Fp8GemmTile::kN128Pair, "n128 pair"}}) {
+  for (auto [tile, name] :
+       {std::pair{Fp8GemmTile::kAuto, "auto"}, std::pair{Fp8GemmTile::kN128, "n128"},
+        std::pair{Fp8GemmTile::kN64, "n64"}, std::pair{Fp8GemmTile::kN128Pair, "n128 pair"}}) {
     auto out = run(
         [&](uint16_t* y) { return linear_fp8_b128_sm90(**g, dx->as<uint16_t>(), c.m, w, y, nullptr, tile); });
     ASSERT_EQ(out.size(), ref.size()) << name;
