@@ -73,10 +73,11 @@ class CudaWeightMemory final : public WeightMemory {
   }
 
   cudaStream_t stream() const { return stream_; }
-  void set_reread(bool r) { reread_ = r; }
-  void set_staged(bool on) { staged_ = on; }
-  void set_warp(bool on) { warp_ = on; }
+  void set_reread(bool r) { reread_ = r, last_write_.reset(); }
+  void set_staged(bool on) { staged_ = on, last_write_.reset(); }
+  void set_warp(bool on) { warp_ = on, last_write_.reset(); }
   void set_incremental(bool on) {
+    last_write_.reset();
     incremental_ = on && batched_;
     if (!on) kept_.forget_all(stream_);
   }
@@ -86,6 +87,7 @@ class CudaWeightMemory final : public WeightMemory {
   Result<std::span<uint8_t>> allocate_plane(const PlaneLayout& l) override {
     const auto bytes = static_cast<size_t>(l.native_bytes);
     if (bytes == 0) return std::span<uint8_t>{};
+    last_write_.reset();
     auto buf = DeviceBuffer::alloc(bytes);
     if (!buf) {
       // note: the scratch pool may hold freed memory up to keep_ bytes: hand it back and try once more.
@@ -121,6 +123,7 @@ class CudaWeightMemory final : public WeightMemory {
     return std::span<uint8_t>{ptr, bytes};
   }
   void free_plane(std::span<uint8_t> native) override {
+    last_write_.reset();
     uint64_t off = 0;
     if (SumRecord* r = kept_.record_of(native.data(), off)) kept_.forget(r->values, stream_);
     planes_.erase(native.data());
@@ -383,10 +386,32 @@ class CudaWeightMemory final : public WeightMemory {
 
   Status write_tensors(std::span<const TensorWriteJob> jobs) override {
     if (!batched_) return WeightMemory::write_tensors(jobs);
+    // note: the same jobs as the last full write (layouts, live planes, sources, results: an RL trainer
+    // refits from the same receive buffers every step) run its batch again: the descriptors and the tile map
+    // are still on the device, so only the kernels are launched (no per-tensor host work).
+    std::vector<uintptr_t> key;
+    key.reserve(jobs.size() * 11);
+    for (const TensorWriteJob& j : jobs)
+      for (uintptr_t w :
+           {reinterpret_cast<uintptr_t>(j.values_layout), reinterpret_cast<uintptr_t>(j.values_src.data()),
+            uintptr_t{j.values_src.size()}, reinterpret_cast<uintptr_t>(j.values.data()),
+            uintptr_t{j.values.size()}, reinterpret_cast<uintptr_t>(j.scales_layout),
+            reinterpret_cast<uintptr_t>(j.scales_src.data()), uintptr_t{j.scales_src.size()},
+            reinterpret_cast<uintptr_t>(j.scales.data()), uintptr_t{j.scales.size()},
+            reinterpret_cast<uintptr_t>(j.out)})
+        key.push_back(w);
+    DeviceRanges ranges;
+    // note: the sources must still be device memory (a freed buffer's addresses may since hold host memory).
+    auto on_device = [&](std::span<const uint8_t> b) { return b.empty() || ranges.is_device(b.data()); };
+    if (last_write_ && key == last_key_ &&
+        std::all_of(jobs.begin(), jobs.end(), [&](const TensorWriteJob& j) {
+          return on_device(j.values_src) && on_device(j.scales_src);
+        }))
+      return launch_batch(*last_write_);
+    last_write_.reset();
     std::vector<BatchItem> direct;                                    // device sources, batched
     std::vector<std::pair<BatchItem, const TensorWriteJob*>> staged;  // host sources, batched via staging
     std::vector<TensorWriteJob> rest;
-    DeviceRanges ranges;
     for (const TensorWriteJob& j : jobs) {
       if (auto s = check_sizes(*j.values_layout, j.values_src.size(), j.values.size()); !s)
         return fail_in(j.name, s.error());
@@ -414,6 +439,13 @@ class CudaWeightMemory final : public WeightMemory {
         staged.push_back({item, &j});
       else
         rest.push_back(j);
+    }
+    if (direct.size() == jobs.size() && !reread_) {
+      auto b = prepare_batch(Mode::kWrite, direct);
+      if (!b) return tl::unexpected(b.error());
+      if (auto s = launch_batch(*b); !s) return s;
+      last_write_ = std::move(*b), last_key_ = std::move(key);
+      return {};
     }
     if (auto s = run_batch(Mode::kWrite, direct); !s) return s;
     // Host sources: groups of at most stage_cap_ bytes (or one tensor) copied into the staging buffer, then
@@ -531,8 +563,29 @@ class CudaWeightMemory final : public WeightMemory {
   // kept block sums), results into *out.
   // note: tensors go largest first, so the longest scramble chains start early and overlap the rest.
   enum class Mode { kWrite, kHash, kChains };
+  // A batch on the device: its descriptors (and tile map) in meta_, what launch_batch needs to run it.
+  struct Batch {
+    Mode mode = Mode::kWrite;
+    bool by_warps = false;
+    uint32_t tiles = 0;
+    BatchTensorDevice* d_tensors = nullptr;
+    uint32_t* d_map = nullptr;
+    unsigned* d_counters = nullptr;
+    uint64_t* d_out = nullptr;
+    std::vector<BatchTensorDevice> dev;  // the descriptors (host copy)
+    std::vector<uint64_t*> outs;         // per tensor: where its checksum goes
+    std::vector<SumRecord*> kept;        // per tensor: its kept sums (incremental checksums), or null
+  };
   Status run_batch(Mode mode, std::vector<BatchItem>& items) {
     if (items.empty()) return {};
+    auto b = prepare_batch(mode, items);
+    if (!b) return tl::unexpected(b.error());
+    return launch_batch(*b);
+  }
+  // Sorts the items, builds their descriptors and uploads them into meta_ (the last full write's cached
+  // batch, which also lives there, is dropped).
+  Result<Batch> prepare_batch(Mode mode, std::vector<BatchItem>& items) {
+    last_write_.reset();
     std::stable_sort(items.begin(), items.end(), [](const BatchItem& a, const BatchItem& b) {
       return a.values.bytes() + a.scales.bytes() > b.values.bytes() + b.scales.bytes();
     });
@@ -559,11 +612,13 @@ class CudaWeightMemory final : public WeightMemory {
       dev.push_back(d);
     }
     if (tiles > 0xFFFFFFFFull) return fail("a checksum batch of {} tiles (at most 2^32 - 1)", tiles);
+    Batch b;
+    b.mode = mode, b.tiles = static_cast<uint32_t>(tiles), b.kept = std::move(kept);
     const size_t n = dev.size();
     const size_t tensor_bytes = up16(n * sizeof(BatchTensorDevice)), map_bytes = up16(tiles * 4),
                  counter_bytes = up16((n + tiles) * 4), out_bytes = up16(n * 8), sum_bytes = blocks * 64;
     const size_t need = tensor_bytes + map_bytes + counter_bytes + out_bytes + sum_bytes;
-    if (auto g = grow(meta_, need, "refit batch scratch"); !g) return g;
+    if (auto g = grow(meta_, need, "refit batch scratch"); !g) return tl::unexpected(g.error());
     uint8_t* base = meta_.as<uint8_t>();
     auto* d_tensors = reinterpret_cast<BatchTensorDevice*>(base);
     auto* d_map = reinterpret_cast<uint32_t*>(base + tensor_bytes);
@@ -571,34 +626,44 @@ class CudaWeightMemory final : public WeightMemory {
     auto* d_out = reinterpret_cast<uint64_t*>(base + tensor_bytes + map_bytes + counter_bytes);
     auto* d_sums = reinterpret_cast<uint64_t*>(base + tensor_bytes + map_bytes + counter_bytes + out_bytes);
     for (size_t k = 0; k < n; ++k)
-      dev[k].sums = kept[k] ? kept[k]->sums.as<uint64_t>() : d_sums + first_block[k] * 8;
-    // note: the tables go through pinned memory (a pageable copy waits for the stream and stages).
-    uint8_t* host = table_.get(tensor_bytes + out_bytes);
-    if (!host) return fail("pinned host memory of {} bytes for a refit batch", tensor_bytes + out_bytes);
+      dev[k].sums = b.kept[k] ? b.kept[k]->sums.as<uint64_t>() : d_sums + first_block[k] * 8;
+    // note: the descriptors go through pinned memory (a pageable copy waits for the stream and stages).
+    uint8_t* host = table_.get(tensor_bytes);
+    if (!host) return fail("pinned host memory of {} bytes for a refit batch", tensor_bytes);
     std::memcpy(host, dev.data(), n * sizeof(BatchTensorDevice));
     MXQ_CUDA_CHECK(
         cudaMemcpyAsync(d_tensors, host, n * sizeof(BatchTensorDevice), cudaMemcpyHostToDevice, stream_));
     // note: the warp write takes identity and GEMV transpose4 planes; a batch with another layout (or past
     // its tile cap) takes refit_batch.cu's kernels.
-    const bool by_warps = mode == Mode::kWrite && warp_ && tiles <= kMaxWarpTiles &&
-                          std::all_of(dev.begin(), dev.end(), [](const BatchTensorDevice& d) {
-                            return batch_warp_plane_ok(d.values) && batch_warp_plane_ok(d.scales);
-                          });
-    if (mode == Mode::kChains)
-      MXQ_CUDA_CHECK(launch_refit_chains(d_tensors, static_cast<int>(n), d_out, stream_));
-    else if (by_warps) {
+    b.by_warps = mode == Mode::kWrite && warp_ && tiles <= kMaxWarpTiles &&
+                 std::all_of(dev.begin(), dev.end(), [](const BatchTensorDevice& d) {
+                   return batch_warp_plane_ok(d.values) && batch_warp_plane_ok(d.scales);
+                 });
+    b.d_tensors = d_tensors, b.d_map = d_map, b.d_counters = d_counters, b.d_out = d_out;
+    b.dev = std::move(dev);
+    for (const BatchItem& it : items) b.outs.push_back(it.out);
+    return b;
+  }
+  // Runs a prepared batch, results into its outs.
+  Status launch_batch(const Batch& b) {
+    const int n = static_cast<int>(b.dev.size());
+    if (b.mode == Mode::kChains)
+      MXQ_CUDA_CHECK(launch_refit_chains(b.d_tensors, n, b.d_out, stream_));
+    else if (b.by_warps) {
       if (!side_) MXQ_CUDA_CHECK(warp_chain_streams_create(&side_));
-      MXQ_CUDA_CHECK(launch_refit_warp(d_tensors, dev.data(), static_cast<int>(n),
-                                       static_cast<uint32_t>(tiles), d_map, d_out, side_, stream_));
+      MXQ_CUDA_CHECK(
+          launch_refit_warp(b.d_tensors, b.dev.data(), n, b.tiles, b.d_map, b.d_out, side_, stream_));
     } else
-      MXQ_CUDA_CHECK(launch_refit_batch(mode == Mode::kWrite, staged_, d_tensors, static_cast<int>(n),
-                                        static_cast<uint32_t>(tiles), d_map, d_counters, d_out, stream_));
-    auto* out = reinterpret_cast<uint64_t*>(host + tensor_bytes);
-    MXQ_CUDA_CHECK(cudaMemcpyAsync(out, d_out, n * 8, cudaMemcpyDeviceToHost, stream_));
+      MXQ_CUDA_CHECK(launch_refit_batch(b.mode == Mode::kWrite, staged_, b.d_tensors, n, b.tiles, b.d_map,
+                                        b.d_counters, b.d_out, stream_));
+    auto* out = reinterpret_cast<uint64_t*>(results_.get(static_cast<size_t>(n) * 8));
+    if (!out) return fail("pinned host memory of {} bytes for a refit batch's checksums", n * 8);
+    MXQ_CUDA_CHECK(
+        cudaMemcpyAsync(out, b.d_out, static_cast<size_t>(n) * 8, cudaMemcpyDeviceToHost, stream_));
     if (auto s = sync(); !s) return s;
-    for (size_t k = 0; k < n; ++k) {
-      *items[k].out = out[k];
-      if (kept[k]) kept[k]->valid = true;
+    for (int k = 0; k < n; ++k) {
+      *b.outs[k] = out[k];
+      if (b.kept[k]) b.kept[k]->valid = true;
     }
     return {};
   }
@@ -734,7 +799,9 @@ class CudaWeightMemory final : public WeightMemory {
   KeptSums kept_;  // incremental checksums
   size_t stage_cap_ = 0;
   DeviceBuffer meta_;
-  PinnedHost table_;  // run_batch's tables (descriptors, results), between syncs
+  PinnedHost table_, results_;       // a batch's descriptors and its checksums (pinned), between syncs
+  std::optional<Batch> last_write_;  // the last full write's batch while meta_ still holds it
+  std::vector<uintptr_t> last_key_;  // and its jobs (write_tensors)
   PinnedHost status_pinned_;
   unsigned long long* status_host_ = nullptr;  // sync()'s copy of status_, in status_pinned_
   WarpChainStreams* side_ = nullptr;           // launch_refit_warp's, made at its first use

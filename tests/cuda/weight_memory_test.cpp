@@ -354,8 +354,11 @@ TEST(CudaWeightMemory, WriteTensorsBatchMatchesHost) {
 
 // A full write of a batch of ~1600 tiles (three waves of resident blocks): tiles of unstaged planes
 // (separable, GEMV rows apart) between staged ones, chains run while later tensors' tiles stream; bytes
-// against the host memory, checksums against libxxhash, twice over the same buffers (the counters start
-// again). Then the same with no separable plane (~26000 warps of the warp write, refit_write_warp.cu).
+// against the host memory, checksums against libxxhash, four times over the same live planes (the
+// counters start again): rounds 1 and 2 from round 0's source buffers with new bytes (the same jobs: the
+// memory runs its cached batch again in round 1; in round 2 a checksum batch has taken its scratch first,
+// so it builds the batch anew), round 3 from fresh buffers. Then the same with no separable plane by the
+// warp write (~26000 warps, refit_write_warp.cu).
 class WriteTensorsBatchManyTiles : public ::testing::TestWithParam<bool> {};
 INSTANTIATE_TEST_SUITE_P(CudaWeightMemory, WriteTensorsBatchManyTiles, ::testing::Bool());
 TEST_P(WriteTensorsBatchManyTiles, MatchesHostTwice) {
@@ -378,7 +381,9 @@ TEST_P(WriteTensorsBatchManyTiles, MatchesHostTwice) {
       specs.push_back({gemv_values_layout(rows, 4096), make_layout(rng, rows, 128, 0, 0)});
     }
   }
-  auto dev = cuda_weight_memory({});
+  CudaMemoryOptions o;
+  o.warp_full_write = warp_only;
+  auto dev = cuda_weight_memory(o);
   ASSERT_TRUE(dev);
   auto host = host_weight_memory();
   const size_t n = specs.size();
@@ -392,9 +397,18 @@ TEST_P(WriteTensorsBatchManyTiles, MatchesHostTwice) {
     ASSERT_TRUE(a && b && c && d);
     hv[k] = *a, hs[k] = *b, dv[k] = *c, ds[k] = *d;
   }
-  for (int round = 0; round < 2; ++round) {
+  for (int round = 0; round < 4; ++round) {
     SCOPED_TRACE(::testing::Message() << "round " << round);
-    src.clear();
+    const bool reuse = round == 1 || round == 2;
+    if (round == 2) {
+      std::vector<uint64_t> live(n, 0);
+      std::vector<ChecksumJob> cj;
+      for (size_t k = 0; k < n; ++k)
+        cj.push_back({&specs[k].values, dv[k], &specs[k].scales, ds[k], &live[k]});
+      ASSERT_TRUE((*dev)->checksums(cj));
+      EXPECT_EQ(live, want) << "hash of round 1's live planes";
+    }
+    if (!reuse) src.clear();
     for (size_t k = 0; k < n; ++k) {
       std::vector<uint8_t> both = random_bytes(rng, static_cast<size_t>(specs[k].values.canonical.bytes()));
       const size_t vb = both.size();
@@ -403,19 +417,21 @@ TEST_P(WriteTensorsBatchManyTiles, MatchesHostTwice) {
       want[k] = XXH3_64bits(both.data(), both.size());
       ASSERT_TRUE(host->write_plane(specs[k].values, {both.data(), vb}, hv[k]));
       ASSERT_TRUE(host->write_plane(specs[k].scales, cs, hs[k]));
-      auto buf = DeviceBuffer::alloc(both.size() + 16);
-      ASSERT_TRUE(buf);
       const size_t soff = (vb + 15) / 16 * 16;
-      ASSERT_EQ(cudaMemcpy(buf->as<uint8_t>(), both.data(), vb, cudaMemcpyHostToDevice), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(buf->as<uint8_t>() + soff, cs.data(), cs.size(), cudaMemcpyHostToDevice),
-                cudaSuccess);
-      jobs[k] = {"t",   &specs[k].values, {buf->as<uint8_t>(), vb},
-                 dv[k], &specs[k].scales, {buf->as<uint8_t>() + soff, cs.size()},
+      if (!reuse) {
+        auto buf = DeviceBuffer::alloc(both.size() + 16);
+        ASSERT_TRUE(buf);
+        src.push_back(std::move(*buf));
+      }
+      uint8_t* at = src[k].as<uint8_t>();
+      ASSERT_EQ(cudaMemcpy(at, both.data(), vb, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(at + soff, cs.data(), cs.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      jobs[k] = {"t",   &specs[k].values, {at, vb}, dv[k], &specs[k].scales, {at + soff, cs.size()},
                  ds[k], &sums[k]};
-      src.push_back(std::move(*buf));
       ASSERT_EQ(cudaMemset(dv[k].data(), 0xA5, dv[k].size()), cudaSuccess);
       ASSERT_EQ(cudaMemset(ds[k].data(), 0xA5, ds[k].size()), cudaSuccess);
     }
+    std::fill(sums.begin(), sums.end(), 0);
     ASSERT_TRUE((*dev)->write_tensors(jobs));
     for (size_t k = 0; k < n; ++k) {
       EXPECT_EQ(sums[k], want[k]) << "tensor " << k;
