@@ -171,13 +171,7 @@ __device__ __forceinline__ void staged_stripes(const DevicePlane& p, uint4* chun
         for (int m = 0; m < 4; ++m) chunk[8 * (k - k0) + 4 * h + m] = w[m];
       }
     } else if constexpr (kKind == kTranspose4) {
-      if (kFull || q < bytes) {
-        uint4 w[4] = {v[0], v[1], v[2], v[3]};
-        transpose4(w);
-        uint8_t* at = cur.next(p);
-#pragma unroll
-        for (int m = 0; m < 4; ++m) __stcs(reinterpret_cast<uint4*>(at + 16 * m), w[m]);
-      }
+      if (kFull || q < bytes) store_stripe_transposed(cur, p, v);
     } else {
 #pragma unroll
       for (int m = 0; m < 4; ++m)

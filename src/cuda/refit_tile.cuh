@@ -1,8 +1,9 @@
 // Device pieces shared by the batched full-refit kernels (refit_batch.cu: one tile per block, the chain run
-// by the block that finishes a tensor; refit_stream.cu: tiles interleaved across tensors, chains in a kernel
-// of their own): the XXH3 lane sums of whole stripes, the layout moves of one 16-byte unit, the per-lane
-// stripe loop, the scramble chain over a tensor's block sums with its tail and merge. Layouts and the work
-// split: refit_batch.cu. Included by .cu files only (it defines __constant__ tables, one copy per file).
+// by the block that finishes a tensor, or the chains alone; refit_write_warp.cu: one warp a 4 KiB unit,
+// chains in a kernel of their own): the XXH3 lane sums of whole stripes, the layout moves of one 16-byte
+// unit, the per-lane stripe loop, the scramble chain over a tensor's block sums with its tail and merge.
+// Layouts and the work split: refit_batch.cu. Included by .cu files only (it defines __constant__ tables, one
+// copy per file).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -121,6 +122,16 @@ struct StripeCursor {
   }
 };
 
+// A stripe's 4 canonical vectors stored transposed at the cursor's next native address (GEMV planes).
+__device__ __forceinline__ void store_stripe_transposed(StripeCursor& cur, const DevicePlane& p,
+                                                        const uint4 (&v)[4]) {
+  uint4 w[4] = {v[0], v[1], v[2], v[3]};
+  transpose4(w);
+  uint8_t* at = cur.next(p);
+#pragma unroll
+  for (int m = 0; m < 4; ++m) __stcs(reinterpret_cast<uint4*>(at + 16 * m), w[m]);
+}
+
 // The lane's 8 stripes of the block at plane offset bq: loaded (canonical sources in write mode, the live
 // plane in hash mode), stored through the layout (write mode), added to the lane sums. Units at or past
 // `bytes` are zeros and not stored (their block is the stream's last, never a full block).
@@ -165,13 +176,7 @@ __device__ __forceinline__ void lane_stripes(const DevicePlane& p, const uint8_t
   auto store = [&](int k, const uint4(&v)[4]) {
     const uint64_t q = q0 + 128 * static_cast<uint64_t>(k);
     if constexpr (kKind == kTranspose4) {
-      if (kFull || q < bytes) {
-        uint4 w[4] = {v[0], v[1], v[2], v[3]};
-        transpose4(w);
-        uint8_t* at = cur.next(p);
-#pragma unroll
-        for (int m = 0; m < 4; ++m) __stcs(reinterpret_cast<uint4*>(at + 16 * m), w[m]);
-      }
+      if (kFull || q < bytes) store_stripe_transposed(cur, p, v);
     } else {
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
