@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <string_view>
 #include <utility>
 
 #include "base/error.h"
@@ -62,6 +63,18 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// Grows b to at least `need` bytes (a quarter more, so slow growth does not reallocate at every call);
+// `drain` is synchronized first, since queued work may still read the old buffer. The contents are not kept.
+inline Status grow_buffer(DeviceBuffer& b, size_t need, cudaStream_t drain, std::string_view what) {
+  if (b.bytes() >= need) return {};
+  MXQ_CUDA_CHECK(cudaStreamSynchronize(drain));
+  b = DeviceBuffer();
+  auto fresh = DeviceBuffer::alloc(need + need / 4);
+  if (!fresh) return fail("{} of {} bytes: {}", what, need, fresh.error().message);
+  b = std::move(*fresh);
+  return {};
+}
 
 // Pinned host memory grown on demand (a quarter more than asked, so slow growth does not reallocate each
 // time); get() returns null when it cannot be had. Growing frees the old block: the caller makes sure no

@@ -16,6 +16,7 @@
 #include "cuda/plane_tables.h"
 #include "cuda/refit_launch.h"
 #include "cuda/sparse_decode_launch.h"
+#include "cuda/sparse_job_table.h"
 
 namespace mxq::cuda {
 namespace {
@@ -251,11 +252,11 @@ class CudaWeightMemory final : public WeightMemory {
 
   Result<std::optional<SparseRefusal>> decode_sparse(std::span<const SparsePlaneJob> jobs,
                                                      std::span<uint8_t> positions) override {
-    auto table = upload_jobs(jobs, positions, false);
+    auto table = upload_sparse_jobs(jobs, positions, nullptr, lookup_plane(), job_table_, stream_);
     if (!table) return tl::unexpected(table.error());
     if (jobs.empty()) return std::optional<SparseRefusal>{};
     const size_t scan_bytes = 2 * (table->chunks + 1) * sizeof(uint64_t);
-    if (auto g = grow(decode_scan_, scan_bytes, "sparse decode scratch"); !g)
+    if (auto g = grow_buffer(decode_scan_, scan_bytes, stream_, "sparse decode scratch"); !g)
       return tl::unexpected(g.error());
     auto* error = decode_error_.as<unsigned long long>();
     const bool runs = std::any_of(jobs.begin(), jobs.end(),
@@ -276,7 +277,8 @@ class CudaWeightMemory final : public WeightMemory {
   }
 
   Status scatter_sparse(std::span<const SparsePlaneJob> jobs, std::span<const uint8_t> positions) override {
-    auto table = upload_jobs(jobs, positions, true);
+    auto table = upload_sparse_jobs(jobs, positions, incremental_ ? &kept_ : nullptr, lookup_plane(),
+                                    job_table_, stream_);
     if (!table) return tl::unexpected(table.error());
     if (jobs.empty()) return {};
     const auto* pos = reinterpret_cast<const int32_t*>(positions.data());
@@ -618,7 +620,8 @@ class CudaWeightMemory final : public WeightMemory {
     const size_t tensor_bytes = up16(n * sizeof(BatchTensorDevice)), map_bytes = up16(tiles * 4),
                  counter_bytes = up16((n + tiles) * 4), out_bytes = up16(n * 8), sum_bytes = blocks * 64;
     const size_t need = tensor_bytes + map_bytes + counter_bytes + out_bytes + sum_bytes;
-    if (auto g = grow(meta_, need, "refit batch scratch"); !g) return tl::unexpected(g.error());
+    if (auto g = grow_buffer(meta_, need, stream_, "refit batch scratch"); !g)
+      return tl::unexpected(g.error());
     uint8_t* base = meta_.as<uint8_t>();
     auto* d_tensors = reinterpret_cast<BatchTensorDevice*>(base);
     auto* d_map = reinterpret_cast<uint32_t*>(base + tensor_bytes);
@@ -668,72 +671,6 @@ class CudaWeightMemory final : public WeightMemory {
     return {};
   }
 
-  // The device table of a batch of encoded sparse planes (SparseJobDevice + the entry and chunk prefixes),
-  // in its own buffer. with_sums: each job with kept block sums (incremental checksums) and undo bytes
-  // updates them in the scatter; a job without undo bytes drops its tensor's sums.
-  struct JobTable {
-    const SparseJobDevice* jobs = nullptr;
-    const uint64_t *first_entry = nullptr, *first_chunk = nullptr;
-    uint64_t entries = 0, chunks = 0;
-  };
-  Result<JobTable> upload_jobs(std::span<const SparsePlaneJob> jobs, std::span<const uint8_t> positions,
-                               bool with_sums) {
-    std::vector<SparseJobDevice> dev;
-    std::vector<uint64_t> first_entry{0}, first_chunk{0};
-    JobTable t;
-    for (const SparsePlaneJob& j : jobs) {
-      auto p = device_plane(*j.layout, j.native);
-      if (!p) return fail_in(j.what, p.error());
-      if (j.entries > INT32_MAX) return fail("{}: {} entries need int64 positions", j.what, j.entries);
-      const uint64_t eb = static_cast<uint64_t>(j.entry_bytes);
-      if (j.bytes.size() != static_cast<uint64_t>(j.count) * eb ||
-          (!j.undo.empty() && j.undo.size() != j.bytes.size()))
-        return fail("{}: {} entries of {} bytes with {} new and {} undo bytes", j.what, j.count,
-                    j.entry_bytes, j.bytes.size(), j.undo.size());
-      SparseJobDevice d;
-      d.plane = *p;
-      d.index = j.index.data(), d.index_bytes = j.index.size();
-      d.bytes = j.bytes.data(), d.undo = j.undo.empty() ? nullptr : j.undo.data();
-      d.count = j.count, d.entries = j.entries, d.entry_bytes = j.entry_bytes;
-      d.encoding = j.encoding, d.policy = static_cast<uint8_t>(j.policy);
-      uint64_t stream_off = 0;
-      if (SumRecord* rec = with_sums && incremental_ && j.count > 0
-                               ? kept_.record_of(j.native.data(), stream_off)
-                               : nullptr;
-          rec && rec->valid) {
-        // note: without the old bytes the kept sums cannot follow: the next checksum re-reads the tensor.
-        if (d.undo) {
-          d.sums = rec->sums.as<uint64_t>(), d.stream_off = stream_off, d.blocks = xxh3_job_blocks(rec->len);
-        } else {
-          rec->valid = false;
-        }
-      }
-      dev.push_back(d);
-      first_entry.push_back(first_entry.back() + static_cast<uint64_t>(j.count));
-      const uint64_t chunks =
-          j.encoding == 2 ? 0 : (j.index.size() + kDecodeChunkBytes - 1) / kDecodeChunkBytes;
-      first_chunk.push_back(first_chunk.back() + chunks);
-    }
-    t.entries = first_entry.back(), t.chunks = first_chunk.back();
-    if (positions.size() < t.entries * 4)
-      return fail("{} bytes of positions for {} entries", positions.size(), t.entries);
-    const size_t job_bytes = up16(dev.size() * sizeof(SparseJobDevice)),
-                 prefix_bytes = up16(first_entry.size() * 8);
-    const size_t need = job_bytes + 2 * prefix_bytes;
-    if (auto g = grow(job_table_, need, "sparse job table"); !g) return tl::unexpected(g.error());
-    // note: a copy from pageable memory returns once the driver holds the bytes, so the host table may go;
-    // stream order keeps the new table from overwriting one a queued kernel still reads.
-    std::vector<uint8_t> host(need);
-    std::memcpy(host.data(), dev.data(), dev.size() * sizeof(SparseJobDevice));
-    std::memcpy(host.data() + job_bytes, first_entry.data(), first_entry.size() * 8);
-    std::memcpy(host.data() + job_bytes + prefix_bytes, first_chunk.data(), first_chunk.size() * 8);
-    MXQ_CUDA_CHECK(cudaMemcpyAsync(job_table_.as(), host.data(), need, cudaMemcpyHostToDevice, stream_));
-    auto* base = job_table_.as<uint8_t>();
-    t.jobs = reinterpret_cast<const SparseJobDevice*>(base);
-    t.first_entry = reinterpret_cast<const uint64_t*>(base + job_bytes);
-    t.first_chunk = reinterpret_cast<const uint64_t*>(base + job_bytes + prefix_bytes);
-    return t;
-  }
   Result<DeviceBuffer> upload_table(const std::vector<int64_t>& t) {
     auto buf = DeviceBuffer::alloc(t.size() * sizeof(int64_t));
     if (!buf) return tl::unexpected(buf.error());
@@ -751,6 +688,9 @@ class CudaWeightMemory final : public WeightMemory {
     return {};
   }
 
+  PlaneLookup lookup_plane() const {
+    return [this](const PlaneLayout& l, std::span<const uint8_t> native) { return device_plane(l, native); };
+  }
   Result<DevicePlane> device_plane(const PlaneLayout& l, std::span<const uint8_t> native) const {
     DevicePlane p;
     p.rows = l.canonical.rows, p.row_bytes = l.canonical.row_bytes;
@@ -774,21 +714,10 @@ class CudaWeightMemory final : public WeightMemory {
     return p;
   }
 
-  // A device buffer grown on demand to at least `need` bytes (a quarter more, so slow growth does not
-  // reallocate at every call); the stream is drained first, since queued work may still read the old one.
-  Status grow(DeviceBuffer& b, size_t need, std::string_view what) {
-    if (b.bytes() >= need) return {};
-    MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    b = DeviceBuffer();
-    auto fresh = DeviceBuffer::alloc(need + need / 4);
-    if (!fresh) return fail("{} of {} bytes: {}", what, need, fresh.error().message);
-    b = std::move(*fresh);
-    return {};
-  }
-
   // One staging buffer, grown on demand; stream order keeps a later use from overtaking an earlier one.
   Result<uint8_t*> stage(size_t bytes) {
-    if (auto g = grow(staging_, bytes, "staging buffer"); !g) return tl::unexpected(g.error());
+    if (auto g = grow_buffer(staging_, bytes, stream_, "staging buffer"); !g)
+      return tl::unexpected(g.error());
     return staging_.as<uint8_t>();
   }
 
