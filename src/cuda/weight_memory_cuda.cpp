@@ -442,7 +442,7 @@ class CudaWeightMemory final : public WeightMemory {
       else
         rest.push_back(j);
     }
-    if (direct.size() == jobs.size() && !reread_) {
+    if (!direct.empty() && direct.size() == jobs.size() && !reread_) {
       auto b = prepare_batch(Mode::kWrite, direct);
       if (!b) return tl::unexpected(b.error());
       if (auto s = launch_batch(*b); !s) return s;
