@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 4)
 constexpr int kChunkUnits = 1024 / 16, kHalfSkewUnits = kChunkUnits / 2 + 1, kTileChunks = kWarps * kPairs;
 constexpr size_t kStagedSmem = sizeof(uint4) * kTileChunks * kHalfSkewUnits;
 constexpr int kStagedRing = 8;  // the chain's ring slots in the staged buffer (twice the plain kernel's)
-static_assert(kStagedSmem >= kRingBytes / kStages * kStagedRing,
+static_assert(kStagedSmem >= kRingSlotBytes * kStagedRing,
               "the chain's ring fits in the half tile's shared memory");
 
 // Half `half` (units 32·half .. 32·half + 31 of every chunk) of the tile at g (len bytes there, a multiple

@@ -260,7 +260,7 @@ __device__ __forceinline__ void chain_finish(const BatchTensorDevice& t, bool wr
 // note: a chain that runs beside a write at full bandwidth sees loads of several microseconds (the write
 // keeps ~17 MB in flight: ~4 us at 4 TB/s); 3 stages ahead (~3.6 us of steps) ran its chains at half speed
 // (session 8), hence deeper rings where shared memory allows (kSt).
-constexpr size_t kRingBytes = sizeof(uint64_t) * kStages * kStageBlocks * 8;
+constexpr size_t kRingSlotBytes = sizeof(uint64_t) * kStageBlocks * 8;  // one ring slot
 template <int kSt = kStages>
 __device__ __forceinline__ void chain(const BatchTensorDevice& t, bool write, uint64_t* out,
                                       uint64_t (*ring)[kStageBlocks * 8]) {

@@ -618,7 +618,7 @@ class CudaWeightMemory final : public WeightMemory {
     b.mode = mode, b.tiles = static_cast<uint32_t>(tiles), b.kept = std::move(kept);
     const size_t n = dev.size();
     const size_t tensor_bytes = up16(n * sizeof(BatchTensorDevice)), map_bytes = up16(tiles * 4),
-                 counter_bytes = up16((n + tiles) * 4), out_bytes = up16(n * 8), sum_bytes = blocks * 64;
+                 counter_bytes = up16(n * 4), out_bytes = up16(n * 8), sum_bytes = blocks * 64;
     const size_t need = tensor_bytes + map_bytes + counter_bytes + out_bytes + sum_bytes;
     if (auto g = grow_buffer(meta_, need, stream_, "refit batch scratch"); !g)
       return tl::unexpected(g.error());
