@@ -73,6 +73,7 @@ struct Run {
   std::vector<int64_t> ms;
   bool quantize = true;
   bool gemv_study = false;
+  bool lt_sweep = false;
   std::string shape;  // only shapes whose name contains it (empty: all)
 };
 
@@ -225,6 +226,40 @@ Status fp8_gemm_rows(cuda::LinearContext& ctx, const RotatedWeights& w, const Sh
   return {};
 }
 
+// --lt-sweep: cuBLASLt's matmul alone (x quantized once) for each of the heuristic's algorithms, in both
+// operand roles, at each M % 4 == 0; one row each, then the default choice again.
+Status lt_sweep_rows(cuda::LinearContext& ctx, const RotatedWeights& w, const Shape& s,
+                     const std::vector<int64_t>& ms, const uint16_t* xp, uint16_t* yp,
+                     const std::vector<double>& bf16_us, cudaStream_t stream) {
+  using Gemm = cuda::Fp8B128Gemm;
+  Gemm& g = ctx.fp8();
+  Status out;
+  for (size_t mi = 0; mi < ms.size() && out; ++mi) {
+    const int64_t m = ms[mi];
+    if (m % 4 != 0) continue;
+    auto q = g.quantize(xp, m, s.n, s.k, stream);
+    if (!q) return tl::unexpected(q.error());
+    for (auto roles : {cuda::detail::LtRoles::kActARowD, cuda::detail::LtRoles::kWeightA}) {
+      for (int idx = 0; idx < Gemm::kMaxHeuristics; ++idx) {
+        g.set_choice({roles, idx});
+        auto us = time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) {
+          const cuda::LinearWeights lw = w.at(i);
+          return g.matmul(q->values, q->scales, m,
+                          {lw.values, reinterpret_cast<const float*>(lw.scales), w.n, w.k}, yp, stream);
+        });
+        if (!us) break;  // note: past the heuristic's count (or an algorithm that refuses the shape)
+        auto algo = g.plan_algo(m, s.n, s.k);
+        fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} lt sweep {} #{:<2} {:>8.2f} {:>7.1f} {:>5.0f}%  {}\n", s.name,
+                   "fp8-b128", s.n, s.k, m, roles == cuda::detail::LtRoles::kWeightA ? "W=A" : "x=A", idx, *us,
+                   2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12, 100.0 * bf16_us[mi] / *us,
+                   algo ? *algo : algo.error().message);
+      }
+    }
+  }
+  g.set_choice({});
+  return out;
+}
+
 Status run_bench(const Run& run) {
   cudaStream_t stream;
   MXQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -317,6 +352,8 @@ Status run_bench(const Run& run) {
       }
       if (f == Format::kFP8_B128 && *arch == cuda::Arch::kSm90a)
         if (Status st = fp8_gemm_rows(**ctx, *w, s, run.ms, xp, yp, bf16_us, lt_us, stream); !st) return st;
+      if (f == Format::kFP8_B128 && run.lt_sweep)
+        if (Status st = lt_sweep_rows(**ctx, *w, s, run.ms, xp, yp, bf16_us, stream); !st) return st;
       if (run.gemv_study)
         if (Status st = gemv_study(*w, s, run.ms, xp, yp, *copy_gbs, *read_us, (*ctx)->splitk(), stream); !st)
           return st;
@@ -343,14 +380,17 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
   auto no_quantize = std::make_shared<bool>(false);
   auto study = std::make_shared<bool>(false);
   auto shape = std::make_shared<std::string>();
+  auto lt_sweep = std::make_shared<bool>(false);
   cmd->add_option("--formats", *formats, "weight formats, comma-separated (mxfp8, mxfp4, fp8-b128)")
       ->delimiter(',');
   cmd->add_option("--m", *ms, "activation rows, comma-separated (1..8192)")->delimiter(',');
   cmd->add_flag("--no-quantize", *no_quantize, "skip the quantize-kernel table");
   cmd->add_flag("--gemv-study", *study,
                 "after each format's rows, every GEMV kernel variant at M <= 32 and gemm_mx at M 17..32");
+  cmd->add_flag("--lt-sweep", *lt_sweep,
+                "after FP8-B128's rows, cuBLASLt's matmul alone with each heuristic algorithm, both roles");
   cmd->add_option("--shape", *shape, "only the shapes whose name contains this (e.g. q/o, gate_up)");
-  cmd->callback([formats, ms, no_quantize, study, shape, &exit_code] {
+  cmd->callback([formats, ms, no_quantize, study, shape, lt_sweep, &exit_code] {
 #if defined(MXQ_HAVE_CUDA)
     Run run;
     for (const std::string& name : *formats) {
@@ -377,6 +417,7 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
     run.ms = *ms;
     run.quantize = !*no_quantize;
     run.gemv_study = *study;
+    run.lt_sweep = *lt_sweep;
     run.shape = *shape;
     if (Status st = run_bench(run); !st) {
       spdlog::error("bench linear: {}", st.error().message);

@@ -61,10 +61,10 @@ Status set_scales(Fp8B128Gemm::Plan& p, const float* w_scales, const float* x_sc
   return {};
 }
 
-// Descriptors and the heuristic's first algorithm for (roles, m, n, k).
+// Descriptors and the heuristic's algorithm number `index` (0: its first) for (roles, m, n, k).
 // note: the scale pointers are set before the heuristic: it refuses block scale modes without them.
 Status build_plan(cublasLtHandle_t handle, Fp8B128Gemm::Plan& p, int64_t m, const Fp8B128Weights& w,
-                  const float* xs, size_t workspace_bytes) {
+                  const float* xs, size_t workspace_bytes, int index = 0) {
   const int64_t n = w.n, k = w.k;
   const bool weight_a = p.roles == detail::LtRoles::kWeightA;
   MXQ_CUDA_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -94,12 +94,13 @@ Status build_plan(cublasLtHandle_t handle, Fp8B128Gemm::Plan& p, int64_t m, cons
   }
   cublasLtMatmulPreference_t pref = nullptr;
   MXQ_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[Fp8B128Gemm::kMaxHeuristics] = {};
+  const int want = std::clamp(index + 1, 1, Fp8B128Gemm::kMaxHeuristics);
   int found = 0;
   cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                            &workspace_bytes, sizeof(workspace_bytes));
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+    st = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref, want, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS)
     return fail("fp8-b128 cuBLASLt GEMM ({}): heuristic for m = {}, n = {}, k = {}: {}",
@@ -109,7 +110,10 @@ Status build_plan(cublasLtHandle_t handle, Fp8B128Gemm::Plan& p, int64_t m, cons
         "fp8-b128 cuBLASLt GEMM ({}): no algorithm for m = {}, n = {}, k = {} (block-scaled FP8 needs "
         "sm_90)",
         detail::lt_roles_name(p.roles), m, n, k);
-  p.algo = result.algo;
+  if (index < 0 || index >= found)
+    return fail("fp8-b128 cuBLASLt GEMM ({}): algorithm {} asked for m = {}, n = {}, k = {}; the heuristic gave {}",
+                detail::lt_roles_name(p.roles), index, m, n, k, found);
+  p.algo = results[index].algo;
   return {};
 }
 
@@ -192,11 +196,40 @@ Result<Fp8B128Gemm::Plan*> Fp8B128Gemm::plan_for(int64_t m, const Fp8B128Weights
   const auto key = std::make_tuple(m, w.n, w.k);
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   auto p = std::make_unique<Plan>();
-  const Status st = build_plan(handle_, *p, m, w, xs, workspace_.bytes());
+  p->roles = choice_.roles;
+  const Status st = build_plan(handle_, *p, m, w, xs, workspace_.bytes(), choice_.index);
   if (!st) return tl::unexpected(st.error());
   Plan* raw = p.get();
   plans_.emplace(key, std::move(p));
   return raw;
+}
+
+void Fp8B128Gemm::set_choice(Choice c) {
+  choice_ = c;
+  plans_.clear();
+}
+
+Result<std::string> Fp8B128Gemm::plan_algo(int64_t m, int64_t n, int64_t k) const {
+  const auto it = plans_.find(std::make_tuple(m, n, k));
+  if (it == plans_.end()) return fail("fp8-b128 cuBLASLt GEMM: no plan for m = {}, n = {}, k = {}", m, n, k);
+  const cublasLtMatmulAlgo_t& a = it->second->algo;
+  int32_t id = 0, splitk = 1;
+  uint32_t tile = 0, stages = 0, swizzle = 0;
+  uint16_t cluster = 0;
+  size_t written = 0;
+  MXQ_CUDA_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written));
+  MXQ_CUDA_CHECK(
+      cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written));
+  MXQ_CUDA_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                                      sizeof(stages), &written));
+  MXQ_CUDA_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                                      sizeof(splitk), &written));
+  MXQ_CUDA_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
+                                                      sizeof(swizzle), &written));
+  MXQ_CUDA_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                                      sizeof(cluster), &written));
+  return fmt::format("id {} tile {} stages {} splitk {} swz {} cluster {}", id, tile, stages, splitk, swizzle,
+                     cluster);
 }
 
 Status Fp8B128Gemm::matmul(const uint8_t* xq, const float* xs, int64_t m, const Fp8B128Weights& w,

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <tuple>
 
@@ -100,6 +101,19 @@ class Fp8B128Gemm {
   Status matmul(const uint8_t* xq, const float* xs, int64_t m, const Fp8B128Weights& w, uint16_t* y,
                 cudaStream_t stream);
 
+  // Which of the heuristic's algorithms a new plan takes (index 0: its first, the default) and the roles
+  // (default detail::kRoles), for the benchmark's sweep (`mxq bench linear --lt-sweep`). Drops the cached
+  // plans. A plan whose index is past the heuristic's count is refused by name.
+  struct Choice {
+    detail::LtRoles roles = detail::kRoles;
+    int index = 0;
+  };
+  static constexpr int kMaxHeuristics = 16;
+  void set_choice(Choice c);
+  // The cached plan's algorithm for (m, n, k) in words (config id, tile, stages, split-K, swizzle,
+  // cluster); an error when no plan is cached for it.
+  Result<std::string> plan_algo(int64_t m, int64_t n, int64_t k) const;
+
   struct Plan;  // one shape's descriptors and algorithm (the .cpp)
 
  private:
@@ -107,6 +121,7 @@ class Fp8B128Gemm {
   Result<Plan*> plan_for(int64_t m, const Fp8B128Weights& w, const float* xs);
 
   cublasLtHandle_t handle_ = nullptr;
+  Choice choice_;
   DeviceBuffer workspace_, act_values_, act_scales_, out_pad_;
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
 };

@@ -171,8 +171,7 @@ __device__ __forceinline__ void stage_fragments(const RawStage<Fmt::kWords>& ra,
 // tiles, so both stay in L2 and each weight tile is read from memory once per group instead of once per
 // activation tile (plain row-major order streams all of W once per activation tile).
 inline constexpr int kGroupM = 8;
-__device__ __forceinline__ void tile_of(int bid, int tiles_m, int& tile_n, int& tile_m) {
-  const int tiles_n = static_cast<int>(gridDim.x) / tiles_m;
+__device__ __forceinline__ void tile_of(int bid, int tiles_m, int tiles_n, int& tile_n, int& tile_m) {
   const int group = bid / (kGroupM * tiles_n), first = group * kGroupM;
   const int in_group = min(kGroupM, tiles_m - first), r = bid - first * tiles_n;
   tile_n = r / in_group;

@@ -5,6 +5,8 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "cuda/device_sms.h"
@@ -120,7 +122,15 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
     const int64_t tiles = static_cast<int64_t>(tiles_n) * ((m + bm - 1) / bm),
                   mn = static_cast<int64_t>(m) * n;
     const int splits = splitk_splits(tiles, (k + kStageK - 1) / kStageK, sms, mn, ws_floats);
-    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
+    // note: without a split the grid is persistent, one block per SM walking the tiles (MXFP4 at M = 4096
+    // 5% faster in sum, MXFP8 within 1%, bench/RESULTS.md session 9); MXQ_GEMM_SM90_GRID=tiles launches one
+    // block a tile, to measure both from one build.
+    static const bool one_per_tile = [] {
+      const char* v = std::getenv("MXQ_GEMM_SM90_GRID");
+      return v != nullptr && std::strcmp(v, "tiles") == 0;
+    }();
+    const int64_t blocks = splits > 1 || one_per_tile ? tiles : std::min<int64_t>(tiles, sms);
+    const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(splits));
     const bool tail = k % Fmt::kGroupK != 0;
     auto pick = [tail](auto t) {
       constexpr int b = decltype(t)::value;

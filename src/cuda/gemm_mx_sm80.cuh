@@ -29,7 +29,8 @@ __global__ void __launch_bounds__(kSm80Threads)
   extern __shared__ __align__(16) __nv_bfloat16 xs[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   int tile_n, tile_m;
-  tile_of(blockIdx.x, (m + kSm80BlockM - 1) / kSm80BlockM, tile_n, tile_m);
+  const int tiles_m = (m + kSm80BlockM - 1) / kSm80BlockM;
+  tile_of(blockIdx.x, tiles_m, static_cast<int>(gridDim.x) / tiles_m, tile_n, tile_m);
   const int n0 = tile_n * kSm80BlockN, m0 = tile_m * kSm80BlockM, stages = (k + kStageK - 1) / kStageK;
   const int row_a = n0 + 16 * warp + g, row_b = row_a + 8;
   // note: rows past n read row n-1 (valid memory) and are never stored.

@@ -244,13 +244,18 @@ __device__ __forceinline__ uint32_t group_scales(const uint8_t* row_s, int kb, i
 }
 #endif
 
-// Grid: x = cdiv(n, 128) * cdiv(m, kBM) tiles (tile_of), y = K splits; 384 threads, sm90_smem_bytes(kBM)
-// of dynamic shared memory. Split-K (gridDim.y > 1, small grids): split z runs stages [z·c, z·c + c)
-// of the cdiv(K, 64) (c = cdiv(stages, splits)) and stores its f32 partial tile, row scale applied, to
-// ws[z][m][n]; splitk_reduce sums the splits in order into y (deterministic). ws is null without a split.
-// wmap: the values plane as a 2D uint8 tensor [n rows, row bytes] (make_w_map), zero fill past its edges
-// (rows past n and the bytes past a short last group read 0). kTail: K has a short last layout group
-// (K % 64 for MXFP8, K % 128 for MXFP4); without one the scale loads need no bounds and are aligned.
+// Grid: x = up to cdiv(n, 128) * cdiv(m, kBM) tiles (tile_of), y = K splits; 384 threads,
+// sm90_smem_bytes(kBM) of dynamic shared memory. Split-K (gridDim.y > 1, small grids): split z runs
+// stages [z·c, z·c + c) of the cdiv(K, 64) (c = cdiv(stages, splits)) and stores its f32 partial tile, row
+// scale applied, to ws[z][m][n]; splitk_reduce sums the splits in order into y (deterministic). ws is null
+// without a split. wmap: the values plane as a 2D uint8 tensor [n rows, row bytes] (make_w_map), zero fill
+// past its edges (rows past n and the bytes past a short last group read 0). kTail: K has a short last
+// layout group (K % 64 for MXFP8, K % 128 for MXFP4); without one the scale loads need no bounds and are
+// aligned. Persistent without a split: gridDim.x <= tiles blocks walk tiles b, b + gridDim.x, ... (with a
+// split gridDim.x == tiles, one tile a block); both rings run on across a block's tiles, so the next tile's
+// loads overlap this one's last stages and epilogue.
+// note: two stages queued per consumer (4 A-register sets, wait_group 2, 5 x stages and 6 weight slots)
+// measured 1-2% slower at M = 4096 (bench/RESULTS.md, session 9).
 template <class Fmt, bool kTail, int kBM>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     gemm_mx_sm90(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int m,
@@ -258,6 +263,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
                  float* __restrict__ partial) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStageBytes = sm90_stage_bytes(kBM), kX = sm90_x_stages(kBM), kW = kSm90WSlots;
+  constexpr int kQ = 1, kSets = 3;  // stages queued on the tensor cores; A-register sets
   constexpr int kSpg = Fmt::kGroupK / kStageK;  // stages per layout group
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring =
@@ -271,9 +277,17 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   const int s0 = static_cast<int>(blockIdx.y) * chunk, stages = min(chunk, all_stages - s0);
   const int g0 = s0 / kSpg, groups = (s0 + stages - 1) / kSpg - g0 + 1;  // the split's layout groups
   const int kb = k / 32;
-  int tile_n, tile_m;
-  tile_of(blockIdx.x, (m + kBM - 1) / kBM, tile_n, tile_m);
-  const int n0 = tile_n * kSm90BlockN, m0 = tile_m * kBM;
+  const int tiles_m = (m + kBM - 1) / kBM, tiles_n = (n + kSm90BlockN - 1) / kSm90BlockN;
+  const int tiles = tiles_m * tiles_n;
+  const int count =
+      (tiles - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
+  // Tile ti of this block (0 <= ti < count): its first weight row and activation row.
+  auto tile_at = [&](int ti, int& n0, int& m0) {
+    int tile_n, tile_m;
+    tile_of(static_cast<int>(blockIdx.x) + ti * static_cast<int>(gridDim.x), tiles_m, tiles_n, tile_n,
+            tile_m);
+    n0 = tile_n * kSm90BlockN, m0 = tile_m * kBM;
+  };
   if (threadIdx.x == 0) {
     for (int i = 0; i < kX; ++i) mbar_init(xfull + i, 1), mbar_init(xempty + i, 8);
     // wfull: warp 1's lane 0 (expect_tx) + its 32 lanes' scale stores; wempty: the 8 consumer warps.
@@ -286,39 +300,47 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
     const int warp = threadIdx.x / 32;
     if (warp == 0 && lane == 0) {
-      for (int s = 0; s < stages; ++s) {
-        const int slot = s % kX;
-        if (s >= kX) mbar_wait(xempty + slot, ((s / kX) - 1) & 1);
-        mbar_expect_tx(xfull + slot, kStageBytes);
-        tma_load_2d(ring + slot * kStageBytes, &xmap, (s0 + s) * kStageK, m0, xfull + slot);
+      for (int ti = 0; ti < count; ++ti) {
+        int n0, m0;
+        tile_at(ti, n0, m0);
+        for (int s = 0; s < stages; ++s) {
+          const int G = ti * stages + s, slot = G % kX;  // note: G counts x stages over the block's tiles
+          if (G >= kX) mbar_wait(xempty + slot, ((G / kX) - 1) & 1);
+          mbar_expect_tx(xfull + slot, kStageBytes);
+          tma_load_2d(ring + slot * kStageBytes, &xmap, (s0 + s) * kStageK, m0, xfull + slot);
+        }
       }
     } else if (warp == 1) {
-      // note: rows past n read row n-1's scales (valid memory); their values are TMA zero fill.
-      auto load = [&](int q, uint32_t(&r)[4]) {
+      for (int ti = 0; ti < count; ++ti) {
+        int n0, m0;
+        tile_at(ti, n0, m0);
+        // note: rows past n read row n-1's scales (valid memory); their values are TMA zero fill.
+        auto load = [&](int q, uint32_t(&r)[4]) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          r[i] = group_scales<Fmt, kTail>(ws + static_cast<int64_t>(min(n0 + lane + 32 * i, n - 1)) * kb, kb,
-                                          g0 + q);
-      };
-      constexpr int kAhead = 4;  // groups of scale loads in flight
-      uint32_t sc[kAhead][4];
+          for (int i = 0; i < 4; ++i)
+            r[i] = group_scales<Fmt, kTail>(ws + static_cast<int64_t>(min(n0 + lane + 32 * i, n - 1)) * kb,
+                                            kb, g0 + q);
+        };
+        constexpr int kAhead = 4;  // groups of scale loads in flight
+        uint32_t sc[kAhead][4];
 #pragma unroll
-      for (int d = 0; d < kAhead; ++d)
-        if (d < groups) load(d, sc[d]);
-      for (int q0 = 0; q0 < groups; q0 += kAhead) {
+        for (int d = 0; d < kAhead; ++d)
+          if (d < groups) load(d, sc[d]);
+        for (int q0 = 0; q0 < groups; q0 += kAhead) {
 #pragma unroll
-        for (int d = 0; d < kAhead; ++d) {
-          const int q = q0 + d, slot = q % kW;
-          if (q < groups) {
-            if (q >= kW) mbar_wait(wempty + slot, ((q / kW) - 1) & 1);
-            if (lane == 0) {
-              mbar_expect_tx(wfull + slot, kWSlotBytes);
-              tma_load_2d(wvals + slot * kWSlotBytes, &wmap, (g0 + q) * kWGroupBytes, n0, wfull + slot);
+          for (int d = 0; d < kAhead; ++d) {
+            const int q = q0 + d, Q = ti * groups + q, slot = Q % kW;  // note: Q counts groups over tiles
+            if (q < groups) {
+              if (Q >= kW) mbar_wait(wempty + slot, ((Q / kW) - 1) & 1);
+              if (lane == 0) {
+                mbar_expect_tx(wfull + slot, kWSlotBytes);
+                tma_load_2d(wvals + slot * kWSlotBytes, &wmap, (g0 + q) * kWGroupBytes, n0, wfull + slot);
+              }
+#pragma unroll
+              for (int i = 0; i < 4; ++i) wscales[slot * kSm90BlockN + lane + 32 * i] = sc[d][i];
+              mbar_arrive(wfull + slot);
+              if (q + kAhead < groups) load(q + kAhead, sc[d]);
             }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) wscales[slot * kSm90BlockN + lane + 32 * i] = sc[d][i];
-            mbar_arrive(wfull + slot);
-            if (q + kAhead < groups) load(q + kAhead, sc[d]);
           }
         }
       }
@@ -327,87 +349,96 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
     const int warp = (threadIdx.x / 32) % 4, g = lane / 4, t = lane % 4;
     const int lr_a = 64 * (wg - 1) + 16 * warp + g, lr_b = lr_a + 8;  // rows in the tile
-    const int row_a = n0 + lr_a, row_b = row_a + 8;
-    // note: rows past n read row n-1's scales (valid memory) and are never stored.
-    const int64_t ra = min(row_a, n - 1), rb = min(row_b, n - 1);
     const int row_bytes = Fmt::kWords == 4 ? k : k / 2;
-    const uint32_t bref_a = row_max_scale(ws + ra * kb, kb, t), bref_b = row_max_scale(ws + rb * kb, kb, t);
+    for (int ti = 0; ti < count; ++ti) {
+      int n0, m0;
+      tile_at(ti, n0, m0);
+      const int row_a = n0 + lr_a, row_b = row_a + 8;
+      // note: rows past n read row n-1's scales (valid memory) and are never stored.
+      const int64_t ra = min(row_a, n - 1), rb = min(row_b, n - 1);
+      const uint32_t bref_a = row_max_scale(ws + ra * kb, kb, t), bref_b = row_max_scale(ws + rb * kb, kb, t);
 
-    float acc[kBM / 2];
+      float acc[kBM / 2];
 #pragma unroll
-    for (int i = 0; i < kBM / 2; ++i) acc[i] = 0.f;
-    uint32_t frag[3][4][4];  // [stage % 3][k-step][register]
-    // Stage s's A fragments from its weight slot; the slot is freed after its group's last stage here.
-    auto decode = [&](int s, uint32_t(&a)[4][4]) {
-      const int as = s0 + s, q = as / kSpg - g0, slot = q % kW, h = kSpg == 2 ? (as & 1) : 0;
-      mbar_wait(wfull + slot, (q / kW) & 1);
-      const uint8_t* vals = wvals + slot * kWSlotBytes;
-      const uint32_t* scl = wscales + slot * kSm90BlockN;
-      const int gb = kTail ? min(kWGroupBytes, row_bytes - (as / kSpg) * kWGroupBytes) : kWGroupBytes;
-      uint32_t lo_a[4], hi_a[4], lo_b[4], hi_b[4];
-      row_fragments_smem<Fmt, kTail>(vals + lr_a * kWGroupBytes, scl[lr_a] >> (16 * h), bref_a, t, h, gb,
-                                     lo_a, hi_a);
-      row_fragments_smem<Fmt, kTail>(vals + lr_b * kWGroupBytes, scl[lr_b] >> (16 * h), bref_b, t, h, gb,
-                                     lo_b, hi_b);
+      for (int i = 0; i < kBM / 2; ++i) acc[i] = 0.f;
+      uint32_t frag[kSets][4][4];  // [stage % kSets][k-step][register]
+      // Stage s's A fragments from its weight slot; the slot is freed after its group's last stage here.
+      auto decode = [&](int s, uint32_t(&a)[4][4]) {
+        const int as = s0 + s, q = as / kSpg - g0, Q = ti * groups + q, slot = Q % kW,
+                  h = kSpg == 2 ? (as & 1) : 0;
+        mbar_wait(wfull + slot, (Q / kW) & 1);
+        const uint8_t* vals = wvals + slot * kWSlotBytes;
+        const uint32_t* scl = wscales + slot * kSm90BlockN;
+        const int gb = kTail ? min(kWGroupBytes, row_bytes - (as / kSpg) * kWGroupBytes) : kWGroupBytes;
+        uint32_t lo_a[4], hi_a[4], lo_b[4], hi_b[4];
+        row_fragments_smem<Fmt, kTail>(vals + lr_a * kWGroupBytes, scl[lr_a] >> (16 * h), bref_a, t, h, gb,
+                                       lo_a, hi_a);
+        row_fragments_smem<Fmt, kTail>(vals + lr_b * kWGroupBytes, scl[lr_b] >> (16 * h), bref_b, t, h, gb,
+                                       lo_b, hi_b);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) a[j][0] = lo_a[j], a[j][1] = lo_b[j], a[j][2] = hi_a[j], a[j][3] = hi_b[j];
-      if (kSpg == 1 || h == 1 || s + 1 == stages) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(wempty + slot);
-      }
-    };
-    decode(0, frag[0]);
-    if (stages > 1) decode(1, frag[1]);
-    // One stage s (fragments in frag[F = s % 3]): wait for its x tile, issue 4 wgmmas, retire stage s-1
-    // (wait_group 1) and free its x slot, then decode stage s+2 into the fragments stage s-1 used: stage s
-    // stays queued on the tensor cores (beside the other warpgroup's) while s+2 is decoded.
-    // note: fragments are written 2 stages ahead, never while the wgmma they feed has an older wgmma in
-    // flight that was issued after the write: ptxas then keeps the wgmmas asynchronous (writing them one
-    // stage ahead with wait_group 1 triggers C7513 serialisation).
-    auto stage = [&](int s, auto fi) {
-      constexpr int F = decltype(fi)::value;
-      const int slot = s % kX;
-      mbar_wait(xfull + slot, (s / kX) & 1);
-      const uint8_t* tile = ring + slot * kStageBytes;
-      wgmma_fence();
+        for (int j = 0; j < 4; ++j)
+          a[j][0] = lo_a[j], a[j][1] = lo_b[j], a[j][2] = hi_a[j], a[j][3] = hi_b[j];
+        if (kSpg == 1 || h == 1 || s + 1 == stages) {
+          __syncwarp();
+          if (lane == 0) mbar_arrive(wempty + slot);
+        }
+      };
+      decode(0, frag[0]);
+      if (stages > 1) decode(1, frag[1]);
+      // One stage s (fragments in frag[F = s % kSets]): wait for its x tile, issue 4 wgmmas, retire stage
+      // s - kQ (wait_group kQ) and free its x slot, then decode stage s+2 into the fragments stage s - kQ
+      // used: stages s - kQ + 1 .. s stay queued on the tensor cores while s+2 is decoded.
+      // note: fragments are written 2 stages ahead, never while the wgmma they feed has an older wgmma in
+      // flight that was issued after the write: ptxas then keeps the wgmmas asynchronous (writing them one
+      // stage ahead with wait_group 1 triggers C7513 serialisation).
+      auto stage = [&](int s, auto fi) {
+        constexpr int F = decltype(fi)::value;
+        const int G = ti * stages + s, slot = G % kX;
+        mbar_wait(xfull + slot, (G / kX) & 1);
+        const uint8_t* tile = ring + slot * kStageBytes;
+        wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if constexpr (kBM == 256)
-          wgmma_m64n256k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
-        else if constexpr (kBM == 128)
-          wgmma_m64n128k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
-        else if constexpr (kBM == 64)
-          wgmma_m64n64k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
-        else
-          wgmma_m64n32k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
+        for (int j = 0; j < 4; ++j) {
+          if constexpr (kBM == 256)
+            wgmma_m64n256k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
+          else if constexpr (kBM == 128)
+            wgmma_m64n128k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
+          else if constexpr (kBM == 64)
+            wgmma_m64n64k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
+          else
+            wgmma_m64n32k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
+        }
+        wgmma_commit();
+        wgmma_wait<kQ>();
+        if (s >= kQ && lane == 0) mbar_arrive(xempty + (G + kX - kQ) % kX);
+        if (s + 2 < stages) decode(s + 2, frag[(F + 2) % kSets]);
+      };
+      // note: the register indices must be compile-time: the loop body is kSets stages, each with its own
+      // F; the fold stops at the last stage.
+      for (int s = 0; s < stages; s += kSets) {
+        [&]<int... O>(std::integer_sequence<int, O...>) {
+          (void)((s + O < stages ? (stage(s + O, std::integral_constant<int, O>{}), true) : false) && ...);
+        }
+        (std::make_integer_sequence<int, kSets>{});
       }
-      wgmma_commit();
-      wgmma_wait<1>();
-      if (s > 0 && lane == 0) mbar_arrive(xempty + (s + kX - 1) % kX);
-      if (s + 2 < stages) decode(s + 2, frag[(F + 2) % 3]);
-    };
-    // note: the register indices must be compile-time: the loop body is 3 stages, each with its own F; the
-    // fold stops at the last stage.
-    for (int s = 0; s < stages; s += 3) {
-      [&]<int... O>(std::integer_sequence<int, O...>) {
-        (void)((s + O < stages ? (stage(s + O, std::integral_constant<int, O>{}), true) : false) && ...);
-      }
-      (std::make_integer_sequence<int, 3>{});
-    }
-    wgmma_wait<0>();
+      wgmma_wait<0>();
+      // note: the last kQ stages' x slots (retired only now) go back to the producer for the next tile.
+      if (count > 1 && lane == 0)
+        for (int s = max(stages - kQ, 0); s < stages; ++s) mbar_arrive(xempty + (ti * stages + s) % kX);
 
-    // Epilogue: acc[4j + c] holds row (c < 2 ? g : g+8), activation column 8j + 2t + (c & 1).
-    const float post_a = post_scale(bref_a), post_b = post_scale(bref_b);
-    float* part = partial ? partial + static_cast<int64_t>(blockIdx.y) * m * n : nullptr;
+      // Epilogue: acc[4j + c] holds row (c < 2 ? g : g+8), activation column 8j + 2t + (c & 1).
+      const float post_a = post_scale(bref_a), post_b = post_scale(bref_b);
+      float* part = partial ? partial + static_cast<int64_t>(blockIdx.y) * m * n : nullptr;
 #pragma unroll
-    for (int j = 0; j < kBM / 8; ++j) {
-      const int col = m0 + 8 * j + 2 * t;
-      if (part) {
-        store_pair(part, m, n, row_a, col, acc[4 * j] * post_a, acc[4 * j + 1] * post_a);
-        store_pair(part, m, n, row_b, col, acc[4 * j + 2] * post_b, acc[4 * j + 3] * post_b);
-      } else {
-        store_pair(y, m, n, row_a, col, acc[4 * j] * post_a, acc[4 * j + 1] * post_a);
-        store_pair(y, m, n, row_b, col, acc[4 * j + 2] * post_b, acc[4 * j + 3] * post_b);
+      for (int j = 0; j < kBM / 8; ++j) {
+        const int col = m0 + 8 * j + 2 * t;
+        if (part) {
+          store_pair(part, m, n, row_a, col, acc[4 * j] * post_a, acc[4 * j + 1] * post_a);
+          store_pair(part, m, n, row_b, col, acc[4 * j + 2] * post_b, acc[4 * j + 3] * post_b);
+        } else {
+          store_pair(y, m, n, row_a, col, acc[4 * j] * post_a, acc[4 * j + 1] * post_a);
+          store_pair(y, m, n, row_b, col, acc[4 * j + 2] * post_b, acc[4 * j + 3] * post_b);
+        }
       }
     }
   }
