@@ -83,6 +83,26 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 }
 
+// The 128 accumulator operands of an m64n256 wgmma (d: a float[128]), for the wrappers below.
+#define MXQ_WGMMA_D128(d) \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+  "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), \
+  "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+  "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), \
+  "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), \
+  "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+  "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), \
+  "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), \
+  "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), \
+  "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), \
+  "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), \
+  "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), \
+  "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+  "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), \
+  "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), \
+  "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), \
+  "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+
 // d[128] += A (registers, 64 x 16 over the warpgroup) · B (shared, K-major 16 x 256).
 __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
   asm volatile(
@@ -97,25 +117,26 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
       "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
-        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
-        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
-        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
-        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),
-        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]),
-        "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]),
-        "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]),
-        "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]),
-        "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]),
-        "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
-        "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
-        "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : MXQ_WGMMA_D128(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
+}
+
+// d[128] += A (shared, K-major 64 x 16) · B (shared, K-major 16 x 256).
+__device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : MXQ_WGMMA_D128(d)
+      : "l"(desc_a), "l"(desc_b), "n"(1));
 }
 
 // d[64] += A (registers, 64 x 16 over the warpgroup) · B (shared, K-major 16 x 128).
@@ -242,6 +263,66 @@ __device__ __forceinline__ uint32_t group_scales(const uint8_t* row_s, int kb, i
     return !kTail || 4 * q + 2 < kb ? lo | load_stage_scales<kTail>(row_s, kb, 2 * q + 1) << 16 : lo;
   }
 }
+
+// The producer warpgroup's loops, shared by the sm_90a MX GEMMs: warp 0 lane 0 keeps the x ring full
+// (TMA, 64 k x kBM rows a stage), warp 1 the weight ring (lane 0: TMA of a layout group's 128 rows x 64 B;
+// every lane: 4 rows' scale bytes of the group, loaded kAhead groups ahead). The block's tiles are
+// tile_at(ti, n0, m0), ti < count; x stage G = ti·stages + s covers stages s0 + s, weight group
+// Q = ti·groups + q covers layout group g0 + q, so both rings run on across tiles.
+template <class Fmt, bool kTail, int kX, int kW, int kStageBytes, class TileAt>
+__device__ __forceinline__ void sm90_produce(int warp, int lane, const TileAt& tile_at, int count,
+                                             const CUtensorMap* xmap, const CUtensorMap* wmap, uint8_t* ring,
+                                             uint8_t* wvals, uint32_t* wscales, uint64_t* xfull,
+                                             uint64_t* xempty, uint64_t* wfull, uint64_t* wempty,
+                                             const uint8_t* __restrict__ ws, int n, int kb, int s0, int stages,
+                                             int g0, int groups) {
+  if (warp == 0 && lane == 0) {
+    for (int ti = 0; ti < count; ++ti) {
+      int n0, m0;
+      tile_at(ti, n0, m0);
+      for (int s = 0; s < stages; ++s) {
+        const int G = ti * stages + s, slot = G % kX;
+        if (G >= kX) mbar_wait(xempty + slot, ((G / kX) - 1) & 1);
+        mbar_expect_tx(xfull + slot, kStageBytes);
+        tma_load_2d(ring + slot * kStageBytes, xmap, (s0 + s) * kStageK, m0, xfull + slot);
+      }
+    }
+  } else if (warp == 1) {
+    for (int ti = 0; ti < count; ++ti) {
+      int n0, m0;
+      tile_at(ti, n0, m0);
+      // note: rows past n read row n-1's scales (valid memory); their values are TMA zero fill.
+      auto load = [&](int q, uint32_t(&r)[4]) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          r[i] = group_scales<Fmt, kTail>(ws + static_cast<int64_t>(min(n0 + lane + 32 * i, n - 1)) * kb, kb,
+                                          g0 + q);
+      };
+      constexpr int kAhead = 4;  // groups of scale loads in flight
+      uint32_t sc[kAhead][4];
+#pragma unroll
+      for (int d = 0; d < kAhead; ++d)
+        if (d < groups) load(d, sc[d]);
+      for (int q0 = 0; q0 < groups; q0 += kAhead) {
+#pragma unroll
+        for (int d = 0; d < kAhead; ++d) {
+          const int q = q0 + d, Q = ti * groups + q, slot = Q % kW;
+          if (q < groups) {
+            if (Q >= kW) mbar_wait(wempty + slot, ((Q / kW) - 1) & 1);
+            if (lane == 0) {
+              mbar_expect_tx(wfull + slot, kWSlotBytes);
+              tma_load_2d(wvals + slot * kWSlotBytes, wmap, (g0 + q) * kWGroupBytes, n0, wfull + slot);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) wscales[slot * kSm90BlockN + lane + 32 * i] = sc[d][i];
+            mbar_arrive(wfull + slot);
+            if (q + kAhead < groups) load(q + kAhead, sc[d]);
+          }
+        }
+      }
+    }
+  }
+}
 #endif
 
 // Grid: x = up to cdiv(n, 128) * cdiv(m, kBM) tiles (tile_of), y = K splits; 384 threads,
@@ -298,53 +379,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
-    const int warp = threadIdx.x / 32;
-    if (warp == 0 && lane == 0) {
-      for (int ti = 0; ti < count; ++ti) {
-        int n0, m0;
-        tile_at(ti, n0, m0);
-        for (int s = 0; s < stages; ++s) {
-          const int G = ti * stages + s, slot = G % kX;  // note: G counts x stages over the block's tiles
-          if (G >= kX) mbar_wait(xempty + slot, ((G / kX) - 1) & 1);
-          mbar_expect_tx(xfull + slot, kStageBytes);
-          tma_load_2d(ring + slot * kStageBytes, &xmap, (s0 + s) * kStageK, m0, xfull + slot);
-        }
-      }
-    } else if (warp == 1) {
-      for (int ti = 0; ti < count; ++ti) {
-        int n0, m0;
-        tile_at(ti, n0, m0);
-        // note: rows past n read row n-1's scales (valid memory); their values are TMA zero fill.
-        auto load = [&](int q, uint32_t(&r)[4]) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            r[i] = group_scales<Fmt, kTail>(ws + static_cast<int64_t>(min(n0 + lane + 32 * i, n - 1)) * kb,
-                                            kb, g0 + q);
-        };
-        constexpr int kAhead = 4;  // groups of scale loads in flight
-        uint32_t sc[kAhead][4];
-#pragma unroll
-        for (int d = 0; d < kAhead; ++d)
-          if (d < groups) load(d, sc[d]);
-        for (int q0 = 0; q0 < groups; q0 += kAhead) {
-#pragma unroll
-          for (int d = 0; d < kAhead; ++d) {
-            const int q = q0 + d, Q = ti * groups + q, slot = Q % kW;  // note: Q counts groups over tiles
-            if (q < groups) {
-              if (Q >= kW) mbar_wait(wempty + slot, ((Q / kW) - 1) & 1);
-              if (lane == 0) {
-                mbar_expect_tx(wfull + slot, kWSlotBytes);
-                tma_load_2d(wvals + slot * kWSlotBytes, &wmap, (g0 + q) * kWGroupBytes, n0, wfull + slot);
-              }
-#pragma unroll
-              for (int i = 0; i < 4; ++i) wscales[slot * kSm90BlockN + lane + 32 * i] = sc[d][i];
-              mbar_arrive(wfull + slot);
-              if (q + kAhead < groups) load(q + kAhead, sc[d]);
-            }
-          }
-        }
-      }
-    }
+    sm90_produce<Fmt, kTail, kX, kW, kStageBytes>(threadIdx.x / 32, lane, tile_at, count, &xmap, &wmap, ring,
+                                                  wvals, wscales, xfull, xempty, wfull, wempty, ws, n, kb, s0,
+                                                  stages, g0, groups);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
     const int warp = (threadIdx.x / 32) % 4, g = lane / 4, t = lane % 4;

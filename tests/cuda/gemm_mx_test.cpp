@@ -160,8 +160,9 @@ std::vector<GemmCase> gemm_cases() {
     // 128-row tiles, two), with and without a K tail; the cases above run its 128-row tiles.
     cases.push_back({f, 300, 6100, 96});
     cases.push_back({f, 300, 6100, 128});
-    // 256-row tiles past one wave (256 tiles on 132 SMs, ragged N): a persistent grid walks 2 tiles a block.
-    cases.push_back({f, 2048, 4000, 256});
+    // 256-row tiles past one wave (256 tiles on 132 SMs, ragged M and N, 8 stages): a persistent grid walks
+    // 2 tiles a block.
+    cases.push_back({f, 2000, 4000, 512});
     // Split-K on sm_90a (with scratch): few tiles and long K. 3 tiles x 8 splits of 4 stages; 8 tiles x 4
     // splits of 5, 5, 5, 2 stages with a K tail (MXFP8 32, MXFP4 32); 2 tiles, M = 5; 32 tiles x 4 splits.
     cases.push_back({f, 17, 300, 2048});
