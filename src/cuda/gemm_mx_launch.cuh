@@ -13,7 +13,6 @@
 #include "cuda/gemm_mx_launch.h"
 #include "cuda/gemm_mx_sm80.cuh"
 #include "cuda/gemm_mx_sm90.cuh"
-#include "cuda/gemm_mx_sm90_dq.cuh"
 
 namespace mxq::cuda::gemm {
 
@@ -142,19 +141,6 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
                   : bm == 128 ? pick(integral_constant<int, 128>{})
                   : bm == 64  ? pick(integral_constant<int, 64>{})
                               : pick(integral_constant<int, 32>{});
-    // note: study switch (session 9): MXQ_GEMM_SM90_KERNEL=dq runs the dequantizing-warpgroup kernel
-    // (gemm_mx_sm90_dq.cuh) where it applies: 256-row tiles, no K tail, no split, at least 8 stages.
-    static const bool dq = [] {
-      const char* v = std::getenv("MXQ_GEMM_SM90_KERNEL");
-      return v != nullptr && std::strcmp(v, "dq") == 0;
-    }();
-    if (dq && bm == 256 && !tail && splits == 1 && k / kStageK >= 8) {
-      static const cudaError_t dattr = cudaFuncSetAttribute(
-          gemm_mx_sm90_dq<Fmt>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem_bytes());
-      if (dattr != cudaSuccess) return dattr;
-      gemm_mx_sm90_dq<Fmt><<<grid.x, kDqThreads, dq_smem_bytes(), stream>>>(map, wmap, m, scales, yb, n, k);
-      return cudaGetLastError();
-    }
     kernel<<<grid, kSm90Threads, sm90_smem_bytes(bm), stream>>>(map, wmap, m, scales, yb, n, k,
                                                                 splits > 1 ? ws : nullptr);
     if (splits > 1) {

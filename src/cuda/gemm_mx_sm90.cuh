@@ -83,7 +83,7 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 }
 
-// The 128 accumulator operands of an m64n256 wgmma (d: a float[128]), for the wrappers below.
+// The 128 accumulator operands of an m64n256 wgmma (d: a float[128]).
 #define MXQ_WGMMA_D128(d) \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
   "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), \
@@ -119,24 +119,6 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
       "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
       : MXQ_WGMMA_D128(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
-}
-
-// d[128] += A (shared, K-major 64 x 16) · B (shared, K-major 16 x 256).
-__device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-      : MXQ_WGMMA_D128(d)
-      : "l"(desc_a), "l"(desc_b), "n"(1));
 }
 
 // d[64] += A (registers, 64 x 16 over the warpgroup) · B (shared, K-major 16 x 128).
@@ -336,7 +318,8 @@ __device__ __forceinline__ void sm90_produce(int warp, int lane, const TileAt& t
 // split gridDim.x == tiles, one tile a block); both rings run on across a block's tiles, so the next tile's
 // loads overlap this one's last stages and epilogue.
 // note: two stages queued per consumer (4 A-register sets, wait_group 2, 5 x stages and 6 weight slots)
-// measured 1-2% slower at M = 4096 (bench/RESULTS.md, session 9).
+// measured 1-2% slower at M = 4096, and a kernel whose decoding moved to 2 warps of the producer warpgroup
+// (bf16 A tiles in shared memory, SS wgmma in the consumers) 1.5x slower (bench/RESULTS.md, session 9).
 template <class Fmt, bool kTail, int kBM>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     gemm_mx_sm90(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int m,
