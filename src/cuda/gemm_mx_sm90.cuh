@@ -1,6 +1,7 @@
 // The sm_90a MX GEMM: wgmma with the weights as A from registers, activations as B from shared memory.
 // Computes Y^T = W · X^T per tile: 128 weight rows (N) x kBM activation rows (M), K in 64-wide stages.
-// Warp-specialised, 3 warpgroups:
+// Warp-specialised, 3 warpgroups, persistent without a K split (one block per SM walks the tiles; the
+// rings run on across tiles, so the next tile's loads overlap this one's epilogue):
 //   warpgroup 0, the producer: warp 0 lane 0 keeps the x ring full (TMA, 64 k x kBM rows of bf16, 128-byte
 //   swizzle); warp 1 keeps the weight ring full: lane 0 copies the tile's 128 rows x 64 bytes of one layout
 //   group (64 k of MXFP8, 128 k of MXFP4; the GEMV layout, gemv_layout.h) by TMA into a slot ([row][64 B],
