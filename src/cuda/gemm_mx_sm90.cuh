@@ -319,8 +319,9 @@ __device__ __forceinline__ void sm90_produce(int warp, int lane, const TileAt& t
 // split gridDim.x == tiles, one tile a block); both rings run on across a block's tiles, so the next tile's
 // loads overlap this one's last stages and epilogue.
 // note: two stages queued per consumer (4 A-register sets, wait_group 2, 5 x stages and 6 weight slots)
-// measured 1-2% slower at M = 4096, and a kernel whose decoding moved to 2 warps of the producer warpgroup
-// (bf16 A tiles in shared memory, SS wgmma in the consumers) 1.5x slower (bench/RESULTS.md, session 9).
+// measured 1-2% slower at M = 4096, decoding stage s+2 into a 4th set before waiting for stage s-1 4%
+// slower (MXFP8; MXFP4 equal), and a kernel whose decoding moved to 2 warps of the producer warpgroup (bf16
+// A tiles in shared memory, SS wgmma in the consumers) 1.5x slower (bench/RESULTS.md, session 9).
 template <class Fmt, bool kTail, int kBM>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     gemm_mx_sm90(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int m,
