@@ -122,9 +122,9 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
     const int64_t tiles = static_cast<int64_t>(tiles_n) * ((m + bm - 1) / bm),
                   mn = static_cast<int64_t>(m) * n;
     const int splits = splitk_splits(tiles, (k + kStageK - 1) / kStageK, sms, mn, ws_floats);
-    // note: without a split the grid is persistent, one block per SM walking the tiles (MXFP4 at M = 4096
-    // 5% faster in sum, MXFP8 within 1%, bench/RESULTS.md session 9); MXQ_GEMM_SM90_GRID=tiles launches one
-    // block a tile, to measure both from one build.
+    // note: without a split the grid is persistent, one block per SM walking the tiles (the Qwen3-8B sums at
+    // M = 4096 2-4% faster for MXFP8 and 1-3% for MXFP4 on the H200, bench/RESULTS.md session 9);
+    // MXQ_GEMM_SM90_GRID=tiles launches one block a tile, to measure both from one build.
     static const bool one_per_tile = [] {
       const char* v = std::getenv("MXQ_GEMM_SM90_GRID");
       return v != nullptr && std::strcmp(v, "tiles") == 0;
