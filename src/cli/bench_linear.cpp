@@ -249,9 +249,9 @@ Status lt_sweep_rows(cuda::LinearContext& ctx, const RotatedWeights& w, const Sh
         });
         if (!us) break;  // note: past the heuristic's count (or an algorithm that refuses the shape)
         auto algo = g.plan_algo(m, s.n, s.k);
-        fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} lt sweep {} #{:<2} {:>8.2f} {:>7.1f} {:>5.0f}%  {}\n", s.name,
-                   "fp8-b128", s.n, s.k, m, roles == cuda::detail::LtRoles::kWeightA ? "W=A" : "x=A", idx, *us,
-                   2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12, 100.0 * bf16_us[mi] / *us,
+        fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} lt sweep {} #{:<2} {:>8.2f} {:>7.1f} {:>5.0f}%  {}\n",
+                   s.name, "fp8-b128", s.n, s.k, m, roles == cuda::detail::LtRoles::kWeightA ? "W=A" : "x=A",
+                   idx, *us, 2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12, 100.0 * bf16_us[mi] / *us,
                    algo ? *algo : algo.error().message);
       }
     }

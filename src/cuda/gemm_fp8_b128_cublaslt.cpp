@@ -111,8 +111,9 @@ Status build_plan(cublasLtHandle_t handle, Fp8B128Gemm::Plan& p, int64_t m, cons
         "sm_90)",
         detail::lt_roles_name(p.roles), m, n, k);
   if (index < 0 || index >= found)
-    return fail("fp8-b128 cuBLASLt GEMM ({}): algorithm {} asked for m = {}, n = {}, k = {}; the heuristic gave {}",
-                detail::lt_roles_name(p.roles), index, m, n, k, found);
+    return fail(
+        "fp8-b128 cuBLASLt GEMM ({}): algorithm {} asked for m = {}, n = {}, k = {}; the heuristic gave {}",
+        detail::lt_roles_name(p.roles), index, m, n, k, found);
   p.algo = results[index].algo;
   return {};
 }
@@ -217,7 +218,8 @@ Result<std::string> Fp8B128Gemm::plan_algo(int64_t m, int64_t n, int64_t k) cons
   uint32_t tile = 0, stages = 0, swizzle = 0;
   uint16_t cluster = 0;
   size_t written = 0;
-  MXQ_CUDA_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written));
+  MXQ_CUDA_CHECK(
+      cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written));
   MXQ_CUDA_CHECK(
       cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written));
   MXQ_CUDA_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,

@@ -90,7 +90,8 @@ Result<std::vector<float>> run_gpu(const Problem& p, Kernel kernel) {
     auto ws = test::poisoned<float>(static_cast<size_t>(kGemmSplitKFloats));
     if (!ws) return fail("gemm test: device allocation failed");
     const std::span<float> splitk{ws->as<float>(), static_cast<size_t>(kGemmSplitKFloats)};
-    if (Status st = fp8 ? gemm_mxfp8(x, p.m, w, y, nullptr, splitk) : gemm_mxfp4(x, p.m, w, y, nullptr, splitk);
+    if (Status st =
+            fp8 ? gemm_mxfp8(x, p.m, w, y, nullptr, splitk) : gemm_mxfp4(x, p.m, w, y, nullptr, splitk);
         !st)
       return tl::unexpected(st.error());
     MXQ_CUDA_CHECK(cudaDeviceSynchronize());
