@@ -330,7 +330,6 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
                  float* __restrict__ partial) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStageBytes = sm90_stage_bytes(kBM), kX = sm90_x_stages(kBM), kW = kSm90WSlots;
-  constexpr int kQ = 1, kSets = 3;              // stages queued on the tensor cores; A-register sets
   constexpr int kSpg = Fmt::kGroupK / kStageK;  // stages per layout group
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring =
@@ -384,7 +383,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       float acc[kBM / 2];
 #pragma unroll
       for (int i = 0; i < kBM / 2; ++i) acc[i] = 0.f;
-      uint32_t frag[kSets][4][4];  // [stage % kSets][k-step][register]
+      uint32_t frag[3][4][4];  // [stage % 3][k-step][register]
       // Stage s's A fragments from its weight slot; the slot is freed after its group's last stage here.
       auto decode = [&](int s, uint32_t(&a)[4][4]) {
         const int as = s0 + s, q = as / kSpg - g0, Q = ti * groups + q, slot = Q % kW,
@@ -408,9 +407,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       };
       decode(0, frag[0]);
       if (stages > 1) decode(1, frag[1]);
-      // One stage s (fragments in frag[F = s % kSets]): wait for its x tile, issue 4 wgmmas, retire stage
-      // s - kQ (wait_group kQ) and free its x slot, then decode stage s+2 into the fragments stage s - kQ
-      // used: stages s - kQ + 1 .. s stay queued on the tensor cores while s+2 is decoded.
+      // One stage s (fragments in frag[F = s % 3]): wait for its x tile, issue 4 wgmmas, retire stage s-1
+      // (wait_group 1) and free its x slot, then decode stage s+2 into the fragments stage s-1 used: stage
+      // s stays queued on the tensor cores (beside the other warpgroup's) while s+2 is decoded.
       // note: fragments are written 2 stages ahead, never while the wgmma they feed has an older wgmma in
       // flight that was issued after the write: ptxas then keeps the wgmmas asynchronous (writing them one
       // stage ahead with wait_group 1 triggers C7513 serialisation).
@@ -432,22 +431,21 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
             wgmma_m64n32k16_rs(acc, frag[F][j], smem_desc(tile + 32 * j));
         }
         wgmma_commit();
-        wgmma_wait<kQ>();
-        if (s >= kQ && lane == 0) mbar_arrive(xempty + (G + kX - kQ) % kX);
-        if (s + 2 < stages) decode(s + 2, frag[(F + 2) % kSets]);
+        wgmma_wait<1>();
+        if (s > 0 && lane == 0) mbar_arrive(xempty + (G + kX - 1) % kX);
+        if (s + 2 < stages) decode(s + 2, frag[(F + 2) % 3]);
       };
-      // note: the register indices must be compile-time: the loop body is kSets stages, each with its own
-      // F; the fold stops at the last stage.
-      for (int s = 0; s < stages; s += kSets) {
+      // note: the register indices must be compile-time: the loop body is 3 stages, each with its own F;
+      // the fold stops at the last stage.
+      for (int s = 0; s < stages; s += 3) {
         [&]<int... O>(std::integer_sequence<int, O...>) {
           (void)((s + O < stages ? (stage(s + O, std::integral_constant<int, O>{}), true) : false) && ...);
         }
-        (std::make_integer_sequence<int, kSets>{});
+        (std::make_integer_sequence<int, 3>{});
       }
       wgmma_wait<0>();
-      // note: the last kQ stages' x slots (retired only now) go back to the producer for the next tile.
-      if (count > 1 && lane == 0)
-        for (int s = max(stages - kQ, 0); s < stages; ++s) mbar_arrive(xempty + (ti * stages + s) % kX);
+      // note: the last stage's x slot (retired only now) goes back to the producer for the next tile.
+      if (count > 1 && lane == 0) mbar_arrive(xempty + (ti * stages + stages - 1) % kX);
 
       // Epilogue: acc[4j + c] holds row (c < 2 ? g : g+8), activation column 8j + 2t + (c & 1).
       const float post_a = post_scale(bref_a), post_b = post_scale(bref_b);
