@@ -131,6 +131,15 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
     }();
     const int64_t blocks = splits > 1 || one_per_tile ? tiles : std::min<int64_t>(tiles, sms);
     const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(splits));
+    // note: the staged 16-byte-store epilogue (gemm_mx_sm90.cuh) wherever no split writes f32 partials and y
+    // rows are whole 16-byte chunks; MXQ_GEMM_SM90_STORE=direct keeps the 2-byte register stores, to
+    // measure both from one build.
+    static const bool direct_store = [] {
+      const char* v = std::getenv("MXQ_GEMM_SM90_STORE");
+      return v != nullptr && std::strcmp(v, "direct") == 0;
+    }();
+    const bool staged_store =
+        !direct_store && splits == 1 && n % 8 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
     const bool tail = k % Fmt::kGroupK != 0;
     auto pick = [tail](auto t) {
       constexpr int b = decltype(t)::value;
@@ -141,8 +150,8 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
                   : bm == 128 ? pick(integral_constant<int, 128>{})
                   : bm == 64  ? pick(integral_constant<int, 64>{})
                               : pick(integral_constant<int, 32>{});
-    kernel<<<grid, kSm90Threads, sm90_smem_bytes(bm), stream>>>(map, wmap, m, scales, yb, n, k,
-                                                                splits > 1 ? ws : nullptr);
+    kernel<<<grid, kSm90Threads, sm90_smem_bytes(bm), stream>>>(
+        map, wmap, m, scales, yb, n, k, splits > 1 ? ws : nullptr, staged_store ? 1 : 0);
     if (splits > 1) {
       if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
       splitk_reduce<<<static_cast<unsigned>((mn / 4 + 256) / 256), 256, 0, stream>>>(ws, splits, mn, yb);

@@ -13,6 +13,11 @@
 //   stage s+2 is decoded while stage s runs on the tensor cores (stage s+1's fragments are ready).
 // note: the weight slot is freed as soon as its bytes are in registers (not when the wgmmas retire), so a
 // slot lives ~1 stage and the ring can run 8 groups ahead for the price of 68 KB of shared memory.
+// Epilogue (without a K split, n % 8 == 0, y 16-byte aligned): each consumer warp scales its 16 rows x kBM
+// columns of f32 accumulators, packs them to bf16 and writes them transposed (stmatrix .trans: y is
+// [m, n]) into its own 2 KB of shared memory, 64 activation rows at a time, then stores each row's 32 bytes
+// with 16-byte stores (whole 32-byte sectors); elsewhere (split-K partials, odd n) 2-byte stores from
+// registers.
 #pragma once
 
 #include <cuda.h>
@@ -31,14 +36,18 @@ inline constexpr int kWGroupBytes = 64, kWSlotBytes = kSm90BlockN * kWGroupBytes
 // note: the x ring of 256-row tiles (32 KB a stage) keeps 4 stages as before (5 stages with 6 weight slots
 // measured the same, bench/RESULTS.md "gemm6"); the smaller tiles' rings have room for more.
 constexpr int sm90_x_stages(int bm) { return bm == 256 ? 4 : 6; }
+// note: 7 slots measured 4-20% slower than 8 at M = 4096 (down_proj most; bench/RESULTS.md session 10).
 inline constexpr int kSm90WSlots = 8;
 constexpr int sm90_stage_bytes(int bm) { return bm * kStageK * 2; }
+// A consumer warp's epilogue buffer: 64 activation rows of its 16 weight columns (32 bytes).
+inline constexpr int kOutRows = 64, kOutWarpBytes = kOutRows * 32, kOutBytes = 8 * kOutWarpBytes;
 // note: + 1024 so the x ring can start on a 1024-byte boundary (128-byte swizzle atoms), + barriers.
 constexpr int sm90_smem_bytes(int bm) {
-  return sm90_x_stages(bm) * sm90_stage_bytes(bm) + kSm90WSlots * (kWSlotBytes + 4 * kSm90BlockN) + 1024 +
-         2 * (sm90_x_stages(bm) + kSm90WSlots) * 8;
+  return sm90_x_stages(bm) * sm90_stage_bytes(bm) + kOutBytes +
+         kSm90WSlots * (kWSlotBytes + 4 * kSm90BlockN) + 1024 + 2 * (sm90_x_stages(bm) + kSm90WSlots) * 8;
 }
-static_assert(sm90_smem_bytes(256) <= 227 * 1024 && sm90_smem_bytes(128) <= 227 * 1024);
+static_assert(sm90_smem_bytes(256) <= 227 * 1024 && sm90_smem_bytes(128) <= 227 * 1024 &&
+              sm90_smem_bytes(64) <= 227 * 1024);
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -82,6 +91,18 @@ __device__ __forceinline__ void wgmma_commit() {
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+// Four 8x8 bf16 matrices (lane l: row l / 4, columns 2(l % 4), +1 of each) stored transposed: row r of
+// matrix i (its column r) to the 16 bytes at lane 8i + r's address.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                                  uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // The 128 accumulator operands of an m64n256 wgmma (d: a float[128]).
@@ -327,14 +348,15 @@ template <class Fmt, bool kTail, int kBM>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     gemm_mx_sm90(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int m,
                  const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, int n, int k,
-                 float* __restrict__ partial) {
+                 float* __restrict__ partial, int staged_store) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStageBytes = sm90_stage_bytes(kBM), kX = sm90_x_stages(kBM), kW = kSm90WSlots;
   constexpr int kSpg = Fmt::kGroupK / kStageK;  // stages per layout group
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint8_t* wvals = ring + kX * kStageBytes;
+  uint8_t* outbuf = ring + kX * kStageBytes;  // kOutBytes: the consumer warps' epilogue buffers
+  uint8_t* wvals = outbuf + kOutBytes;
   uint32_t* wscales = reinterpret_cast<uint32_t*>(wvals + kW * kWSlotBytes);
   uint64_t* xfull = reinterpret_cast<uint64_t*>(wscales + kW * kSm90BlockN);
   uint64_t *xempty = xfull + kX, *wfull = xempty + kX, *wempty = wfull + kW;
@@ -449,6 +471,39 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 
       // Epilogue: acc[4j + c] holds row (c < 2 ? g : g+8), activation column 8j + 2t + (c & 1).
       const float post_a = post_scale(bref_a), post_b = post_scale(bref_b);
+      if (staged_store) {
+        // Rounds of kOutRows activation rows: the warp's buffer row mr holds its 16 weight columns as 2
+        // chunks of 16 bytes, chunk h at h ^ ((mr / 4) % 2) (8 rows of one stmatrix block hit 32 banks).
+        // stmatrix x4 stores the transposed 8x8 blocks (k-steps j, j+1) x (rows g, g+8): lane l addresses
+        // row l % 8 of block l / 8, i.e. buffer row 8 (j + l / 16) + l % 8, chunk (l / 8) % 2. Then lane l
+        // stores chunk l % 2 of rows l / 2, l / 2 + 16, ...: 16 B each, a row's 32 bytes by 2 lanes.
+        constexpr int kRows = kBM < kOutRows ? kBM : kOutRows, kRounds = kBM / kRows;
+        uint8_t* out = outbuf + (4 * (wg - 1) + warp) * kOutWarpBytes;
+        const uint32_t out_s = smem_addr(out);
+        const int blk = lane >> 3, half = blk & 1, col0 = n0 + 64 * (wg - 1) + 16 * warp;
+#pragma unroll
+        for (int rd = 0; rd < kRounds; ++rd) {
+#pragma unroll
+          for (int jj = 0; jj < kRows / 8; jj += 2) {
+            const int j = rd * (kRows / 8) + jj, mr = 8 * (jj + (blk >> 1)) + (lane & 7);
+            stmatrix_x4_trans(out_s + mr * 32 + ((half ^ ((mr >> 2) & 1)) << 4),
+                              pack_bf16x2(acc[4 * j] * post_a, acc[4 * j + 1] * post_a),
+                              pack_bf16x2(acc[4 * j + 2] * post_b, acc[4 * j + 3] * post_b),
+                              pack_bf16x2(acc[4 * j + 4] * post_a, acc[4 * j + 5] * post_a),
+                              pack_bf16x2(acc[4 * j + 6] * post_b, acc[4 * j + 7] * post_b));
+          }
+          __syncwarp();
+          const int h = lane & 1, col = col0 + 8 * h;
+#pragma unroll
+          for (int i = 0; i < kRows / 16; ++i) {
+            const int mr = lane / 2 + 16 * i, row = m0 + rd * kRows + mr;
+            const uint4 v = *reinterpret_cast<const uint4*>(out + mr * 32 + ((h ^ ((mr >> 2) & 1)) << 4));
+            if (row < m && col < n) *reinterpret_cast<uint4*>(y + static_cast<int64_t>(row) * n + col) = v;
+          }
+          __syncwarp();
+        }
+        continue;
+      }
       float* part = partial ? partial + static_cast<int64_t>(blockIdx.y) * m * n : nullptr;
 #pragma unroll
       for (int j = 0; j < kBM / 8; ++j) {
