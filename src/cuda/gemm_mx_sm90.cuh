@@ -353,8 +353,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   constexpr int kStageBytes = sm90_stage_bytes(kBM), kX = sm90_x_stages(kBM), kW = kSm90WSlots;
   constexpr int kSpg = Fmt::kGroupK / kStageK;  // stages per layout group
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* ring =
-      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  // note: an offset added to smem_raw (not a round trip through an integer) keeps every pointer below in the
+  // shared window, so its reads and writes compile to LDS / STS; the integer round trip made them generic
+  // loads (LD.E, long-scoreboard latency; bench/RESULTS.md session 10).
+  uint8_t* ring = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   uint8_t* outbuf = ring + kX * kStageBytes;  // kOutBytes: the consumer warps' epilogue buffers
   uint8_t* wvals = outbuf + kOutBytes;
   uint32_t* wscales = reinterpret_cast<uint32_t*>(wvals + kW * kWSlotBytes);
