@@ -244,6 +244,19 @@ __device__ __forceinline__ uint32_t group_scales(const uint8_t* row_s, int kb, i
   }
 }
 
+// The block's two rings in shared memory: x stages, weight slots (values, then one scale word a row), and
+// their full / empty barriers.
+struct Sm90Rings {
+  uint8_t* x;
+  uint8_t* wvals;
+  uint32_t* wscales;
+  uint64_t *xfull, *xempty, *wfull, *wempty;
+};
+// A block's K range (one split): x stages s0 .. s0 + stages - 1 over layout groups g0 .. g0 + groups - 1.
+struct Sm90KRange {
+  int s0, stages, g0, groups;
+};
+
 // The producer warpgroup's loops, shared by the sm_90a MX GEMMs: warp 0 lane 0 keeps the x ring full
 // (TMA, 64 k x kBM rows a stage), warp 1 the weight ring (lane 0: TMA of a layout group's 128 rows x 64 B;
 // every lane: 4 rows' scale bytes of the group, loaded kAhead groups ahead). The block's tiles are
@@ -251,20 +264,18 @@ __device__ __forceinline__ uint32_t group_scales(const uint8_t* row_s, int kb, i
 // Q = ti·groups + q covers layout group g0 + q, so both rings run on across tiles.
 template <class Fmt, bool kTail, int kX, int kW, int kStageBytes, class TileAt>
 __device__ __forceinline__ void sm90_produce(int warp, int lane, const TileAt& tile_at, int count,
-                                             const CUtensorMap* xmap, const CUtensorMap* wmap, uint8_t* ring,
-                                             uint8_t* wvals, uint32_t* wscales, uint64_t* xfull,
-                                             uint64_t* xempty, uint64_t* wfull, uint64_t* wempty,
-                                             const uint8_t* __restrict__ ws, int n, int kb, int s0,
-                                             int stages, int g0, int groups) {
+                                             const CUtensorMap* xmap, const CUtensorMap* wmap,
+                                             const Sm90Rings& r, const Sm90KRange& kr,
+                                             const uint8_t* __restrict__ ws, int n, int kb) {
   if (warp == 0 && lane == 0) {
     for (int ti = 0; ti < count; ++ti) {
       int n0, m0;
       tile_at(ti, n0, m0);
-      for (int s = 0; s < stages; ++s) {
-        const int G = ti * stages + s, slot = G % kX;
-        if (G >= kX) mbar_wait(xempty + slot, ((G / kX) - 1) & 1);
-        mbar_expect_tx(xfull + slot, kStageBytes);
-        tma_load_2d(ring + slot * kStageBytes, xmap, (s0 + s) * kStageK, m0, xfull + slot);
+      for (int s = 0; s < kr.stages; ++s) {
+        const int G = ti * kr.stages + s, slot = G % kX;
+        if (G >= kX) mbar_wait(r.xempty + slot, ((G / kX) - 1) & 1);
+        mbar_expect_tx(r.xfull + slot, kStageBytes);
+        tma_load_2d(r.x + slot * kStageBytes, xmap, (kr.s0 + s) * kStageK, m0, r.xfull + slot);
       }
     }
   } else if (warp == 1) {
@@ -272,31 +283,31 @@ __device__ __forceinline__ void sm90_produce(int warp, int lane, const TileAt& t
       int n0, m0;
       tile_at(ti, n0, m0);
       // note: rows past n read row n-1's scales (valid memory); their values are TMA zero fill.
-      auto load = [&](int q, uint32_t(&r)[4]) {
+      auto load = [&](int q, uint32_t(&out)[4]) {
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          r[i] = group_scales<Fmt, kTail>(ws + static_cast<int64_t>(min(n0 + lane + 32 * i, n - 1)) * kb, kb,
-                                          g0 + q);
+          out[i] = group_scales<Fmt, kTail>(ws + static_cast<int64_t>(min(n0 + lane + 32 * i, n - 1)) * kb,
+                                            kb, kr.g0 + q);
       };
       constexpr int kAhead = 4;  // groups of scale loads in flight
       uint32_t sc[kAhead][4];
 #pragma unroll
       for (int d = 0; d < kAhead; ++d)
-        if (d < groups) load(d, sc[d]);
-      for (int q0 = 0; q0 < groups; q0 += kAhead) {
+        if (d < kr.groups) load(d, sc[d]);
+      for (int q0 = 0; q0 < kr.groups; q0 += kAhead) {
 #pragma unroll
         for (int d = 0; d < kAhead; ++d) {
-          const int q = q0 + d, Q = ti * groups + q, slot = Q % kW;
-          if (q < groups) {
-            if (Q >= kW) mbar_wait(wempty + slot, ((Q / kW) - 1) & 1);
+          const int q = q0 + d, Q = ti * kr.groups + q, slot = Q % kW;
+          if (q < kr.groups) {
+            if (Q >= kW) mbar_wait(r.wempty + slot, ((Q / kW) - 1) & 1);
             if (lane == 0) {
-              mbar_expect_tx(wfull + slot, kWSlotBytes);
-              tma_load_2d(wvals + slot * kWSlotBytes, wmap, (g0 + q) * kWGroupBytes, n0, wfull + slot);
+              mbar_expect_tx(r.wfull + slot, kWSlotBytes);
+              tma_load_2d(r.wvals + slot * kWSlotBytes, wmap, (kr.g0 + q) * kWGroupBytes, n0, r.wfull + slot);
             }
 #pragma unroll
-            for (int i = 0; i < 4; ++i) wscales[slot * kSm90BlockN + lane + 32 * i] = sc[d][i];
-            mbar_arrive(wfull + slot);
-            if (q + kAhead < groups) load(q + kAhead, sc[d]);
+            for (int i = 0; i < 4; ++i) r.wscales[slot * kSm90BlockN + lane + 32 * i] = sc[d][i];
+            mbar_arrive(r.wfull + slot);
+            if (q + kAhead < kr.groups) load(q + kAhead, sc[d]);
           }
         }
       }
@@ -363,9 +374,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
-    sm90_produce<Fmt, kTail, kX, kW, kStageBytes>(threadIdx.x / 32, lane, tile_at, count, &xmap, &wmap, ring,
-                                                  wvals, wscales, xfull, xempty, wfull, wempty, ws, n, kb, s0,
-                                                  stages, g0, groups);
+    const Sm90Rings rings{ring, wvals, wscales, xfull, xempty, wfull, wempty};
+    sm90_produce<Fmt, kTail, kX, kW, kStageBytes>(threadIdx.x / 32, lane, tile_at, count, &xmap, &wmap, rings,
+                                                  Sm90KRange{s0, stages, g0, groups}, ws, n, kb);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
     const int warp = (threadIdx.x / 32) % 4, g = lane / 4, t = lane % 4;
