@@ -140,10 +140,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kS = stages_for(kBN), kWTile = w_tile_bytes(kBN), kAcc = kBN / 2;
   constexpr uint32_t kTx = kXTileBytes + kWTile + kXScaleBytes;
   extern __shared__ uint8_t smem_raw[];
-  // note: an offset added to smem_raw (not a round trip through an integer) keeps every pointer below in the
-  // shared window, so its reads and writes compile to LDS / STS; the integer round trip made them generic
-  // loads (LD.E, long-scoreboard latency; bench/RESULTS.md session 10).
-  uint8_t* xring = smem_raw + ((1024u - (gemm::smem_addr(smem_raw) & 1023u)) & 1023u);
+  uint8_t* xring = smem_raw + gemm::pad_to_1024(smem_raw);
   uint8_t* wring = xring + kS * kXTileBytes;
   float* sring = reinterpret_cast<float*>(wring + kS * kWTile);
   uint64_t* full = reinterpret_cast<uint64_t*>(sring + kS * kBM);

@@ -53,6 +53,13 @@ static_assert(sm90_smem_bytes(256) <= 227 * 1024 && sm90_smem_bytes(128) <= 227 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+// The bytes from shared pointer p to the next 1024-byte boundary (128-byte swizzle atoms). note: add them
+// to the pointer: an offset keeps the result in the shared window, so reads and writes through it compile
+// to LDS / STS; rounding through an integer made them generic loads (LD.E, long-scoreboard latency;
+// bench/RESULTS.md session 10).
+__device__ __forceinline__ uint32_t pad_to_1024(const void* p) {
+  return (1024u - (smem_addr(p) & 1023u)) & 1023u;
+}
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
 }
@@ -339,10 +346,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   constexpr int kStageBytes = sm90_stage_bytes(kBM), kX = sm90_x_stages(kBM), kW = kSm90WSlots;
   constexpr int kSpg = Fmt::kGroupK / kStageK;  // stages per layout group
   extern __shared__ uint8_t smem_raw[];
-  // note: an offset added to smem_raw (not a round trip through an integer) keeps every pointer below in the
-  // shared window, so its reads and writes compile to LDS / STS; the integer round trip made them generic
-  // loads (LD.E, long-scoreboard latency; bench/RESULTS.md session 10).
-  uint8_t* ring = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  uint8_t* ring = smem_raw + pad_to_1024(smem_raw);
   uint8_t* outbuf = ring + kX * kStageBytes;  // kOutBytes: the consumer warps' epilogue buffers
   uint8_t* wvals = outbuf + kOutBytes;
   uint32_t* wscales = reinterpret_cast<uint32_t*>(wvals + kW * kWSlotBytes);
