@@ -5,14 +5,13 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "cuda/device_sms.h"
 #include "cuda/gemm_mx_launch.h"
 #include "cuda/gemm_mx_sm80.cuh"
 #include "cuda/gemm_mx_sm90.cuh"
+#include "cuda/measurement_switch.h"
 
 namespace mxq::cuda::gemm {
 
@@ -125,19 +124,13 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
     // note: without a split the grid is persistent, one block per SM walking the tiles (the Qwen3-8B sums at
     // M = 4096 2-4% faster for MXFP8 and 1-3% for MXFP4 on the H200, bench/RESULTS.md session 9);
     // MXQ_GEMM_SM90_GRID=tiles launches one block a tile, to measure both from one build.
-    static const bool one_per_tile = [] {
-      const char* v = std::getenv("MXQ_GEMM_SM90_GRID");
-      return v != nullptr && std::strcmp(v, "tiles") == 0;
-    }();
+    static const bool one_per_tile = measurement_switch("MXQ_GEMM_SM90_GRID", "tiles");
     const int64_t blocks = splits > 1 || one_per_tile ? tiles : std::min<int64_t>(tiles, sms);
     const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(splits));
     // note: the staged 16-byte-store epilogue (gemm_mx_sm90.cuh) wherever no split writes f32 partials and y
     // rows are whole 16-byte chunks; MXQ_GEMM_SM90_STORE=direct keeps the 2-byte register stores, to
     // measure both from one build.
-    static const bool direct_store = [] {
-      const char* v = std::getenv("MXQ_GEMM_SM90_STORE");
-      return v != nullptr && std::strcmp(v, "direct") == 0;
-    }();
+    static const bool direct_store = measurement_switch("MXQ_GEMM_SM90_STORE", "direct");
     const bool staged_store =
         !direct_store && splits == 1 && n % 8 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
     const bool tail = k % Fmt::kGroupK != 0;

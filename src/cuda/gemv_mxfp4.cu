@@ -17,12 +17,10 @@
 // note: a two-step prmt table decode (magnitude → selector byte with the sign in bit 6 → bf16 bytes; exact,
 // 15 instead of 18 ops per word) measured 5% slower in sum on the H200 (bench/RESULTS.md, run 8).
 
-#include <cstdlib>
-#include <cstring>
-
 #include "cuda/gemv_grouped.cuh"
 #include "cuda/gemv_mx_kernel.cuh"
 #include "cuda/gemv_mx_ring.cuh"
+#include "cuda/measurement_switch.h"
 
 namespace mxq::cuda {
 namespace {
@@ -76,10 +74,7 @@ cudaError_t launch_gemv_grouped_mxfp4(const GroupedGemvArgs& a, cudaStream_t str
 
 cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p, int k,
                                     cudaStream_t stream) {
-  static const bool exact_scale = [] {
-    const char* v = std::getenv("MXQ_GEMV_SCALE");
-    return v != nullptr && std::strcmp(v, "exact") == 0;
-  }();
+  static const bool exact_scale = measurement_switch("MXQ_GEMV_SCALE", "exact");
   const GemvKernel kernel = gemv_kernel();
   // note: kAuto at m = 1 takes the ring kernel with 3 stages at 2 blocks per SM (kRingDeep) where it fits:
   // 51.0 against the per-group loop's 55.2 us over the four Qwen3-8B shapes on the H200 (down equal, the

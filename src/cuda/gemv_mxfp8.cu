@@ -16,12 +16,11 @@
 // E8M0 scale multiply (FoldedScale). Three integer ops per bf16x2 pair. Decode ("cvt", the previous one; all
 // m with MXQ_GEMV_DECODE=cvt, to compare both from one build): E4M3 pair → f16x2 (exact) → bf16 bits by
 // moving the exponent field (value · 2^-112, a bf16 normal) → one bf16x2 multiply by 2^112 (exact).
-#include <cstdlib>
-#include <cstring>
 
 #include "cuda/gemv_grouped.cuh"
 #include "cuda/gemv_mx_kernel.cuh"
 #include "cuda/gemv_mx_ring.cuh"
+#include "cuda/measurement_switch.h"
 
 namespace mxq::cuda {
 namespace {
@@ -82,10 +81,7 @@ cudaError_t launch_gemv_grouped_mxfp8(const GroupedGemvArgs& a, cudaStream_t str
 cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p, int k,
                                     cudaStream_t stream) {
   // note: the env switch exists to measure both decodes from one build (bench/RESULTS.md).
-  static const bool use_cvt = [] {
-    const char* v = std::getenv("MXQ_GEMV_DECODE");
-    return v != nullptr && std::strcmp(v, "cvt") == 0;
-  }();
+  static const bool use_cvt = measurement_switch("MXQ_GEMV_DECODE", "cvt");
   // note: m > 8 (two n-tiles) keeps the cvt decode: there the bits decode measured 5-6% slower on every
   // Qwen3-8B shape (bench/RESULTS.md, run 8), while it wins at m = 1 and m = 8.
   const GemvKernel kernel = gemv_kernel();
