@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda/attention_prefill.h"
+#include "cuda/bf16_pack.cuh"
 
 namespace mxq::cuda {
 namespace {
@@ -24,10 +25,6 @@ __device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_f32(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 __device__ __forceinline__ uint32_t pack_u16(uint16_t lo, uint16_t hi) {
   return static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16;
@@ -132,9 +129,10 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(const Prefi
     }
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint32_t pa[4] = {pack_f32(sc[2 * kk][0], sc[2 * kk][1]), pack_f32(sc[2 * kk][2], sc[2 * kk][3]),
-                              pack_f32(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                              pack_f32(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      const uint32_t pa[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]),
+                              pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
+                              pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                              pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
       const int k0 = kk * 16 + 2 * t;
 #pragma unroll
       for (int jd = 0; jd < D / 8; ++jd) {
@@ -160,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(const Prefi
     const float inv = 1.0f / l[r];
 #pragma unroll
     for (int jd = 0; jd < D / 8; ++jd)
-      *reinterpret_cast<uint32_t*>(dst + jd * 8) = pack_f32(o[jd][2 * r] * inv, o[jd][2 * r + 1] * inv);
+      *reinterpret_cast<uint32_t*>(dst + jd * 8) = pack_bf16x2(o[jd][2 * r] * inv, o[jd][2 * r + 1] * inv);
   }
 }
 

@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cuda/bf16_pack.cuh"
 #include "cuda/gemm_mx_kernel.cuh"
 
 namespace mxq::cuda::gemm {
@@ -106,10 +107,6 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, ui
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0),
                "r"(r1), "r"(r2), "r"(r3)
                : "memory");
-}
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // The accumulator operands of an m64nN wgmma: d[o] .. d[o + N/2 - 1] (d: a float array).

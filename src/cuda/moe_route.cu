@@ -15,6 +15,7 @@
 
 #include <climits>
 
+#include "cuda/bf16_pack.cuh"
 #include "cuda/moe_route.h"
 
 namespace mxq::cuda {
@@ -157,10 +158,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     }
     uint32_t packed[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const __nv_bfloat162 v = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-      packed[q] = *reinterpret_cast<const uint32_t*>(&v);
-    }
+    for (int q = 0; q < 4; ++q) packed[q] = pack_bf16x2(acc[2 * q], acc[2 * q + 1]);
     *reinterpret_cast<uint4*>(out + t * width + c) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
   }
 }

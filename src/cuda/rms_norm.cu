@@ -11,8 +11,9 @@
 
 #include <climits>
 
-#include "cuda/rms_norm.h"
+#include "cuda/bf16_pack.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/rms_norm.h"
 
 namespace mxq::cuda {
 namespace {
@@ -21,10 +22,6 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
-__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // 8 consecutive elements of a row as f32.
 __device__ __forceinline__ void load8(const float* p, float* v) {
@@ -38,8 +35,8 @@ __device__ __forceinline__ void load8(const uint16_t* p, float* v) {
   for (int i = 0; i < 4; ++i) v[2 * i] = bf16_lo(w[i]), v[2 * i + 1] = bf16_hi(w[i]);
 }
 __device__ __forceinline__ void store8(uint16_t* p, const float* v) {
-  *reinterpret_cast<uint4*>(p) =
-      make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+  *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]),
+                                            pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
 }
 __device__ __forceinline__ void store8(float* p, const float* v) {
   reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
@@ -131,8 +128,8 @@ cudaError_t launch_rms_norm_f32(const float* x, const uint16_t* w, float eps, in
                                 cudaStream_t stream) {
   if (bad_shape(dim, max_tokens) || !x || !w || !out) return cudaErrorInvalidValue;
   if (max_tokens == 0) return cudaSuccess;
-  return launch_pdl(rms_norm_kernel<float>, dim3(static_cast<unsigned>(max_tokens)), dim3(kThreads), 0, stream, x, w,
-                    eps, dim, num_tokens, out);
+  return launch_pdl(rms_norm_kernel<float>, dim3(static_cast<unsigned>(max_tokens)), dim3(kThreads), 0,
+                    stream, x, w, eps, dim, num_tokens, out);
 }
 
 cudaError_t launch_rms_norm_bf16(const uint16_t* x, const uint16_t* w, float eps, int64_t dim,
@@ -140,8 +137,8 @@ cudaError_t launch_rms_norm_bf16(const uint16_t* x, const uint16_t* w, float eps
                                  cudaStream_t stream) {
   if (bad_shape(dim, max_tokens) || !x || !w || !out) return cudaErrorInvalidValue;
   if (max_tokens == 0) return cudaSuccess;
-  return launch_pdl(rms_norm_kernel<uint16_t>, dim3(static_cast<unsigned>(max_tokens)), dim3(kThreads), 0, stream, x, w,
-                    eps, dim, num_tokens, out);
+  return launch_pdl(rms_norm_kernel<uint16_t>, dim3(static_cast<unsigned>(max_tokens)), dim3(kThreads), 0,
+                    stream, x, w, eps, dim, num_tokens, out);
 }
 
 cudaError_t launch_add_rms_norm(const uint16_t* x, float* residual, const uint16_t* w, float eps, int64_t dim,
@@ -149,8 +146,8 @@ cudaError_t launch_add_rms_norm(const uint16_t* x, float* residual, const uint16
                                 cudaStream_t stream) {
   if (bad_shape(dim, max_tokens) || !x || !residual || !w || !out) return cudaErrorInvalidValue;
   if (max_tokens == 0) return cudaSuccess;
-  return launch_pdl(add_rms_norm_kernel, dim3(static_cast<unsigned>(max_tokens)), dim3(kThreads), 0, stream, x,
-                    residual, w, eps, dim, num_tokens, out);
+  return launch_pdl(add_rms_norm_kernel, dim3(static_cast<unsigned>(max_tokens)), dim3(kThreads), 0, stream,
+                    x, residual, w, eps, dim, num_tokens, out);
 }
 
 }  // namespace mxq::cuda

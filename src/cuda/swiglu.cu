@@ -9,8 +9,9 @@
 
 #include <climits>
 
-#include "cuda/swiglu.h"
+#include "cuda/bf16_pack.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/swiglu.h"
 
 namespace mxq::cuda {
 namespace {
@@ -21,8 +22,7 @@ __device__ __forceinline__ uint32_t silu_mul2(uint32_t g, uint32_t u) {
   const float g0 = __uint_as_float(g << 16), g1 = __uint_as_float(g & 0xFFFF0000u);
   const float u0 = __uint_as_float(u << 16), u1 = __uint_as_float(u & 0xFFFF0000u);
   const float r0 = g0 / (1.0f + expf(-g0)) * u0, r1 = g1 / (1.0f + expf(-g1)) * u1;
-  const __nv_bfloat162 v = __floats2bfloat162_rn(r0, r1);
-  return *reinterpret_cast<const uint32_t*>(&v);
+  return pack_bf16x2(r0, r1);
 }
 
 // grid (max_tokens, ceil(width / (8 * kThreads)))
