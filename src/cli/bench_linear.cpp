@@ -22,6 +22,7 @@
 #include <random>
 
 #include "cli/bench_cuda.h"
+#include "cli/bench_gemv_trace.h"
 #include "cuda/check.h"
 #include "cuda/gemm_fp8_b128_sm90.h"
 #include "cuda/gemm_mx.h"
@@ -29,6 +30,7 @@
 #include "cuda/gemv_mx.h"
 #include "cuda/gemv_mx_launch.h"
 #include "cuda/linear.h"
+#include "cuda/pdl.h"
 #include "cuda/quantize_launch.h"
 #include "cuda/read_ceiling.h"
 #endif
@@ -74,6 +76,7 @@ struct Run {
   bool quantize = true;
   bool gemv_study = false;
   bool lt_sweep = false;
+  bool gemv_trace = false;
   std::string shape;  // only shapes whose name contains it (empty: all)
 };
 
@@ -130,7 +133,7 @@ Result<double> read_ceiling_us(std::mt19937_64& rng, int64_t bytes, cudaStream_t
 // M <= 32 called directly, and gemm_mx at the same M > 16 (MX formats), against the copy and read-only
 // ceilings; one row each.
 Status gemv_study(const RotatedWeights& w, const Shape& s, const std::vector<int64_t>& ms, const uint16_t* xp,
-                  uint16_t* yp, double copy_gbs, double read_us, std::span<float> splitk,
+                  uint16_t* yp, double copy_gbs, double read_us, std::span<float> splitk, bool trace,
                   cudaStream_t stream) {
   const bool fp8 = w.format == Format::kMXFP8;
   auto row = [&](int64_t m, const char* kernel, double us) {
@@ -140,6 +143,23 @@ Status gemv_study(const RotatedWeights& w, const Shape& s, const std::vector<int
                100.0 * read_us / us);
   };
   const bool b128 = w.format == Format::kFP8_B128;
+  // --gemv-trace: the M = 1 ring kernel's timeline in the graph (bench_gemv_trace.h), with PDL and without.
+  if (trace && !b128 && std::find(ms.begin(), ms.end(), 1) != ms.end()) {
+    for (bool pdl : {true, false}) {
+      cuda::set_gemv_kernel(cuda::GemvKernel::kRingDeep);
+      cuda::set_pdl(pdl);
+      Status st = trace_gemv_row(
+          fmt::format("{} {} ring_deep{}", s.name, traits(w.format).name, pdl ? "" : " no-pdl"),
+          kLaunchesPerGraph, kReps, stream, [&](int i) {
+            const cuda::LinearWeights lw = w.at(i);
+            const cuda::MxGemvWeights gw{w.format, lw.values, lw.scales, w.n, w.k};
+            return fp8 ? cuda::gemv_mxfp8(xp, 1, gw, yp, stream) : cuda::gemv_mxfp4(xp, 1, gw, yp, stream);
+          });
+      cuda::set_gemv_kernel(cuda::GemvKernel::kAuto);
+      cuda::set_pdl(true);
+      if (!st) return st;
+    }
+  }
   for (int64_t m : ms) {
     if (m > (b128 ? cuda::kGemvFp8B128MaxM : cuda::kGemvMaxM)) continue;
     for (cuda::GemvKernel v : cuda::kGemvKernels) {
@@ -288,6 +308,7 @@ Status run_bench(const Run& run) {
              "Lt fp8", "read us", "%read");
   if (run.gemv_study)
     fmt::print("study rows (after each format's rows): shape format N K M variant us GB/s %copy %read\n");
+  if (run.gemv_trace) print_gemv_trace_header();
   std::mt19937_64 rng(20261129);
   for (const Shape& s : kShapes) {
     if (std::string_view(s.name).find(run.shape) == std::string_view::npos) continue;
@@ -354,7 +375,9 @@ Status run_bench(const Run& run) {
       if (f == Format::kFP8_B128 && run.lt_sweep)
         if (Status st = lt_sweep_rows(**ctx, *w, s, run.ms, xp, yp, bf16_us, stream); !st) return st;
       if (run.gemv_study)
-        if (Status st = gemv_study(*w, s, run.ms, xp, yp, *copy_gbs, *read_us, (*ctx)->splitk(), stream); !st)
+        if (Status st = gemv_study(*w, s, run.ms, xp, yp, *copy_gbs, *read_us, (*ctx)->splitk(),
+                                   run.gemv_trace, stream);
+            !st)
           return st;
       if (!refused.empty())
         fmt::print("{:<22} {:>8} {:>5} {:>5} M={} refused: {}\n", s.name, traits(f).name, s.n, s.k, refused,
@@ -380,6 +403,7 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
   auto study = std::make_shared<bool>(false);
   auto shape = std::make_shared<std::string>();
   auto lt_sweep = std::make_shared<bool>(false);
+  auto trace = std::make_shared<bool>(false);
   cmd->add_option("--formats", *formats, "weight formats, comma-separated (mxfp8, mxfp4, fp8-b128)")
       ->delimiter(',');
   cmd->add_option("--m", *ms, "activation rows, comma-separated (1..8192)")->delimiter(',');
@@ -388,8 +412,10 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
                 "after each format's rows, every GEMV kernel variant at M <= 32 and gemm_mx at M 17..32");
   cmd->add_flag("--lt-sweep", *lt_sweep,
                 "after FP8-B128's rows, cuBLASLt's matmul alone with each heuristic algorithm, both roles");
+  cmd->add_flag("--gemv-trace", *trace,
+                "with --gemv-study: the M = 1 ring GEMV's per-block timeline in the graph (PDL overlap)");
   cmd->add_option("--shape", *shape, "only the shapes whose name contains this (e.g. q/o, gate_up)");
-  cmd->callback([formats, ms, no_quantize, study, shape, lt_sweep, &exit_code] {
+  cmd->callback([formats, ms, no_quantize, study, shape, lt_sweep, trace, &exit_code] {
 #if defined(MXQ_HAVE_CUDA)
     Run run;
     for (const std::string& name : *formats) {
@@ -417,6 +443,7 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
     run.quantize = !*no_quantize;
     run.gemv_study = *study;
     run.lt_sweep = *lt_sweep;
+    run.gemv_trace = *trace;
     run.shape = *shape;
     if (Status st = run_bench(run); !st) {
       spdlog::error("bench linear: {}", st.error().message);

@@ -10,6 +10,7 @@ namespace mxq::cuda {
 namespace {
 
 std::atomic<GemvKernel> g_kernel{GemvKernel::kAuto};
+GemvTrace g_trace;
 
 using Launcher = cudaError_t (*)(const uint16_t*, int, const uint8_t*, const uint8_t*, uint16_t*, int, int,
                                  cudaStream_t);
@@ -55,6 +56,10 @@ const char* gemv_kernel_name(GemvKernel k) {
 }
 void set_gemv_kernel(GemvKernel k) { g_kernel.store(k); }
 GemvKernel gemv_kernel() { return g_kernel.load(std::memory_order_relaxed); }
+
+// note: study only; set and read from the benchmark's one host thread.
+void set_gemv_trace(const GemvTrace& t) { g_trace = t; }
+GemvTrace gemv_trace() { return g_trace; }
 
 Status gemv_mxfp8(const uint16_t* x, int64_t m, const MxGemvWeights& w, uint16_t* y, cudaStream_t stream) {
   return checked_gemv(Format::kMXFP8, launch_gemv_mxfp8, x, m, w, y, stream);

@@ -107,6 +107,46 @@ struct FoldedScale {
   }
 };
 
+// Small activations. A folded decode (kScaleFold != 0) feeds the MMA values 2^-kScaleFold too small, so a
+// product x · w with |x · code| < 2^-(126 - kScaleFold) leaves f32's normal range inside the tensor core and
+// one below 2^-(149 - kScaleFold) is lost (activation rows of 2^-60 .. 2^-40 gave y = 0, GemvMx tests). A
+// warp whose activation rows include one with max |x| < 2^-8 over the K it reads computes with the policy's
+// exact decode (Fmt::Exact) instead: then every block of 32 holds a code of 2^8 or more where MX weights
+// come from a quantizer, the largest products stay normal, and any product lost is below f32's rounding of
+// the sum. Exact decodes (kScaleFold == 0) never need it.
+inline constexpr uint32_t kSmallXBits = (127 - 8) << 7;  // bf16 bits of 2^-8
+
+// True when some activation row r < m (at row_of(r), k elements) has max |x| < 2^-8 (kSmallXBits) over the
+// K of this warp's groups (first, first + kStride, ... in steps of kUnroll groups, while < nfull) and, for
+// the last warp, the short tail group: one 16-byte load a lane per step and row. Warp-uniform.
+template <class Fmt, class RowOf>
+__device__ __forceinline__ bool warp_rows_small(const RowOf& row_of, int m, int k, int first, int nfull,
+                                                bool tail, int lane) {
+  if constexpr (Fmt::kScaleFold == 0) {
+    return false;
+  } else {
+    static_assert(Fmt::kGroupK * 4 == 256, "a step of 4 groups is 32 lanes x 8 elements");
+    constexpr int kStride = 8 * 4;  // note: kWarps * kUnroll, defined below
+    bool small = false;
+    for (int r = 0; r < m; ++r) {
+      const __nv_bfloat16* xr = row_of(r);
+      uint32_t mx = 0;
+      auto chunk = [&](int e) {  // note: 8 elements from e; k % 32 == 0 keeps a chunk wholly in or out
+        if (e + 8 > k) return;
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(xr + e));
+        mx = __vmaxu2(mx, __vmaxu2(__vmaxu2(v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu),
+                                   __vmaxu2(v.z & 0x7FFF7FFFu, v.w & 0x7FFF7FFFu)));
+      };
+      for (int q0 = first; q0 < nfull; q0 += kStride) chunk(q0 * Fmt::kGroupK + 8 * lane);
+      if (tail)
+        for (int e = nfull * Fmt::kGroupK + 8 * lane; e < k; e += 256) chunk(e);
+      const uint32_t row_max = __reduce_max_sync(0xFFFFFFFFu, max(mx & 0xFFFFu, mx >> 16));
+      small = small || row_max < kSmallXBits;
+    }
+    return small;
+  }
+}
+
 // Nonzero when some byte of v is 0 (the classic bit trick: 3 integer ops for 4 bytes).
 __device__ __forceinline__ uint32_t has_zero_byte(uint32_t v) { return (v - 0x01010101u) & ~v & 0x80808080u; }
 
@@ -319,13 +359,21 @@ __device__ __forceinline__ void gemv_mx_tiles(const __nv_bfloat16* __restrict__ 
   // 4 KiB per row here, and a per-lane L2 prefetch of the next step, measured no faster in the 36-layer
   // Qwen3-8B decode (bench/RESULTS.md, session 4) and were dropped.
   pdl::enter();
+  // note: x is read only past the wait; its rows are the same for every tile of this call.
+  const bool small = warp_rows_small<Fmt>(
+      [&](int r) { return x + static_cast<int64_t>(kGather ? x_rows[r] / x_div : r) * k; }, m, k, first,
+      nfull, kHasTail && warp == kWarps - 1, lane);
   for (int ti = 0; ti < count; ++ti) {
     const Rows cur = kPersist ? rows_of(get(ti)) : rows0;
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     // One group u of the current step.
     auto group = [&](int u, int q0, bool large) {
-      mx_group<Fmt, kNTiles>(acc, xr, xok, wa[u], wb[u], sca[u], scb[u], (q0 + u) * Fmt::kGroupK, large);
+      if (small)
+        mx_group<typename Fmt::Exact, kNTiles>(acc, xr, xok, wa[u], wb[u], sca[u], scb[u],
+                                               (q0 + u) * Fmt::kGroupK, true);
+      else
+        mx_group<Fmt, kNTiles>(acc, xr, xok, wa[u], wb[u], sca[u], scb[u], (q0 + u) * Fmt::kGroupK, large);
     };
     for (int q0 = first; q0 < nfull; q0 += kStride) {
       if (q0 + kStride < nfull)
@@ -348,7 +396,7 @@ __device__ __forceinline__ void gemv_mx_tiles(const __nv_bfloat16* __restrict__ 
             if (u < valid) any = any || needs_exact(sca[u], scb[u]);
           large = __any_sync(0xFFFFFFFFu, any);
         }
-        if (valid == kUnroll && !large) {
+        if (valid == kUnroll && !large && !small) {
 #pragma unroll
           for (int u = 0; u < kUnroll; ++u) group(u, q0, false);
         } else {
@@ -380,15 +428,25 @@ __device__ __forceinline__ void gemv_mx_tiles(const __nv_bfloat16* __restrict__ 
             const int64_t elem = k0 + 4 * tail_mmas * t + 4 * (2 * b + h);
             const int64_t byte = elem * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
             uint32_t tmp[Fmt::kPairsPerWord];
-            Fmt::decode(Fmt::load_tail(cur.va + byte), tmp);
-            pa[2 * h] = tmp[0], pa[2 * h + 1] = tmp[1];
-            Fmt::decode(Fmt::load_tail(cur.vb + byte), tmp);
+            if (small) {
+              Fmt::Exact::decode(Fmt::load_tail(cur.va + byte), tmp);
+              pa[2 * h] = tmp[0], pa[2 * h + 1] = tmp[1];
+              Fmt::Exact::decode(Fmt::load_tail(cur.vb + byte), tmp);
+            } else {
+              Fmt::decode(Fmt::load_tail(cur.va + byte), tmp);
+              pa[2 * h] = tmp[0], pa[2 * h + 1] = tmp[1];
+              Fmt::decode(Fmt::load_tail(cur.vb + byte), tmp);
+            }
             pb[2 * h] = tmp[0], pb[2 * h + 1] = tmp[1];
           }
           const uint32_t tsa = __ldg(cur.sa + k0 / 32 + b), tsb = __ldg(cur.sb + k0 / 32 + b);
           // note: exact decodes take e8m0_to_f32 in the short group (large = true).
-          const bool large = Fmt::kScaleFold == 0 || __any_sync(0xFFFFFFFFu, Fold::any_large(tsa, tsb));
-          block_mma(pa, pb, k0 + 32 * b, tsa, tsb, large);
+          if (small) {
+            mx_block_mma<typename Fmt::Exact, kNTiles>(acc, xr, xok, pa, pb, k0 + 32 * b, tsa, tsb, true);
+          } else {
+            const bool large = Fmt::kScaleFold == 0 || __any_sync(0xFFFFFFFFu, Fold::any_large(tsa, tsb));
+            block_mma(pa, pb, k0 + 32 * b, tsa, tsb, large);
+          }
         }
       }
     }

@@ -75,4 +75,22 @@ const char* gemv_kernel_name(GemvKernel k);
 void set_gemv_kernel(GemvKernel k);
 GemvKernel gemv_kernel();
 
+// Study only (`mxq bench linear --gemv-trace`): while `records` is set, every block of the ring kernels
+// writes one record of kGemvTraceWords words at slot (n % capacity), n = the block's arrival number
+// (atomicAdd on *count): globaltimer ns at its start, after its PDL wait, when its first step's bytes are in
+// shared memory (warp 0), at its end (after warp 0's stores); smid | blockIdx << 32; gridDim.x | the low 32
+// bits of the first part's values pointer << 32 (which launch: arrival numbers alone do not order launches,
+// since a block's atomicAdd may land after the next launch's first blocks); then 6 clock64 cycle counts of
+// warp 0 after its PDL wait: tile 0's steps 0 and 1 before / after their cp.async wait, tile 0's steps
+// done, tile 0's sums stored (gemv_mx_ring.cuh). Null (the default): the launchers run the kernels without
+// records.
+struct GemvTrace {
+  unsigned long long* records = nullptr;
+  unsigned int* count = nullptr;
+  int capacity = 0;  // blocks
+};
+inline constexpr int kGemvTraceWords = 12;
+void set_gemv_trace(const GemvTrace& t);
+GemvTrace gemv_trace();
+
 }  // namespace mxq::cuda

@@ -51,11 +51,19 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // Grid: `tiles` 16-row tiles of p's parts; grid == tiles runs one tile per block, fewer makes the blocks
-// persistent. Dynamic shared memory: RingShape::kSmemBytes.
-template <class Fmt, int kStages, int kMinBlocks>
+// persistent. Dynamic shared memory: RingShape::kSmemBytes. kTrace: the block records its timeline into
+// `trace` (GemvTrace, gemv_mx_launch.h; study only).
+template <class Fmt, int kStages, int kMinBlocks, bool kTrace>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-    gemv_mx_ring_kernel(const __nv_bfloat16* __restrict__ x, int m, const GemvParts p, int k, int tiles) {
+    gemv_mx_ring_kernel(const __nv_bfloat16* __restrict__ x, int m, const GemvParts p, int k, int tiles,
+                        const GemvTrace trace) {
   using S = RingShape<Fmt, kStages>;
   constexpr int kStride = kWarps * kUnroll;
   extern __shared__ __align__(16) uint8_t ring_smem[];
@@ -104,19 +112,39 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     cp_async_commit();  // note: empty groups past the end keep wait_group's count uniform
   };
 
+  // kTrace: thread 0's globaltimer stamps and warp 0's clock64 marks (after the wait; steps 0 and 1 of tile
+  // 0 before and after their cp.async wait; after tile 0's steps; after its sums are stored).
+  unsigned long long t_start = 0, t_waited = 0, t_data = 0;
+  long long ck[7] = {};
+  unsigned int trace_slot = 0;
+  if constexpr (kTrace) {
+    if (threadIdx.x == 0) t_start = global_ns(), trace_slot = atomicAdd(trace.count, 1u);
+  }
   // note: as in the register kernel, the first steps' weights are in flight before pdl::enter (x is not
   // read before it).
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue();
   pdl::enter();
+  if constexpr (kTrace)
+    if (threadIdx.x == 0) t_waited = global_ns(), ck[0] = clock64();
+  // note: past the wait (x is the previous kernel's output); x's rows are the same for every tile.
+  const bool small = warp_rows_small<Fmt>([&](int r) { return x + static_cast<int64_t>(r) * k; }, m, k, first,
+                                          nfull, false, lane);
   int slot = 0;
   for (int ti = 0; ti < count; ++ti) {
     float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
     for (int st = 0; st < steps; ++st) {
       __syncwarp();  // every lane is done reading the slot this issue refills (the one consumed last)
+      if constexpr (kTrace)
+        if (threadIdx.x == 0 && ti == 0 && st < 2) ck[1 + 2 * st] = clock64();
       issue();
       cp_async_wait<kStages - 1>();
       __syncwarp();  // the other lanes' scale pieces of this slot are visible
+      if constexpr (kTrace)
+        if (threadIdx.x == 0 && ti == 0 && st < 2) {
+          ck[2 + 2 * st] = clock64();
+          if (st == 0) t_data = global_ns();
+        }
       const uint8_t* base = ring + slot * S::kStageBytes;
       uint32_t sca[kUnroll], scb[kUnroll];
       if constexpr (S::kBlocks == 2) {
@@ -134,6 +162,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
       bool large = false;
       if constexpr (mx_scale_vote<Fmt, 1>()) {
+        // note: small activations take the exact decode below, whatever the scales.
         bool any = false;
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) any = any || mx_needs_exact<Fmt>(sca[u], scb[u]);
@@ -143,10 +172,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       auto group = [&](int u, bool lg) {
         const uint4 wa = *reinterpret_cast<const uint4*>(base + (2 * u) * 512 + 16 * lane);
         const uint4 wb = *reinterpret_cast<const uint4*>(base + (2 * u + 1) * 512 + 16 * lane);
-        mx_group<Fmt, 1>(acc, xr, xok, wa, wb, sca[u], scb[u], (q0 + u) * Fmt::kGroupK, lg);
+        if (small)
+          mx_group<typename Fmt::Exact, 1>(acc, xr, xok, wa, wb, sca[u], scb[u], (q0 + u) * Fmt::kGroupK,
+                                           true);
+        else
+          mx_group<Fmt, 1>(acc, xr, xok, wa, wb, sca[u], scb[u], (q0 + u) * Fmt::kGroupK, lg);
       };
       // note: as the step body: a step without large bytes is one branch-free block.
-      if (!large) {
+      if (!large && !small) {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) group(u, false);
       } else {
@@ -157,10 +190,26 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
     // note: one buffer of shared sums (store_tile_sums): before tile ti > 0 writes it, a barrier waits for
     // warp 0's reads of tile ti - 1.
+    if constexpr (kTrace)
+      if (threadIdx.x == 0 && ti == 0) ck[5] = clock64();
     if (ti > 0) __syncthreads();
     const GemvTile tl = gemv_parts_tile(p, b + ti * grid);
     store_tile_sums<1, 1>(acc, warp, lane, tl.row0, m, tl.y, tl.n);
+    if constexpr (kTrace)
+      if (threadIdx.x == 0 && ti == 0) ck[6] = clock64();
   }
+  if constexpr (kTrace)
+    if (threadIdx.x == 0) {
+      unsigned int sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      unsigned long long* r =
+          trace.records + static_cast<int64_t>(trace_slot % trace.capacity) * kGemvTraceWords;
+      r[0] = t_start, r[1] = t_waited, r[2] = t_data, r[3] = global_ns();
+      r[4] = sm | static_cast<unsigned long long>(blockIdx.x) << 32;
+      r[5] = gridDim.x | reinterpret_cast<uintptr_t>(p.values[0]) << 32;
+#pragma unroll
+      for (int i = 1; i < 7; ++i) r[5 + i] = static_cast<unsigned long long>(ck[i] - ck[0]);
+    }
 }
 
 // True when the ring kernel takes these parts (preconditions above); else the caller runs the register
@@ -176,13 +225,13 @@ bool gemv_ring_fits(int m, const GemvParts& p, int k) {
   return true;
 }
 
-// One launch of the ring kernel over p: one tile per block, or (persist) min(tiles, kMinBlocks per SM)
-// persistent blocks. The caller checked gemv_ring_fits.
-template <class Fmt, int kStages, int kMinBlocks>
-cudaError_t launch_gemv_ring(const uint16_t* x, int m, const GemvParts& p, int k, bool persist,
-                             cudaStream_t stream) {
+// One launch of the ring kernel over p: one tile per block (blocks_per_sm 0), or min(tiles, blocks_per_sm
+// per SM) persistent blocks. The caller checked gemv_ring_fits.
+template <class Fmt, int kStages, int kMinBlocks, bool kTrace>
+cudaError_t launch_gemv_ring(const uint16_t* x, int m, const GemvParts& p, int k, int blocks_per_sm,
+                             const GemvTrace& trace, cudaStream_t stream) {
   constexpr int kSmem = RingShape<Fmt, kStages>::kSmemBytes;
-  auto* kernel = gemv_mx_ring_kernel<Fmt, kStages, kMinBlocks>;
+  auto* kernel = gemv_mx_ring_kernel<Fmt, kStages, kMinBlocks, kTrace>;
   // note: the attribute is per function and device; set once per device (slot 16: devices past 15, every
   // time).
   static std::atomic<bool> set_on[17] = {};
@@ -196,17 +245,26 @@ cudaError_t launch_gemv_ring(const uint16_t* x, int m, const GemvParts& p, int k
     if (dev >= 0 && dev < 16) set.store(true, std::memory_order_relaxed);
   }
   const int tiles = gemv_parts_tiles(p);
-  const int grid = persist ? std::min(tiles, kMinBlocks * gemv_sms()) : tiles;
+  const int grid = blocks_per_sm > 0 ? std::min(tiles, blocks_per_sm * gemv_sms()) : tiles;
   return launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), kSmem, stream,
-                    reinterpret_cast<const __nv_bfloat16*>(x), m, p, k, tiles);
+                    reinterpret_cast<const __nv_bfloat16*>(x), m, p, k, tiles, trace);
+}
+
+template <class Fmt, int kStages, int kMinBlocks>
+cudaError_t launch_gemv_ring(const uint16_t* x, int m, const GemvParts& p, int k, int blocks_per_sm,
+                             cudaStream_t stream) {
+  const GemvTrace trace = gemv_trace();
+  if (trace.records)
+    return launch_gemv_ring<Fmt, kStages, kMinBlocks, true>(x, m, p, k, blocks_per_sm, trace, stream);
+  return launch_gemv_ring<Fmt, kStages, kMinBlocks, false>(x, m, p, k, blocks_per_sm, trace, stream);
 }
 
 // The ring variant v (gemv_mx_launch.h) over p.
 template <class Fmt>
 cudaError_t launch_gemv_ring_variant(GemvKernel v, const uint16_t* x, int m, const GemvParts& p, int k,
                                      cudaStream_t stream) {
-  if (v == GemvKernel::kRingDeep) return launch_gemv_ring<Fmt, 3, 2>(x, m, p, k, true, stream);
-  return launch_gemv_ring<Fmt, 2, 3>(x, m, p, k, v == GemvKernel::kRingPersist, stream);
+  if (v == GemvKernel::kRingDeep) return launch_gemv_ring<Fmt, 3, 2>(x, m, p, k, 2, stream);
+  return launch_gemv_ring<Fmt, 2, 3>(x, m, p, k, v == GemvKernel::kRingPersist ? 3 : 0, stream);
 }
 
 }  // namespace mxq::cuda::gemv

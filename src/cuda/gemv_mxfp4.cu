@@ -28,6 +28,7 @@ namespace {
 struct Mxfp4Decode {
   static constexpr int kGroupK = 128, kPairsPerWord = 4, kRowBytesNum = 1, kRowBytesDen = 2, kScaleFold = 0;
   static constexpr bool kScaleVote = true;
+  using Exact = Mxfp4Decode;  // note: already exact (kScaleFold 0)
   // Byte p of `word` (elements 2p, 2p+1) becomes pair p.
   __device__ static void decode(uint32_t word, uint32_t* pairs) {
     const uint32_t even = word & 0x0F0F0F0Fu, odd = (word >> 4) & 0x0F0F0F0Fu;

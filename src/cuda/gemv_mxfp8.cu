@@ -35,22 +35,24 @@ __device__ __forceinline__ void e4m3x4_to_bf16x4_scaled(uint32_t word, uint32_t*
   pairs[1] = hi & 0x87F087F0u;
 }
 
-struct Mxfp8BitsDecode {
-  static constexpr int kGroupK = 64, kPairsPerWord = 2, kRowBytesNum = 1, kRowBytesDen = 1, kScaleFold = 120;
+struct Mxfp8Decode {
+  static constexpr int kGroupK = 64, kPairsPerWord = 2, kRowBytesNum = 1, kRowBytesDen = 1, kScaleFold = 0;
   static constexpr bool kScaleVote = false;
-  __device__ static void decode(uint32_t word, uint32_t* pairs) { e4m3x4_to_bf16x4_scaled(word, pairs); }
+  using Exact = Mxfp8Decode;
+  __device__ static void decode(uint32_t word, uint32_t* pairs) {
+    pairs[0] = gemv::e4m3x2_to_bf16x2(word & 0xFFFFu);
+    pairs[1] = gemv::e4m3x2_to_bf16x2(word >> 16);
+  }
   __device__ static uint32_t load_tail(const uint8_t* p) {
     return __ldg(reinterpret_cast<const uint32_t*>(p));
   }
 };
 
-struct Mxfp8Decode {
-  static constexpr int kGroupK = 64, kPairsPerWord = 2, kRowBytesNum = 1, kRowBytesDen = 1, kScaleFold = 0;
+struct Mxfp8BitsDecode {
+  static constexpr int kGroupK = 64, kPairsPerWord = 2, kRowBytesNum = 1, kRowBytesDen = 1, kScaleFold = 120;
   static constexpr bool kScaleVote = false;
-  __device__ static void decode(uint32_t word, uint32_t* pairs) {
-    pairs[0] = gemv::e4m3x2_to_bf16x2(word & 0xFFFFu);
-    pairs[1] = gemv::e4m3x2_to_bf16x2(word >> 16);
-  }
+  using Exact = Mxfp8Decode;  // note: for small activations (warp_rows_small, gemv_mx_kernel.cuh)
+  __device__ static void decode(uint32_t word, uint32_t* pairs) { e4m3x4_to_bf16x4_scaled(word, pairs); }
   __device__ static uint32_t load_tail(const uint8_t* p) {
     return __ldg(reinterpret_cast<const uint32_t*>(p));
   }

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -23,9 +24,11 @@ namespace {
 struct GemvCase {
   Format format;
   int64_t m, n, k;
+  int x_lo = -6, x_hi = 2;  // activations' exponent range, |x| in [2^x_lo, 2^x_hi)
 };
 void PrintTo(const GemvCase& c, std::ostream* os) {
-  *os << traits(c.format).name << " m=" << c.m << " n=" << c.n << " k=" << c.k;
+  *os << traits(c.format).name << " m=" << c.m << " n=" << c.n << " k=" << c.k << " |x| in [2^" << c.x_lo
+      << ", 2^" << c.x_hi << ")";
 }
 
 class GemvMx : public ::testing::TestWithParam<GemvCase> {};
@@ -44,7 +47,7 @@ TEST_P(GemvMx, MatchesF64ReferenceOnDequantizedWeights) {
     while (fp8 && (v & 0x7F) == 0x7F);  // note: E4M3 NaN codes are not weights
   }
   for (auto& s : scales) s = static_cast<uint8_t>(scale_dist(rng));
-  const std::vector<uint16_t> x = test::random_bf16(rng, static_cast<size_t>(c.m * c.k));
+  const std::vector<uint16_t> x = test::random_bf16(rng, static_cast<size_t>(c.m * c.k), c.x_lo, c.x_hi);
 
   // Reference: y[m][n] = sum_k x[m][k] * code(n,k) * 2^(b-127), in f64.
   std::vector<double> w(static_cast<size_t>(c.n * c.k));
@@ -103,6 +106,70 @@ TEST_P(GemvMx, MatchesF64ReferenceOnDequantizedWeights) {
     EXPECT_EQ(out_of(k), out_of(GemvKernel::kRegisterStep)) << gemv_kernel_name(k);
 }
 
+// The study trace (GemvTrace, gemv_mx_launch.h): with it set, the ring kernel writes one record per block
+// (each block once, times in order, its grid) and y keeps its bits.
+TEST(GemvMxTrace, RecordsEveryBlockAndKeepsTheBits) {
+  for (Format f : {Format::kMXFP8, Format::kMXFP4}) {
+    SCOPED_TRACE(traits(f).name);
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    constexpr int64_t kN = 300, kK = 1024, kTiles = (kN + 15) / 16;
+    std::vector<uint8_t> values(static_cast<size_t>(values_bytes(f, kN, kK))),
+        scales(static_cast<size_t>(scales_bytes(f, kN, kK)));
+    for (auto& v : values) {
+      do v = static_cast<uint8_t>(rng());
+      while (f == Format::kMXFP8 && (v & 0x7F) == 0x7F);
+    }
+    for (auto& b : scales) b = static_cast<uint8_t>(110 + rng() % 20);
+    std::vector<uint8_t> native(values.size());
+    ASSERT_TRUE(prepare_gemv_values(f, values.data(), native.data(), kN, kK));
+    auto dx = test::upload(test::random_bf16(rng, kK));
+    auto dv = test::upload(native);
+    auto ds = test::upload(scales);
+    auto records = DeviceBuffer::alloc(kTiles * 2 * kGemvTraceWords * 8);
+    auto count = test::upload(std::vector<unsigned int>{0});
+    ASSERT_TRUE(dx && dv && ds && records && count);
+    const MxGemvWeights wt{f, dv->as<uint8_t>(), ds->as<uint8_t>(), kN, kK};
+    std::vector<uint16_t> outs[2];
+    for (int traced = 0; traced < 2; ++traced) {
+      auto dy = test::poisoned<uint16_t>(kN);
+      ASSERT_TRUE(dy);
+      set_gemv_kernel(GemvKernel::kRingDeep);
+      if (traced)
+        set_gemv_trace(
+            {records->as<unsigned long long>(), count->as<unsigned int>(), static_cast<int>(2 * kTiles)});
+      const Status st = f == Format::kMXFP8
+                            ? gemv_mxfp8(dx->as<uint16_t>(), 1, wt, dy->as<uint16_t>(), nullptr)
+                            : gemv_mxfp4(dx->as<uint16_t>(), 1, wt, dy->as<uint16_t>(), nullptr);
+      set_gemv_trace({});
+      set_gemv_kernel(GemvKernel::kAuto);
+      ASSERT_TRUE(st) << st.error().message;
+      auto y = test::download<uint16_t>(*dy, kN);
+      ASSERT_TRUE(y);
+      outs[traced] = std::move(*y);
+    }
+    EXPECT_EQ(outs[1], outs[0]);
+    auto n = test::download<unsigned int>(*count, 1);
+    auto words = test::download<unsigned long long>(*records, kTiles * kGemvTraceWords);
+    ASSERT_TRUE(n && words);
+    ASSERT_EQ((*n)[0], kTiles);  // note: 19 tiles, fewer than 2 blocks per SM: one block a tile
+    std::vector<bool> seen(kTiles, false);
+    for (int64_t i = 0; i < kTiles; ++i) {
+      const unsigned long long* r = words->data() + i * kGemvTraceWords;
+      EXPECT_LE(r[0], r[1]);
+      EXPECT_LE(r[1], r[2]);
+      EXPECT_LE(r[2], r[3]);
+      EXPECT_EQ(r[5], static_cast<unsigned long long>(kTiles) | reinterpret_cast<uintptr_t>(dv->as<uint8_t>())
+                                                                    << 32);
+      const uint64_t id = r[4] >> 32;
+      ASSERT_LT(id, static_cast<uint64_t>(kTiles));
+      EXPECT_FALSE(seen[id]) << "block " << id << " recorded twice";
+      seen[id] = true;
+    }
+  }
+}
+
 std::vector<GemvCase> gemv_cases() {
   std::vector<GemvCase> cases;
   for (Format f : {Format::kMXFP8, Format::kMXFP4}) {
@@ -130,14 +197,23 @@ std::vector<GemvCase> gemv_cases() {
     cases.push_back({f, 32, 6151, 512});
     // More tiles (438) than the ring's persistent grids (3 or 2 blocks per SM on 132 SMs), whole warp steps.
     cases.push_back({f, 2, 7000, 4096});
+    // Small and large activations (every x row tiny or huge): the decodes that leave values 2^-120 too small
+    // (MXFP8 "bits") must not lose products below the f32 range, nor overflow.
+    for (int64_t m : {1, 8, 17})
+      for (auto [lo, hi] : {std::pair{-24, -16}, std::pair{-60, -40}, std::pair{40, 80}})
+        cases.push_back({f, m, 300, 4096, lo, hi});
   }
   return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemvMx, ::testing::ValuesIn(gemv_cases()), [](const auto& info) {
   const GemvCase& c = info.param;
-  return std::string(traits(c.format).name) + "_m" + std::to_string(c.m) + "_n" + std::to_string(c.n) + "_k" +
-         std::to_string(c.k);
+  std::string name = std::string(traits(c.format).name) + "_m" + std::to_string(c.m) + "_n" +
+                     std::to_string(c.n) + "_k" + std::to_string(c.k);
+  if (c.x_lo != -6 || c.x_hi != 2)
+    name += "_x" + std::string(c.x_lo < 0 ? "m" : "") + std::to_string(std::abs(c.x_lo)) + "to" +
+            std::string(c.x_hi < 0 ? "m" : "") + std::to_string(std::abs(c.x_hi));
+  return name;
 });
 
 // Every non-NaN code against every E8M0 range edge, bit-exact: row r holds code r / kScales in all K
