@@ -107,6 +107,13 @@ struct FoldedScale {
   }
 };
 
+// The largest |x| bits of 8 bf16 activations, as a 16-bit value.
+__device__ __forceinline__ uint32_t max_abs_bf16x8(const uint4& v) {
+  const uint32_t m = __vmaxu2(__vmaxu2(v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu),
+                              __vmaxu2(v.z & 0x7FFF7FFFu, v.w & 0x7FFF7FFFu));
+  return max(m & 0xFFFFu, m >> 16);
+}
+
 // Small activations. A folded decode (kScaleFold != 0) feeds the MMA values 2^-kScaleFold too small, so a
 // product x · w with |x · code| < 2^-(126 - kScaleFold) leaves f32's normal range inside the tensor core and
 // one below 2^-(149 - kScaleFold) is lost (activation rows of 2^-60 .. 2^-40 gave y = 0, GemvMx tests). A
@@ -132,20 +139,27 @@ __device__ __forceinline__ bool warp_rows_small(const RowOf& row_of, int m, int 
       const __nv_bfloat16* xr = row_of(r);
       uint32_t mx = 0;
       auto chunk = [&](int e) {  // note: 8 elements from e; k % 32 == 0 keeps a chunk wholly in or out
-        if (e + 8 > k) return;
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(xr + e));
-        mx = __vmaxu2(mx, __vmaxu2(__vmaxu2(v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu),
-                                   __vmaxu2(v.z & 0x7FFF7FFFu, v.w & 0x7FFF7FFFu)));
+        if (e + 8 <= k) mx = max(mx, max_abs_bf16x8(__ldg(reinterpret_cast<const uint4*>(xr + e))));
       };
       for (int q0 = first; q0 < nfull; q0 += kStride) chunk(q0 * Fmt::kGroupK + 8 * lane);
       if (tail)
         for (int e = nfull * Fmt::kGroupK + 8 * lane; e < k; e += 256) chunk(e);
-      const uint32_t row_max = __reduce_max_sync(0xFFFFFFFFu, max(mx & 0xFFFFu, mx >> 16));
+      const uint32_t row_max = __reduce_max_sync(0xFFFFFFFFu, mx);
       small = small || row_max < kSmallXBits;
     }
     return small;
   }
 }
+
+// Recomputes acc of this warp's K slice (groups first, first + kWarps·kUnroll, ... < nfull, and with `tail`
+// the short last group) with the policy's exact decode, reading weight rows g / g + 8 at va / vb and their
+// scales at sa / sb from global memory: the rare small-activation path (warp_rows_small); the fast paths
+// keep their code.
+template <class Fmt, int kNTiles>
+__device__ void mx_exact_slice(float (&acc)[kNTiles][4], const __nv_bfloat16* const (&xr)[kNTiles],
+                               const bool (&xok)[kNTiles], const uint8_t* va, const uint8_t* vb,
+                               const uint8_t* sa, const uint8_t* sb, int first, int nfull, int k, bool tail,
+                               int t);
 
 // Nonzero when some byte of v is 0 (the classic bit trick: 3 integer ops for 4 bytes).
 __device__ __forceinline__ uint32_t has_zero_byte(uint32_t v) { return (v - 0x01010101u) & ~v & 0x80808080u; }
@@ -275,6 +289,40 @@ __device__ __forceinline__ void mx_group(float (&acc)[kNTiles][4], const __nv_bf
                                (sb >> (8 * b)) & 0xFF, large);
 }
 
+template <class Fmt, int kNTiles>
+__device__ void mx_exact_slice(float (&acc)[kNTiles][4], const __nv_bfloat16* const (&xr)[kNTiles],
+                               const bool (&xok)[kNTiles], const uint8_t* va, const uint8_t* vb,
+                               const uint8_t* sa, const uint8_t* sb, int first, int nfull, int k, bool tail,
+                               int t) {
+  using E = typename Fmt::Exact;
+  constexpr int kBlocks = Fmt::kGroupK / 32;
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+  for (int q0 = first; q0 < nfull; q0 += kWarps * kUnroll)
+    for (int q = q0; q < q0 + kUnroll && q < nfull; ++q)
+      mx_group<E, kNTiles>(acc, xr, xok, load_stream16(va + q * 64 + 16 * t),
+                           load_stream16(vb + q * 64 + 16 * t), load_scales<kBlocks, false>(sa + q * kBlocks),
+                           load_scales<kBlocks, false>(sb + q * kBlocks), q * Fmt::kGroupK, true);
+  if (!tail) return;
+  // note: as the kernels' short last group (J = 2, 4 or 6 MMAs), lane t's run starting at 4J·t.
+  const int k0 = nfull * Fmt::kGroupK, tail_blocks = (k - k0) / 32, tail_mmas = 2 * tail_blocks;
+  for (int b = 0; b < tail_blocks; ++b) {
+    uint32_t pa[4], pb[4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t elem = k0 + 4 * tail_mmas * t + 4 * (2 * b + h);
+      const int64_t byte = elem * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
+      uint32_t tmp[Fmt::kPairsPerWord];
+      E::decode(Fmt::load_tail(va + byte), tmp);
+      pa[2 * h] = tmp[0], pa[2 * h + 1] = tmp[1];
+      E::decode(Fmt::load_tail(vb + byte), tmp);
+      pb[2 * h] = tmp[0], pb[2 * h + 1] = tmp[1];
+    }
+    mx_block_mma<E, kNTiles>(acc, xr, xok, pa, pb, k0 + 32 * b, __ldg(sa + k0 / 32 + b),
+                             __ldg(sb + k0 / 32 + b), true);
+  }
+}
+
 // Policy (Fmt): kGroupK elements per group; kPairsPerWord bf16x2 pairs decoded from one 32-bit word, in MMA
 // slot order (MMA j: pair 2j feeds slots 2t..2t+1, pair 2j+1 feeds 2t+8..2t+9); kRowBytesNum/Den: row bytes
 // per element; load_tail(p) reads the 4 elements a lane owns of one MMA in a short group; kScaleFold: decoded
@@ -369,11 +417,7 @@ __device__ __forceinline__ void gemv_mx_tiles(const __nv_bfloat16* __restrict__ 
     for (int nt = 0; nt < kNTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     // One group u of the current step.
     auto group = [&](int u, int q0, bool large) {
-      if (small)
-        mx_group<typename Fmt::Exact, kNTiles>(acc, xr, xok, wa[u], wb[u], sca[u], scb[u],
-                                               (q0 + u) * Fmt::kGroupK, true);
-      else
-        mx_group<Fmt, kNTiles>(acc, xr, xok, wa[u], wb[u], sca[u], scb[u], (q0 + u) * Fmt::kGroupK, large);
+      mx_group<Fmt, kNTiles>(acc, xr, xok, wa[u], wb[u], sca[u], scb[u], (q0 + u) * Fmt::kGroupK, large);
     };
     for (int q0 = first; q0 < nfull; q0 += kStride) {
       if (q0 + kStride < nfull)
@@ -396,7 +440,7 @@ __device__ __forceinline__ void gemv_mx_tiles(const __nv_bfloat16* __restrict__ 
             if (u < valid) any = any || needs_exact(sca[u], scb[u]);
           large = __any_sync(0xFFFFFFFFu, any);
         }
-        if (valid == kUnroll && !large && !small) {
+        if (valid == kUnroll && !large) {
 #pragma unroll
           for (int u = 0; u < kUnroll; ++u) group(u, q0, false);
         } else {
@@ -428,29 +472,22 @@ __device__ __forceinline__ void gemv_mx_tiles(const __nv_bfloat16* __restrict__ 
             const int64_t elem = k0 + 4 * tail_mmas * t + 4 * (2 * b + h);
             const int64_t byte = elem * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
             uint32_t tmp[Fmt::kPairsPerWord];
-            if (small) {
-              Fmt::Exact::decode(Fmt::load_tail(cur.va + byte), tmp);
-              pa[2 * h] = tmp[0], pa[2 * h + 1] = tmp[1];
-              Fmt::Exact::decode(Fmt::load_tail(cur.vb + byte), tmp);
-            } else {
-              Fmt::decode(Fmt::load_tail(cur.va + byte), tmp);
-              pa[2 * h] = tmp[0], pa[2 * h + 1] = tmp[1];
-              Fmt::decode(Fmt::load_tail(cur.vb + byte), tmp);
-            }
+            Fmt::decode(Fmt::load_tail(cur.va + byte), tmp);
+            pa[2 * h] = tmp[0], pa[2 * h + 1] = tmp[1];
+            Fmt::decode(Fmt::load_tail(cur.vb + byte), tmp);
             pb[2 * h] = tmp[0], pb[2 * h + 1] = tmp[1];
           }
           const uint32_t tsa = __ldg(cur.sa + k0 / 32 + b), tsb = __ldg(cur.sb + k0 / 32 + b);
           // note: exact decodes take e8m0_to_f32 in the short group (large = true).
-          if (small) {
-            mx_block_mma<typename Fmt::Exact, kNTiles>(acc, xr, xok, pa, pb, k0 + 32 * b, tsa, tsb, true);
-          } else {
-            const bool large = Fmt::kScaleFold == 0 || __any_sync(0xFFFFFFFFu, Fold::any_large(tsa, tsb));
-            block_mma(pa, pb, k0 + 32 * b, tsa, tsb, large);
-          }
+          const bool large = Fmt::kScaleFold == 0 || __any_sync(0xFFFFFFFFu, Fold::any_large(tsa, tsb));
+          block_mma(pa, pb, k0 + 32 * b, tsa, tsb, large);
         }
       }
     }
 
+    if (small)
+      mx_exact_slice<Fmt, kNTiles>(acc, xr, xok, cur.va, cur.vb, cur.sa, cur.sb, first, nfull, k,
+                                   kHasTail && warp == kWarps - 1, t);
     // note: the persistent kernel recomputes its tile here rather than keep it live across the loop.
     const GemvTile tl = kPersist ? get(ti) : tile0;
     store_tile_sums<kNTiles, kPersist ? 2 : 1>(acc, warp, lane, tl.row0, m, tl.y, tl.n, ti & 1);

@@ -127,9 +127,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   pdl::enter();
   if constexpr (kTrace)
     if (threadIdx.x == 0) t_waited = global_ns(), ck[0] = clock64();
-  // note: past the wait (x is the previous kernel's output); x's rows are the same for every tile.
-  const bool small = warp_rows_small<Fmt>([&](int r) { return x + static_cast<int64_t>(r) * k; }, m, k, first,
-                                          nfull, false, lane);
+  // Small activations (warp_rows_small, gemv_mx_kernel.cuh): at m = 1 each step of tile 0 also loads its 8
+  // elements of the warp's x slice and folds |x| into xmax after its MMAs (off the step's critical path);
+  // m > 1 checks every row up front. A warp whose rows are small recomputes each tile exactly
+  // (mx_exact_slice); the fast paths keep their code.
+  bool small = m > 1 && warp_rows_small<Fmt>([&](int r) { return x + static_cast<int64_t>(r) * k; }, m, k,
+                                             first, nfull, false, lane);
+  uint32_t xmax = 0;
   int slot = 0;
   for (int ti = 0; ti < count; ++ti) {
     float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
@@ -162,7 +166,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
       bool large = false;
       if constexpr (mx_scale_vote<Fmt, 1>()) {
-        // note: small activations take the exact decode below, whatever the scales.
         bool any = false;
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) any = any || mx_needs_exact<Fmt>(sca[u], scb[u]);
@@ -172,21 +175,28 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       auto group = [&](int u, bool lg) {
         const uint4 wa = *reinterpret_cast<const uint4*>(base + (2 * u) * 512 + 16 * lane);
         const uint4 wb = *reinterpret_cast<const uint4*>(base + (2 * u + 1) * 512 + 16 * lane);
-        if (small)
-          mx_group<typename Fmt::Exact, 1>(acc, xr, xok, wa, wb, sca[u], scb[u], (q0 + u) * Fmt::kGroupK,
-                                           true);
-        else
-          mx_group<Fmt, 1>(acc, xr, xok, wa, wb, sca[u], scb[u], (q0 + u) * Fmt::kGroupK, lg);
+        mx_group<Fmt, 1>(acc, xr, xok, wa, wb, sca[u], scb[u], (q0 + u) * Fmt::kGroupK, lg);
       };
+      uint4 xs = make_uint4(0, 0, 0, 0);
+      if (Fmt::kScaleFold != 0 && m == 1 && ti == 0)
+        xs = __ldg(reinterpret_cast<const uint4*>(x + q0 * Fmt::kGroupK + 8 * lane));
       // note: as the step body: a step without large bytes is one branch-free block.
-      if (!large && !small) {
+      if (!large) {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) group(u, false);
       } else {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) group(u, true);
       }
+      xmax = max(xmax, max_abs_bf16x8(xs));
       slot = slot + 1 == kStages ? 0 : slot + 1;
+    }
+    if (Fmt::kScaleFold != 0 && m == 1 && ti == 0) small = __reduce_max_sync(0xFFFFFFFFu, xmax) < kSmallXBits;
+    if (small) {
+      const GemvTile tl = gemv_parts_tile(p, b + ti * grid);
+      const int64_t ra = min(tl.row0 + g, tl.n - 1), rb = min(tl.row0 + g + 8, tl.n - 1);
+      mx_exact_slice<Fmt, 1>(acc, xr, xok, tl.wv + ra * row_bytes, tl.wv + rb * row_bytes, tl.ws + ra * kb,
+                             tl.ws + rb * kb, first, nfull, k, false, t);
     }
     // note: one buffer of shared sums (store_tile_sums): before tile ti > 0 writes it, a barrier waits for
     // warp 0's reads of tile ti - 1.
