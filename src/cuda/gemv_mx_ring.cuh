@@ -14,6 +14,9 @@
 //   kernel's two 64-byte-per-lane step buffers are gone and more warps fit per SM (kMinBlocks blocks of 8).
 //   Persistent grids (grid < tiles: block b walks tiles b, b + grid, ...) let a warp's ring run on into its
 //   next tile while it computes the last step of the current one.
+//   Small activations (folded decodes): each step of the first tile also folds the warp's 8 x elements of a
+//   lane into a running max; a warp whose rows are small recomputes its tiles exactly (mx_exact_slice).
+//   kTrace (study): the block's timeline records (GemvTrace, gemv_mx_launch.h).
 // Preconditions (gemv_ring_fits): m <= 8; K a multiple of kUnroll groups (every warp step is whole: MXFP8
 // K % 256, MXFP4 K % 512); every part's values 16-byte and scales kScaleCopy-byte aligned.
 #pragma once
