@@ -289,6 +289,23 @@ __device__ __forceinline__ void mx_group(float (&acc)[kNTiles][4], const __nv_bf
                                (sb >> (8 * b)) & 0xFF, large);
 }
 
+// The short last group's MMA block b (J = tail_mmas MMAs, read per MMA; lane t's run starts at 4J·t): rows
+// g / g + 8 at va / vb (elements from k0) decoded by Dec into the A fragments pa / pb.
+template <class Fmt, class Dec>
+__device__ __forceinline__ void mx_tail_fragments(const uint8_t* va, const uint8_t* vb, int k0, int tail_mmas,
+                                                  int b, int t, uint32_t (&pa)[4], uint32_t (&pb)[4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t elem = k0 + 4 * tail_mmas * t + 4 * (2 * b + h);
+    const int64_t byte = elem * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
+    uint32_t tmp[Fmt::kPairsPerWord];
+    Dec::decode(Fmt::load_tail(va + byte), tmp);
+    pa[2 * h] = tmp[0], pa[2 * h + 1] = tmp[1];
+    Dec::decode(Fmt::load_tail(vb + byte), tmp);
+    pb[2 * h] = tmp[0], pb[2 * h + 1] = tmp[1];
+  }
+}
+
 template <class Fmt, int kNTiles>
 __device__ void mx_exact_slice(float (&acc)[kNTiles][4], const __nv_bfloat16* const (&xr)[kNTiles],
                                const bool (&xok)[kNTiles], const uint8_t* va, const uint8_t* vb,
@@ -304,20 +321,10 @@ __device__ void mx_exact_slice(float (&acc)[kNTiles][4], const __nv_bfloat16* co
                            load_stream16(vb + q * 64 + 16 * t), load_scales<kBlocks, false>(sa + q * kBlocks),
                            load_scales<kBlocks, false>(sb + q * kBlocks), q * Fmt::kGroupK, true);
   if (!tail) return;
-  // note: as the kernels' short last group (J = 2, 4 or 6 MMAs), lane t's run starting at 4J·t.
-  const int k0 = nfull * Fmt::kGroupK, tail_blocks = (k - k0) / 32, tail_mmas = 2 * tail_blocks;
+  const int k0 = nfull * Fmt::kGroupK, tail_blocks = (k - k0) / 32;
   for (int b = 0; b < tail_blocks; ++b) {
     uint32_t pa[4], pb[4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t elem = k0 + 4 * tail_mmas * t + 4 * (2 * b + h);
-      const int64_t byte = elem * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
-      uint32_t tmp[Fmt::kPairsPerWord];
-      E::decode(Fmt::load_tail(va + byte), tmp);
-      pa[2 * h] = tmp[0], pa[2 * h + 1] = tmp[1];
-      E::decode(Fmt::load_tail(vb + byte), tmp);
-      pb[2 * h] = tmp[0], pb[2 * h + 1] = tmp[1];
-    }
+    mx_tail_fragments<Fmt, E>(va, vb, k0, 2 * tail_blocks, b, t, pa, pb);
     mx_block_mma<E, kNTiles>(acc, xr, xok, pa, pb, k0 + 32 * b, __ldg(sa + k0 / 32 + b),
                              __ldg(sb + k0 / 32 + b), true);
   }
@@ -467,16 +474,7 @@ __device__ __forceinline__ void gemv_mx_tiles(const __nv_bfloat16* __restrict__ 
       if (warp == kWarps - 1) {
         for (int b = 0; b < tail_blocks; ++b) {
           uint32_t pa[4], pb[4];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int64_t elem = k0 + 4 * tail_mmas * t + 4 * (2 * b + h);
-            const int64_t byte = elem * Fmt::kRowBytesNum / Fmt::kRowBytesDen;
-            uint32_t tmp[Fmt::kPairsPerWord];
-            Fmt::decode(Fmt::load_tail(cur.va + byte), tmp);
-            pa[2 * h] = tmp[0], pa[2 * h + 1] = tmp[1];
-            Fmt::decode(Fmt::load_tail(cur.vb + byte), tmp);
-            pb[2 * h] = tmp[0], pb[2 * h + 1] = tmp[1];
-          }
+          mx_tail_fragments<Fmt, Fmt>(cur.va, cur.vb, k0, tail_mmas, b, t, pa, pb);
           const uint32_t tsa = __ldg(cur.sa + k0 / 32 + b), tsb = __ldg(cur.sb + k0 / 32 + b);
           // note: exact decodes take e8m0_to_f32 in the short group (large = true).
           const bool large = Fmt::kScaleFold == 0 || __any_sync(0xFFFFFFFFu, Fold::any_large(tsa, tsb));
