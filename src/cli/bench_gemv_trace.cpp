@@ -35,8 +35,9 @@ double median(std::vector<double> v) {
 
 // The whole launches among `blocks` (arrival order), in the order of their first arrival. note: a block of
 // launch j can arrive after the first blocks of j + 1 (its atomicAdd lands late), so blocks are grouped by
-// launch key: a key starts a new launch when its open one is full. The block ids check each launch.
-Result<std::vector<std::vector<Block>>> launches_of(const std::vector<Block>& blocks) {
+// launch key: a key starts a new launch when its open one is full. Launches cut by the buffer's wrap, or
+// whose block ids repeat, are left out.
+std::vector<std::vector<Block>> launches_of(const std::vector<Block>& blocks) {
   std::vector<std::vector<Block>> all;
   std::map<uint32_t, size_t> open;  // key -> index in `all` of its launch still filling
   for (const Block& b : blocks) {
@@ -115,23 +116,20 @@ Status trace_gemv_row(const std::string& label, int launches, int reps, cudaStre
       std::fclose(f);
     }
   }
-  auto all = launches_of(blocks);
-  if (!all) return tl::unexpected(all.error());
-  if (all->size() < static_cast<size_t>(launches))
-    fmt::print("gemv trace {}: {} whole launches with distinct blocks among {} records\n", label, all->size(),
-               blocks.size());
-  if (all->size() < static_cast<size_t>(launches))
-    return fail("gemv trace {}: {} whole launches recorded, expected {} (not a ring launch?)", label,
-                all->size(), launches);
+  const std::vector<std::vector<Block>> all = launches_of(blocks);
+  if (all.size() < static_cast<size_t>(launches))
+    return fail(
+        "gemv trace {}: {} whole launches with distinct blocks among {} records, expected {} (not a ring "
+        "launch?)",
+        label, all.size(), blocks.size(), launches);
   // note: the last replay.
-  const std::vector<std::vector<Block>> last(all->end() - launches, all->end());
-  const auto* per = &last;
+  const std::vector<std::vector<Block>> per(all.end() - launches, all.end());
   std::vector<double> start0, start1, wait0, wait1, period, data, compute;
   std::vector<double> cyc[6];  // warp 0's segments after the wait, cycles (gemv_mx_launch.h)
   uint64_t step = UINT64_MAX;
   std::vector<uint64_t> stamps;
-  for (size_t j = 0; j < per->size(); ++j) {
-    const auto& L = (*per)[j];
+  for (size_t j = 0; j < per.size(); ++j) {
+    const auto& L = per[j];
     for (const Block& b : L) {
       data.push_back((b.data - b.start) * 1e-3);
       compute.push_back((b.end - b.waited) * 1e-3);
@@ -148,7 +146,7 @@ Status trace_gemv_row(const std::string& label, int launches, int reps, cudaStre
     }
     if (j == 0) continue;
     uint64_t prev_end = 0;
-    for (const Block& b : (*per)[j - 1]) prev_end = std::max(prev_end, b.end);
+    for (const Block& b : per[j - 1]) prev_end = std::max(prev_end, b.end);
     auto rel = [&](uint64_t t) { return (static_cast<double>(t) - static_cast<double>(prev_end)) * 1e-3; };
     uint64_t s0 = UINT64_MAX, s1 = 0, w0 = UINT64_MAX, w1 = 0, e1 = 0;
     for (const Block& b : L) {

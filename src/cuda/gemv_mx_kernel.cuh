@@ -132,8 +132,8 @@ __device__ __forceinline__ bool warp_rows_small(const RowOf& row_of, int m, int 
   if constexpr (Fmt::kScaleFold == 0) {
     return false;
   } else {
-    static_assert(Fmt::kGroupK * 4 == 256, "a step of 4 groups is 32 lanes x 8 elements");
-    constexpr int kStride = 8 * 4;  // note: kWarps * kUnroll, defined below
+    static_assert(Fmt::kGroupK * kUnroll == 256, "a step of kUnroll groups is 32 lanes x 8 elements");
+    constexpr int kStride = kWarps * kUnroll;
     bool small = false;
     for (int r = 0; r < m; ++r) {
       const __nv_bfloat16* xr = row_of(r);

@@ -238,10 +238,10 @@ bool gemv_ring_fits(int m, const GemvParts& p, int k) {
   return true;
 }
 
-// One launch of the ring kernel over p: one tile per block (blocks_per_sm 0), or min(tiles, blocks_per_sm
-// per SM) persistent blocks. The caller checked gemv_ring_fits.
+// One launch of the ring kernel over p: one tile per block, or (persist) min(tiles, kMinBlocks per SM)
+// persistent blocks. The caller checked gemv_ring_fits.
 template <class Fmt, int kStages, int kMinBlocks, bool kTrace>
-cudaError_t launch_gemv_ring(const uint16_t* x, int m, const GemvParts& p, int k, int blocks_per_sm,
+cudaError_t launch_gemv_ring(const uint16_t* x, int m, const GemvParts& p, int k, bool persist,
                              const GemvTrace& trace, cudaStream_t stream) {
   constexpr int kSmem = RingShape<Fmt, kStages>::kSmemBytes;
   auto* kernel = gemv_mx_ring_kernel<Fmt, kStages, kMinBlocks, kTrace>;
@@ -258,26 +258,27 @@ cudaError_t launch_gemv_ring(const uint16_t* x, int m, const GemvParts& p, int k
     if (dev >= 0 && dev < 16) set.store(true, std::memory_order_relaxed);
   }
   const int tiles = gemv_parts_tiles(p);
-  const int grid = blocks_per_sm > 0 ? std::min(tiles, blocks_per_sm * gemv_sms()) : tiles;
+  const int grid = persist ? std::min(tiles, kMinBlocks * gemv_sms()) : tiles;
   return launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), kSmem, stream,
                     reinterpret_cast<const __nv_bfloat16*>(x), m, p, k, tiles, trace);
 }
 
+// The same, with the traced kernel while a GemvTrace is set (study).
 template <class Fmt, int kStages, int kMinBlocks>
-cudaError_t launch_gemv_ring(const uint16_t* x, int m, const GemvParts& p, int k, int blocks_per_sm,
+cudaError_t launch_gemv_ring(const uint16_t* x, int m, const GemvParts& p, int k, bool persist,
                              cudaStream_t stream) {
   const GemvTrace trace = gemv_trace();
   if (trace.records)
-    return launch_gemv_ring<Fmt, kStages, kMinBlocks, true>(x, m, p, k, blocks_per_sm, trace, stream);
-  return launch_gemv_ring<Fmt, kStages, kMinBlocks, false>(x, m, p, k, blocks_per_sm, trace, stream);
+    return launch_gemv_ring<Fmt, kStages, kMinBlocks, true>(x, m, p, k, persist, trace, stream);
+  return launch_gemv_ring<Fmt, kStages, kMinBlocks, false>(x, m, p, k, persist, trace, stream);
 }
 
 // The ring variant v (gemv_mx_launch.h) over p.
 template <class Fmt>
 cudaError_t launch_gemv_ring_variant(GemvKernel v, const uint16_t* x, int m, const GemvParts& p, int k,
                                      cudaStream_t stream) {
-  if (v == GemvKernel::kRingDeep) return launch_gemv_ring<Fmt, 3, 2>(x, m, p, k, 2, stream);
-  return launch_gemv_ring<Fmt, 2, 3>(x, m, p, k, v == GemvKernel::kRingPersist ? 3 : 0, stream);
+  if (v == GemvKernel::kRingDeep) return launch_gemv_ring<Fmt, 3, 2>(x, m, p, k, true, stream);
+  return launch_gemv_ring<Fmt, 2, 3>(x, m, p, k, v == GemvKernel::kRingPersist, stream);
 }
 
 }  // namespace mxq::cuda::gemv

@@ -15,9 +15,9 @@
 // 2^-120 exactly (codes 1..7 land on bf16 subnormals, which mma.sync keeps); the 2^120 is folded into the
 // E8M0 scale multiply (FoldedScale). Three integer ops per bf16x2 pair. A warp whose activation rows all stay
 // below 2^-8 (whose products would leave f32's range at 2^-120) recomputes its tile with "cvt" (Exact;
-// warp_rows_small, gemv_mx_kernel.cuh). Decode ("cvt", the previous one; all
-// m with MXQ_GEMV_DECODE=cvt, to compare both from one build): E4M3 pair → f16x2 (exact) → bf16 bits by
-// moving the exponent field (value · 2^-112, a bf16 normal) → one bf16x2 multiply by 2^112 (exact).
+// warp_rows_small, gemv_mx_kernel.cuh). Decode ("cvt", the previous one; all m with MXQ_GEMV_DECODE=cvt, to
+// compare both from one build): E4M3 pair → f16x2 (exact) → bf16 bits by moving the exponent field (value ·
+// 2^-112, a bf16 normal) → one bf16x2 multiply by 2^112 (exact).
 
 #include "cuda/gemv_grouped.cuh"
 #include "cuda/gemv_mx_kernel.cuh"
