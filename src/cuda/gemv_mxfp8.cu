@@ -6,7 +6,7 @@
 // Arch: sm_80+ (mma.sync bf16, prmt). The "cvt" decode uses cvt.rn.f16x2.e4m3x2 on sm_89+, bit moves before.
 // Kernels (gemv_mx_launch.h, GemvKernel::kAuto): at m = 1 the shared-memory ring kernel (gemv_mx_ring.cuh, 3
 // stages, 2 persistent blocks per SM) where it fits, else the register kernel (gemv_mx_kernel.cuh; step body
-// at m <= 8) with "bits" for m <= 8 and "cvt" for m > 8; at m = 1 with more row tiles than 2 per SM, its
+// at m <= 8) with "bits" at m = 1 and "cvt" for m > 1; at m = 1 with more row tiles than 2 per SM, its
 // persistent form (gemv_mx_persist_kernel: blocks walk tiles, warps prefetch across them). note: a streaming
 // kernel (persistent blocks fed by a per-warp cp.async shared-memory ring) measured 25-75% slower at M <= 16
 // and 8% faster only at M = 32 on the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed.
@@ -60,17 +60,19 @@ struct Mxfp8BitsDecode {
   }
 };
 
-// The grouped entry's tile (gemv_grouped.cuh): launch_gemv_mxfp8's kAuto choices for the chunk's m (bits
-// decode and the step body at m <= 8, cvt decode above).
+// The grouped entry's tile (gemv_grouped.cuh): launch_gemv_mxfp8's kAuto choices for the chunk's m (the step
+// body at m <= 8, with the bits decode at m = 1 and cvt above).
 template <bool kHasTail, bool kGather>
 struct Mxfp8GroupedTile {
   template <int kMaxNTiles>
   __device__ static void run(const GroupedGemvArgs& a, const __nv_bfloat16* x, int m, const int32_t* rows,
                              const uint8_t* wv, const uint8_t* ws, __nv_bfloat16* y, int row0) {
     using gemv::gemv_mx_tile;
-    if (kMaxNTiles == 1 || m <= 8)
+    if (m == 1)
       gemv_mx_tile<Mxfp8BitsDecode, 1, kHasTail, true, kGather>(x, m, rows, a.x_div, wv, ws, y, a.n, a.k,
                                                                 row0);
+    else if (kMaxNTiles == 1 || m <= 8)
+      gemv_mx_tile<Mxfp8Decode, 1, kHasTail, true, kGather>(x, m, rows, a.x_div, wv, ws, y, a.n, a.k, row0);
     else if constexpr (kMaxNTiles >= 2)
       gemv_mx_tile<Mxfp8Decode, 2, kHasTail, false, kGather>(x, m, rows, a.x_div, wv, ws, y, a.n, a.k, row0);
   }
@@ -86,8 +88,6 @@ cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p
                                     cudaStream_t stream) {
   // note: the env switch exists to measure both decodes from one build (bench/RESULTS.md).
   static const bool use_cvt = measurement_switch("MXQ_GEMV_DECODE", "cvt");
-  // note: m > 8 (two n-tiles) keeps the cvt decode: there the bits decode measured 5-6% slower on every
-  // Qwen3-8B shape (bench/RESULTS.md, run 8), while it wins at m = 1 and m = 8.
   const GemvKernel kernel = gemv_kernel();
   // note: kAuto takes the step body (m <= 8): on the H200 it measured 2-12% faster than the per-group loop
   // at M = 1 and 1-8% at M = 8 on every Qwen3-8B shape (bench/RESULTS.md, session 3 final run).
@@ -102,9 +102,17 @@ cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p
   // 59.2 against the step body's 66.3 us over the four Qwen3-8B shapes on the H200, gate_up at 90% of copy;
   // at m = 8 every ring variant measured 7-12% slower (bench/RESULTS.md, session 6 gemv6).
   const GemvKernel ring = kernel == GemvKernel::kAuto && m == 1 ? GemvKernel::kRingDeep : kernel;
-  if (gemv_ring(ring) && !use_cvt && gemv::gemv_ring_fits<Mxfp8BitsDecode>(m, p, k))
+  // note: the bits decode only at m = 1. At m = 2..8 its small-activation check (warp_rows_small: one L2
+  // round trip per row before the first step) made M = 8 26-37% slower on the Qwen3-8B shapes; the cvt
+  // decode is exact and needs none: 1-13% slower than bits was before it had the check, 12-25% faster than
+  // bits with it (bench/RESULTS.md, session 12).
+  if (use_cvt || m > 1) {
+    if (gemv_ring(ring) && gemv::gemv_ring_fits<Mxfp8Decode>(m, p, k))
+      return gemv::launch_gemv_ring_variant<Mxfp8Decode>(ring, x, m, p, k, stream);
+    return gemv::launch_gemv<Mxfp8Decode>(x, m, p, k, step, persist, stream);
+  }
+  if (gemv_ring(ring) && gemv::gemv_ring_fits<Mxfp8BitsDecode>(m, p, k))
     return gemv::launch_gemv_ring_variant<Mxfp8BitsDecode>(ring, x, m, p, k, stream);
-  if (use_cvt || m > 8) return gemv::launch_gemv<Mxfp8Decode>(x, m, p, k, step, persist, stream);
   return gemv::launch_gemv<Mxfp8BitsDecode, 1>(x, m, p, k, step, persist, stream);
 }
 
