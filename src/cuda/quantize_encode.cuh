@@ -221,4 +221,14 @@ __device__ __forceinline__ uint32_t scale_factor_bf16x2(uint32_t b) {
   return f | f << 16;
 }
 
+// MXFP8 elements: 4 bf16 pairs w scaled by f2 = scale_factor_bf16x2(b) → 4 E4M3 pairs (bits 15:0 of p[e]).
+// The scaling is one fma.rn.bf16x2 per pair, exact (quantize_mxfp8.cu), then one cvt per pair.
+__device__ __forceinline__ void mxfp8_encode8(const uint32_t (&w)[4], uint32_t f2, uint32_t (&p)[4]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const uint32_t t = fma_bf16x2(w[e], f2, 0x80008000u);  // note: + (-0) keeps the sign of zero
+    p[e] = f32x2_to_e4m3x2(__uint_as_float(t << 16), __uint_as_float(t & 0xFFFF0000u));
+  }
+}
+
 }  // namespace mxq::cuda::quant
