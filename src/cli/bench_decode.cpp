@@ -35,7 +35,7 @@ namespace mxq::cli {
 namespace {
 
 struct DecodeOptions {
-  std::string device = "cpu", model, quantization;
+  std::string device = "cpu", model, quantization, activation_quant = "none";
   int64_t pp = 128, tg = 32;
   int reps = 3, threads = 0;
   std::vector<int32_t> batch = {1, 32};  // CUDA: sequences per step
@@ -162,7 +162,9 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
   load.target = cuda::cuda_load_target();
   auto m = load_model(dir, load);
   if (!m) return bad(m.error().message);
-  auto backend = make_cpu_backend(1);
+  auto act = parse_activation_quant(o.activation_quant, m->linear_format);
+  if (!act) return bad(act.error().message);
+  auto backend = make_cpu_backend(1, *act);
   auto qwen = Qwen3Model::create(m->config, m->store, *backend);
   if (!qwen) return bad(qwen.error().message);
   const ModelConfig& c = m->config;
@@ -173,7 +175,8 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
   if (!bw) return bad(bw.error().message);
   const Footprint f = footprint(*m);
   const std::string name = std::filesystem::path(dir).filename().string();
-  const std::string fmt_name(traits(m->linear_format).name);
+  const std::string fmt_name =
+      std::string(traits(m->linear_format).name) + (*act == Format::kMXFP8 ? "-a8" : "");
   const std::string params = fmt::format("{:.2f} B", f.params / 1e9),
                     size = fmt::format("{:.2f} GiB", f.bytes / 1073741824.0);
   fmt::print("| {:<16} | {:>8} | {:>8} | {:>9} | {:>5} | {:>6} | {:>10} | {:>9} | {:>11} |\n", "model",
@@ -188,6 +191,7 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
     ro.model.max_num_batched_tokens = std::max<int64_t>(o.pp * batch, 16);
     ro.model.max_model_len = len;
     ro.model.gpu_memory_utilization = o.gpu_memory_utilization;
+    ro.model.act_quant = *act;
     ro.enforce_eager = o.enforce_eager;
     auto e = cuda::make_cuda_engine(*qwen, nullptr, m->store, ro);
     if (!e) return bad(e.error().message);
@@ -289,7 +293,9 @@ int run_decode(const DecodeOptions& o) {
 #endif
   auto m = load_model(dir, load);
   if (!m) return bad(m.error().message);
-  auto backend = make_cpu_backend(o.threads);
+  auto act = parse_activation_quant(o.activation_quant, m->linear_format);
+  if (!act) return bad(act.error().message);
+  auto backend = make_cpu_backend(o.threads, *act);
   auto qwen = Qwen3Model::create(m->config, m->store, *backend);
   if (!qwen) return bad(qwen.error().message);
   const ModelConfig& c = m->config;
@@ -324,7 +330,8 @@ int run_decode(const DecodeOptions& o) {
   const double bw = memcpy_gbps();
   const double pp_tps = static_cast<double>(o.pp) / pp_s, tg_tps = static_cast<double>(o.tg) / tg_s;
   const std::string name = std::filesystem::path(dir).filename().string();
-  const std::string fmt_name(traits(m->linear_format).name);
+  const std::string fmt_name =
+      std::string(traits(m->linear_format).name) + (*act == Format::kMXFP8 ? "-a8" : "");
   fmt::print("| {:<16} | {:>8} | {:>8} | {:>10} | {:>6} | {:>10} | {:>34} |\n", "model", "format", "params",
              "size", "test", "tok/s", "speed of light");
   fmt::print("|{:-<18}|{:->10}|{:->10}|{:->12}|{:->8}|{:->12}|{:->36}|\n", "", "", "", "", "", "", "");
@@ -358,6 +365,9 @@ void add_bench_decode(CLI::App& bench, int& exit_code) {
   cmd->add_flag("--no-pdl", o->no_pdl, "CUDA: launch decode kernels without programmatic dependent launch");
   cmd->add_option("--model", o->model, "Checkpoint directory (default: models/default as MXFP8)");
   cmd->add_option("--quantization", o->quantization, "none, mxfp8, mxfp4, fp8-b128");
+  cmd->add_option("--activation-quant", o->activation_quant,
+                  "none, or mxfp8: MX projections see their input quantized to MXFP8 (W8A8 / W4A8)")
+      ->capture_default_str();
   cmd->add_option("--pp", o->pp, "Prompt tokens")->capture_default_str();
   cmd->add_option("--tg", o->tg, "Generated tokens")->capture_default_str();
   cmd->add_option("--reps", o->reps, "Repetitions (best is reported)")->capture_default_str();

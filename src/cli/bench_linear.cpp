@@ -77,6 +77,7 @@ struct Run {
   bool gemv_study = false;
   bool lt_sweep = false;
   bool gemv_trace = false;
+  bool w8a8 = false;  // each MX row again in the W8A8 mode (activation quantize-dequantize + the same kernel)
   std::string shape;  // only shapes whose name contains it (empty: all)
 };
 
@@ -296,7 +297,7 @@ Status run_bench(const Run& run) {
   int64_t max_k = 0, max_n = 0;
   for (const Shape& s : kShapes) max_k = std::max(max_k, s.k), max_n = std::max(max_n, s.n);
   // note: scratch sized up front: nothing may allocate inside a captured graph.
-  if (Status st = (*ctx)->reserve(max_m, max_n, max_k); !st) return st;
+  if (Status st = (*ctx)->reserve(max_m, max_n, max_k, run.w8a8); !st) return st;
   fmt::print("device: {} ({} SMs, L2 {} MB, {}); copy bandwidth {:.0f} GB/s (read + written, 2 GiB D2D)\n",
              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, cuda::arch_name(*arch), *copy_gbs);
   fmt::print(
@@ -317,9 +318,12 @@ Status run_bench(const Run& run) {
     if (!x || !y) return fail("bench linear: device allocation failed for {}", s.name);
     const uint16_t* xp = (*x)[0].as<uint16_t>();
     auto* yp = y->as<uint16_t>();
-    auto time_linear = [&](const RotatedWeights& w, int64_t m) {
-      return time_graph(stream, kLaunchesPerGraph, kReps,
-                        [&](int i) { return cuda::linear(**ctx, w.at(i), xp, m, yp, stream); });
+    auto time_linear = [&](const RotatedWeights& w, int64_t m, Format act = Format::kBF16) {
+      return time_graph(stream, kLaunchesPerGraph, kReps, [&](int i) {
+        cuda::LinearWeights lw = w.at(i);
+        lw.act = act;
+        return cuda::linear(**ctx, lw, xp, m, yp, stream);
+      });
     };
     auto wbf = rotated(rng, Format::kBF16, s.n, s.k, *arch);
     if (!wbf) return tl::unexpected(wbf.error());
@@ -356,19 +360,25 @@ Status run_bench(const Run& run) {
           refusal = kernel.error().message;
           continue;
         }
-        auto us = time_linear(*w, m);
-        if (!us) {
-          fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} error: {}\n", s.name, traits(f).name, s.n, s.k, m,
-                     *kernel, us.error().message);
-          continue;
+        // --w8a8: the MX rows again with the activation quantize-dequantize in front ("+a8")
+        const bool mx = f == Format::kMXFP8 || f == Format::kMXFP4;
+        for (Format act : {Format::kBF16, Format::kMXFP8}) {
+          if (act == Format::kMXFP8 && !(run.w8a8 && mx)) continue;
+          const std::string label = std::string(*kernel) + (act == Format::kMXFP8 ? "+a8" : "");
+          auto us = time_linear(*w, m, act);
+          if (!us) {
+            fmt::print("{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} error: {}\n", s.name, traits(f).name, s.n, s.k,
+                       m, label, us.error().message);
+            continue;
+          }
+          const double gbs = static_cast<double>(w->bytes) / (*us * 1e-6) / 1e9;
+          fmt::print(
+              "{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8.2f} {:>7.1f} {:>6.0f} {:>5.1f}% {:>5.0f}% {:>8.2f} "
+              "{:>8.2f} {:>7.2f} {:>5.1f}%\n",
+              s.name, traits(f).name, s.n, s.k, m, label, *us, 2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12, gbs,
+              100.0 * gbs / *copy_gbs, 100.0 * bf16_us[mi] / *us, bf16_us[mi], lt_us[mi], *read_us,
+              100.0 * *read_us / *us);
         }
-        const double gbs = static_cast<double>(w->bytes) / (*us * 1e-6) / 1e9;
-        fmt::print(
-            "{:<22} {:>8} {:>5} {:>5} {:>4} {:<17} {:>8.2f} {:>7.1f} {:>6.0f} {:>5.1f}% {:>5.0f}% {:>8.2f} "
-            "{:>8.2f} {:>7.2f} {:>5.1f}%\n",
-            s.name, traits(f).name, s.n, s.k, m, *kernel, *us, 2.0 * m * s.n * s.k / (*us * 1e-6) / 1e12, gbs,
-            100.0 * gbs / *copy_gbs, 100.0 * bf16_us[mi] / *us, bf16_us[mi], lt_us[mi], *read_us,
-            100.0 * *read_us / *us);
       }
       if (f == Format::kFP8_B128 && *arch == cuda::Arch::kSm90a)
         if (Status st = fp8_gemm_rows(**ctx, *w, s, run.ms, xp, yp, bf16_us, lt_us, stream); !st) return st;
@@ -404,6 +414,7 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
   auto shape = std::make_shared<std::string>();
   auto lt_sweep = std::make_shared<bool>(false);
   auto trace = std::make_shared<bool>(false);
+  auto w8a8 = std::make_shared<bool>(false);
   cmd->add_option("--formats", *formats, "weight formats, comma-separated (mxfp8, mxfp4, fp8-b128)")
       ->delimiter(',');
   cmd->add_option("--m", *ms, "activation rows, comma-separated (1..8192)")->delimiter(',');
@@ -414,8 +425,11 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
                 "after FP8-B128's rows, cuBLASLt's matmul alone with each heuristic algorithm, both roles");
   cmd->add_flag("--gemv-trace", *trace,
                 "with --gemv-study: the M = 1 ring GEMV's per-block timeline in the graph (PDL overlap)");
+  cmd->add_flag(
+      "--w8a8", *w8a8,
+      "each MXFP8 / MXFP4 row again in the W8A8 mode (+a8: MXFP8 activation quantize-dequantize first)");
   cmd->add_option("--shape", *shape, "only the shapes whose name contains this (e.g. q/o, gate_up)");
-  cmd->callback([formats, ms, no_quantize, study, shape, lt_sweep, trace, &exit_code] {
+  cmd->callback([formats, ms, no_quantize, study, shape, lt_sweep, trace, w8a8, &exit_code] {
 #if defined(MXQ_HAVE_CUDA)
     Run run;
     for (const std::string& name : *formats) {
@@ -444,6 +458,7 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
     run.gemv_study = *study;
     run.lt_sweep = *lt_sweep;
     run.gemv_trace = *trace;
+    run.w8a8 = *w8a8;
     run.shape = *shape;
     if (Status st = run_bench(run); !st) {
       spdlog::error("bench linear: {}", st.error().message);

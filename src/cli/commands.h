@@ -2,6 +2,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string_view>
+
+#include "base/error.h"
+#include "format/formats.h"
 
 namespace mxq::cli {
 
@@ -14,5 +18,10 @@ void add_quantize(CLI::App& app, int& exit_code);
 void add_bench(CLI::App& app, int& exit_code);
 void add_generate(CLI::App& app, int& exit_code);
 void add_delta(CLI::App& app, int& exit_code);
+
+// --activation-quant (generate, bench decode): "none" → kBF16 (weight-only), "mxfp8" → kMXFP8 (the W8A8 mode
+// of the MXFP8 / MXFP4 projections, cuda/linear.h); mxfp8 with projections in another format (linear_format,
+// after any --quantization) is refused by name, since it would change nothing.
+Result<Format> parse_activation_quant(std::string_view flag, Format linear_format);
 
 }  // namespace mxq::cli

@@ -33,6 +33,7 @@ namespace {
 
 struct GenerateOptions {
   std::string prompt_positional, prompt, prompt_ids, model, quantization, device = "auto";
+  std::string activation_quant = "none";
   int64_t max_new_tokens = 64;
   float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
   int64_t top_k = 0, top_logprobs = 0;
@@ -164,9 +165,11 @@ int run_generate(const GenerateOptions& o) {
     };
   auto model = load_model(dir, load);
   if (!model) return bad(model.error());
+  auto act = parse_activation_quant(o.activation_quant, model->linear_format);
+  if (!act) return bad(act.error());
   // note: on CUDA this CPU model only describes the checkpoint to the engine's request checks; the weights
   // live on the device and the CUDA runner runs them.
-  auto backend = make_cpu_backend(o.threads);
+  auto backend = make_cpu_backend(o.threads, *act);
   auto qwen = Qwen3Model::create(model->config, model->store, *backend);
   if (!qwen) return bad(qwen.error());
   if (!o.apply_delta.empty()) {
@@ -195,6 +198,7 @@ int run_generate(const GenerateOptions& o) {
     ro.model.max_num_seqs = o.max_num_seqs;
     ro.model.max_model_len = o.max_model_len;
     ro.model.gpu_memory_utilization = o.gpu_memory_utilization;
+    ro.model.act_quant = *act;
     ro.enforce_eager = o.enforce_eager;
     auto e = cuda::make_cuda_engine(*qwen, tok ? &*tok : nullptr, model->store, ro);
     if (!e) return bad(e.error());
@@ -249,6 +253,16 @@ int run_generate(const GenerateOptions& o) {
 
 }  // namespace
 
+Result<Format> parse_activation_quant(std::string_view flag, Format linear_format) {
+  if (flag == "none") return Format::kBF16;
+  if (flag != "mxfp8") return fail("--activation-quant {}: expected none or mxfp8", flag);
+  if (linear_format != Format::kMXFP8 && linear_format != Format::kMXFP4)
+    return fail(
+        "--activation-quant mxfp8: the projections run in {} (expected mxfp8 or mxfp4; use --quantization)",
+        traits(linear_format).name);
+  return Format::kMXFP8;
+}
+
 void add_generate(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<GenerateOptions>();
   auto* cmd = app.add_subcommand("generate", "Generate text from a prompt (CPU or CUDA engine)");
@@ -257,6 +271,11 @@ void add_generate(CLI::App& app, int& exit_code) {
   cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids");
   cmd->add_option("--model", o->model, "Checkpoint directory (default: models/default as MXFP8)");
   cmd->add_option("--quantization", o->quantization, "Quantize at load: none, mxfp8, mxfp4, fp8-b128");
+  cmd->add_option(
+         "--activation-quant", o->activation_quant,
+         "none, or mxfp8: MXFP8/MXFP4 projections see their input quantized to MXFP8 per 1x32 (W8A8 / "
+         "W4A8 numerics)")
+      ->capture_default_str();
   cmd->add_option("--device", o->device, "cpu, cuda or auto (auto = cuda when a GPU is present)")
       ->capture_default_str();
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "CUDA: sequences in one step")->capture_default_str();

@@ -12,6 +12,7 @@
 #include "cuda/gemv_layout.h"
 #include "cuda/gemv_mx.h"
 #include "cuda/gemv_mx_launch.h"
+#include "cuda/quantize_act.h"
 
 namespace mxq::cuda {
 namespace {
@@ -43,8 +44,8 @@ constexpr int64_t kAnyM = std::numeric_limits<int>::max();
 // (bench/RESULTS.md, "GEMV M <= 32").
 constexpr int64_t kFp8GemvMaxMSm90 = 8;
 // note: with split-K and 32/64-row activation tiles (session 5), sm_90a's MX GEMM is flat at ~15-80 µs for
-// M = 8..48 on the Qwen3-8B shapes (sum 158 µs MXFP8) while the GEMV grows with M (sum 126 µs at M = 16, 231 at
-// 32); per shape the crossovers fall at M 19.5..22.6, so sm_90a's MX GEMV stops at 20 (bench/RESULTS.md,
+// M = 8..48 on the Qwen3-8B shapes (sum 158 µs MXFP8) while the GEMV grows with M (sum 126 µs at M = 16, 231
+// at 32); per shape the crossovers fall at M 19.5..22.6, so sm_90a's MX GEMV stops at 20 (bench/RESULTS.md,
 // session 5).
 constexpr int64_t kMxGemvMaxMSm90 = 20;
 // note: the closed table (see linear.h); a (format, arch, M) with no entry is refused as missing. gemm_mx
@@ -246,6 +247,47 @@ LinearContext::~LinearContext() {
   if (blas_) cublasDestroy(blas_);
 }
 
+Status LinearContext::reserve(int64_t max_m, int64_t max_n, int64_t max_k, bool act_quant) {
+  if (act_quant && act_.bytes() < static_cast<size_t>(max_m * max_k) * 2) {
+    auto b = DeviceBuffer::alloc(static_cast<size_t>(max_m * max_k) * 2);
+    if (!b) return tl::unexpected(b.error());
+    act_ = std::move(*b);
+  }
+  return fp8_->reserve(max_m, max_n, max_k);
+}
+
+Result<uint16_t*> LinearContext::act_scratch(int64_t m, int64_t k, cudaStream_t stream) {
+  const size_t bytes = static_cast<size_t>(m * k) * 2;
+  if (act_.bytes() < bytes) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    MXQ_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    if (capturing != cudaStreamCaptureStatusNone)
+      return fail(
+          "linear (W8A8): activation scratch too small for m = {}, k = {} while capturing a CUDA graph (call "
+          "reserve() with act_quant first)",
+          m, k);
+    auto b = DeviceBuffer::alloc(bytes);
+    if (!b) return tl::unexpected(b.error());
+    act_ = std::move(*b);
+  }
+  return act_.as<uint16_t>();
+}
+
+// The W8A8 mode (linear.h): x quantize-dequantized into the context's scratch; x itself otherwise.
+static Result<const uint16_t*> linear_input(LinearContext& ctx, Format wf, Format act, const uint16_t* x,
+                                            int64_t m, int64_t k, cudaStream_t stream) {
+  if (act == Format::kBF16) return x;
+  if (act != Format::kMXFP8 || (wf != Format::kMXFP8 && wf != Format::kMXFP4))
+    return fail(
+        "linear: {} activations with {} weights (expected mxfp8 activations with mxfp8 or mxfp4 weights)",
+        traits(act).name, traits(wf).name);
+  if (!x) return fail("linear (W8A8): null device pointer");
+  auto xq = ctx.act_scratch(m, k, stream);
+  if (!xq) return tl::unexpected(xq.error());
+  if (Status st = fake_quant_mxfp8(x, m, k, *xq, stream); !st) return tl::unexpected(st.error());
+  return *xq;
+}
+
 Result<cublasHandle_t> LinearContext::blas(cudaStream_t stream) {
   if (!blas_bound_ || stream != blas_stream_) {
     MXQ_CUDA_CHECK(cublasSetStream(blas_, stream));
@@ -274,14 +316,17 @@ Status linear_f32(LinearContext& ctx, const LinearWeights& w, const uint16_t* x,
   return {};
 }
 
-Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int64_t m, uint16_t* y,
+Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x_in, int64_t m, uint16_t* y,
               cudaStream_t stream) {
   auto entry = find_entry(w.format, ctx.arch(), m);
   if (!entry) return tl::unexpected(entry.error());
   const Kernel kernel = (*entry)->kernel;
   if (Status st = check_shape(kernel, w.n, w.k); !st) return st;
-  if (!x || !y || !w.values || (w.format != Format::kBF16 && !w.scales))
+  if (!x_in || !y || !w.values || (w.format != Format::kBF16 && !w.scales))
     return fail("linear {}: null device pointer", (*entry)->name);
+  auto xa = linear_input(ctx, w.format, w.act, x_in, m, w.k, stream);
+  if (!xa) return tl::unexpected(xa.error());
+  const uint16_t* const x = *xa;
   switch (kernel) {
     case Kernel::kCublasBf16: {
       auto blas = ctx.blas(stream);
@@ -316,20 +361,31 @@ static_assert(kLinearMaxParts == kMaxGemvParts);
 Status linear_parts(LinearContext& ctx, std::span<const LinearWeights> w, const uint16_t* x, int64_t m,
                     std::span<uint16_t* const> y, cudaStream_t stream) {
   if (w.empty() || w.size() != y.size())
-    return fail("linear_parts: {} weights for {} outputs (expected as many, at least one)", w.size(), y.size());
+    return fail("linear_parts: {} weights for {} outputs (expected as many, at least one)", w.size(),
+                y.size());
   auto entry = find_entry(w[0].format, ctx.arch(), m);
   const Kernel kernel = entry ? (*entry)->kernel : Kernel::kCublasBf16;
-  const bool gemv =
-      entry && (kernel == Kernel::kGemvMxfp8 || kernel == Kernel::kGemvMxfp4 || kernel == Kernel::kGemvFp8B128);
+  const bool gemv = entry && (kernel == Kernel::kGemvMxfp8 || kernel == Kernel::kGemvMxfp4 ||
+                              kernel == Kernel::kGemvFp8B128);
   bool fused = gemv && w.size() > 1 && w.size() <= static_cast<size_t>(kMaxGemvParts) && x != nullptr;
   for (size_t i = 0; fused && i < w.size(); ++i)
     fused = w[i].format == w[0].format && w[i].k == w[0].k && w[i].values && w[i].scales && y[i] &&
             check_shape(kernel, w[i].n, w[i].k).has_value();
+  for (size_t i = 1; i < w.size(); ++i)
+    if (w[i].act != w[0].act)
+      return fail("part {}: {} activations, part 0 {} (expected one act mode for the parts of one x)", i,
+                  traits(w[i].act).name, traits(w[0].act).name);
   if (!fused) {
     for (size_t i = 0; i < w.size(); ++i)
-      if (Status st = linear(ctx, w[i], x, m, y[i], stream); !st) return fail("part {}: {}", i, st.error().message);
+      if (Status st = linear(ctx, w[i], x, m, y[i], stream); !st)
+        return fail("part {}: {}", i, st.error().message);
     return {};
   }
+  // note: the fused launch quantize-dequantizes x once for all parts (fused implies w[0].format is MX or
+  // FP8-B128 and every part shares it; linear_input refuses act with FP8-B128 weights by name).
+  auto xa = linear_input(ctx, w[0].format, w[0].act, x, m, w[0].k, stream);
+  if (!xa) return fail("part 0: {}", xa.error().message);
+  x = *xa;
   GemvParts p;
   p.count = static_cast<int>(w.size());
   for (size_t i = 0; i < w.size(); ++i) {

@@ -11,6 +11,12 @@
 //   fp8-b128  sm_90a        9..     cuBLASLt block-scaled FP8 (activations quantized per 1x128)
 // Anything else is a missing entry: check_linear_supported refuses it at load naming format, arch and
 // tensor; linear() refuses it the same way if asked anyway.
+// W8A8 mode (LinearWeights::act = MXFP8, for MXFP8 weights, and W4A8 for MXFP4 ones): x is first quantized to
+// MXFP8 per 1x32 block of a row and dequantized to bf16 (fake_quant_mxfp8, cuda/quantize_act.h), then the
+// table's weight-only kernel for (format, arch, M) runs on it: "dequantize both, bf16 product, f32
+// accumulate" (the products of two dequantized MX values are exact in the MMA). On Hopper this is a
+// numerics mode (the activations of an MXFP8 W8A8 deployment, e.g. Blackwell's mm_mxfp8), not a speed-up:
+// sm_90 has no MX block-scaled MMA.
 #pragma once
 
 #include <cublas_v2.h>
@@ -40,6 +46,8 @@ struct LinearWeights {
   const uint8_t* values = nullptr;
   const uint8_t* scales = nullptr;
   int64_t n = 0, k = 0;
+  // Activations: kBF16 (x as given, weight-only) or kMXFP8 (the W8A8 mode above; MX weights only).
+  Format act = Format::kBF16;
 };
 
 // The native view of one [n, k] matrix of a tensor whose planes linear_prepare wrote: the tensor itself
@@ -69,17 +77,18 @@ class LinearContext {
   LinearContext& operator=(const LinearContext&) = delete;
   Arch arch() const { return arch_; }
   // Sizes scratch for M <= max_m, N <= max_n, K <= max_k so that later calls allocate nothing (CUDA graph
-  // capture).
-  Status reserve(int64_t max_m, int64_t max_n, int64_t max_k) { return fp8_->reserve(max_m, max_n, max_k); }
+  // capture); act_quant: also the W8A8 mode's activations (max_m · max_k bf16).
+  Status reserve(int64_t max_m, int64_t max_n, int64_t max_k, bool act_quant = false);
+  // The W8A8 mode's activation buffer for x [m, k]: grown here unless `stream` is capturing a graph (then
+  // too small is a named error: reserve() first).
+  Result<uint16_t*> act_scratch(int64_t m, int64_t k, cudaStream_t stream);
   // The cuBLAS handle bound to `stream` with the context's own workspace.
   // note: cublasSetStream resets the workspace to cuBLAS's default pool, so the workspace is set again on
   // every change of stream (a pool allocation inside a graph capture would break the capture).
   Result<cublasHandle_t> blas(cudaStream_t stream);
   Fp8B128Gemm& fp8() { return *fp8_; }
   // f32 scratch for the MX GEMM's split-K partials (gemm_mx.h), kGemmSplitKFloats, allocated at create.
-  std::span<float> splitk() {
-    return {splitk_.as<float>(), splitk_.bytes() / sizeof(float)};
-  }
+  std::span<float> splitk() { return {splitk_.as<float>(), splitk_.bytes() / sizeof(float)}; }
 
  private:
   LinearContext() = default;
@@ -89,17 +98,20 @@ class LinearContext {
   bool blas_bound_ = false;
   DeviceBuffer blas_workspace_;
   DeviceBuffer splitk_;
+  DeviceBuffer act_;
   std::unique_ptr<Fp8B128Gemm> fp8_;
 };
 
-// Picks the kernel from the table and runs it; x [m, w.k], y [m, w.n], bf16 bits, device buffers.
+// Picks the kernel from the table and runs it; x [m, w.k], y [m, w.n], bf16 bits, device buffers (with
+// w.act = MXFP8, x quantize-dequantized first into the context's act_scratch).
 Status linear(LinearContext& ctx, const LinearWeights& w, const uint16_t* x, int64_t m, uint16_t* y,
               cudaStream_t stream);
 
 // Several projections of the same x (q/k/v_proj, gate/up_proj): y[i] [m, w[i].n] = x · W_i^T, bitwise what
 // linear() gives each part. Where the table's entry for m is a GEMV and the parts share format and k (at most
 // 3 parts), one launch runs them all (gemv_mx_launch.h, GemvParts: the small parts' tiles fill the GPU
-// together and the launch pays one tail); otherwise linear() per part. Refusals name the part index.
+// together and the launch pays one tail); otherwise linear() per part. The parts share one act mode (x is
+// quantize-dequantized once). Refusals name the part index.
 inline constexpr int kLinearMaxParts = 3;
 Status linear_parts(LinearContext& ctx, std::span<const LinearWeights> w, const uint16_t* x, int64_t m,
                     std::span<uint16_t* const> y, cudaStream_t stream);

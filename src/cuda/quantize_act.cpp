@@ -20,4 +20,18 @@ Status quantize_act_fp8_b128(const uint16_t* x, int64_t m, int64_t k, uint8_t* v
   return {};
 }
 
+Status fake_quant_mxfp8(const uint16_t* x, int64_t m, int64_t k, uint16_t* y, cudaStream_t stream) {
+  if (m < 0 || k < 0 || k % 32 != 0)
+    return fail("fake_quant_mxfp8: shape [{}, {}] (expected non-negative, k a multiple of 32)", m, k);
+  if (m == 0 || k == 0) return {};
+  // note: four threads per 1x32 block, two blocks' parts per thread, 256 threads per CUDA block.
+  if (m * (k / 32) > 128LL * INT_MAX)
+    return fail("fake_quant_mxfp8: shape [{}, {}] has too many blocks for one launch", m, k);
+  if (!x || !y) return fail("fake_quant_mxfp8: null device pointer");
+  if (x < y + m * k && y < x + m * k)
+    return fail("fake_quant_mxfp8: y overlaps x (expected separate buffers)");
+  MXQ_CUDA_CHECK(launch_fake_quant_mxfp8(x, m, k, y, stream));
+  return {};
+}
+
 }  // namespace mxq::cuda

@@ -9,9 +9,11 @@
 #include "cpu/embedding.h"
 #include "cpu/linear.h"
 #include "cpu/moe_router.h"
+#include "cpu/quantize_act.h"
 #include "cpu/rms_norm.h"
 #include "cpu/rope.h"
 #include "cpu/swiglu.h"
+#include "format/codec.h"
 
 namespace mxq {
 
@@ -33,7 +35,7 @@ class CpuBackend final : public Backend {
  public:
   // note: a private pool only when a thread count is asked for, so tests and benches can pin parallelism
   // while everything else shares default_pool().
-  explicit CpuBackend(int threads) {
+  CpuBackend(int threads, Format act_quant) : act_quant_(act_quant) {
     if (threads > 0) own_pool_ = std::make_unique<ThreadPool>(threads);
     pool_ = own_pool_ ? own_pool_.get() : &default_pool();
   }
@@ -53,6 +55,20 @@ class CpuBackend final : public Backend {
                 float* y) override {
     const float* b = nullptr;
     if (bias) b = vector_f32(*bias, bias_);
+    // The W8A8 mode (cuda/linear.h): MX projections see x quantize-dequantized through MXFP8. note: x is
+    // rounded to bf16 first, as every W8A8 deployment's activations are (and the CUDA engine's): quantizing
+    // the f32 activations instead moves elements near an E4M3 rounding boundary by a whole E4M3 step
+    // against the CUDA engine (0.18 of the logit scale on the dense engine test, H200).
+    if (act_quant_ == Format::kMXFP8 && (w.format == Format::kMXFP8 || w.format == Format::kMXFP4)) {
+      const int64_t k = weight_view(w, expert).cols;
+      act_bf16_.resize(static_cast<size_t>(m * k));
+      act_.resize(act_bf16_.size());
+      for (size_t i = 0; i < act_bf16_.size(); ++i) act_bf16_[i] = f32_to_bf16(x[i]);
+      if (auto st = fake_quant_mxfp8(act_bf16_.data(), m, k, act_bf16_.data()); !st)
+        return fail_in(w.name, st.error());
+      for (size_t i = 0; i < act_.size(); ++i) act_[i] = bf16_to_f32(act_bf16_[i]);
+      x = act_.data();
+    }
     if (auto st = mxq::linear(x, m, weight_view(w, expert), b, y, *pool_); !st)
       return fail_in(w.name, st.error());
     return {};
@@ -120,11 +136,16 @@ class CpuBackend final : public Backend {
 
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool* pool_;
-  std::vector<float> norm_, bias_;
+  Format act_quant_;
+  std::vector<float> norm_, bias_, act_;
+  std::vector<uint16_t> act_bf16_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+std::unique_ptr<Backend> make_cpu_backend(int threads, Format act_quant) {
+  assert((act_quant == Format::kBF16 || act_quant == Format::kMXFP8) && "callers parse the mode first");
+  return std::make_unique<CpuBackend>(threads, act_quant);
+}
 
 }  // namespace mxq

@@ -32,7 +32,6 @@ namespace {
 
 bool ends_with(std::string_view s, std::string_view suffix) { return s.ends_with(suffix); }
 
-
 // Byte offsets of the arrays of one pinned/device block, each 16-byte aligned.
 struct BlockPlan {
   size_t bytes = 0;
@@ -96,7 +95,6 @@ LoadTarget cuda_load_target() {
   };
   return t;
 }
-
 
 Qwen3Cuda::~Qwen3Cuda() {
   if (b_) {
@@ -184,6 +182,7 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
       if (bad.message.empty()) bad = l.error();
       return {};
     }
+    if (t->format == Format::kMXFP8 || t->format == Format::kMXFP4) l->act = o.act_quant;
     const double experts = expert < 0 ? 1.0 : static_cast<double>(t->shape[0]);
     return Lin{*l, &t->name, static_cast<double>(t->values.size() + t->scales.size()) / experts};
   };
@@ -289,10 +288,17 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
   auto ctx = LinearContext::create(*arch);
   if (!ctx) return fail_in("CUDA engine linear context", ctx.error());
   m->lin_ = std::move(*ctx);
-  // note: the FP8-B128 GEMM's activation scratch sized for the largest step now, so nothing is allocated
-  // (and no buffer moves) inside a graph capture; the other kernels take no scratch.
-  if (fp8_n > 0) {
-    if (Status st = m->lin_->reserve(T, fp8_n, fp8_k); !st)
+  // note: the FP8-B128 GEMM's and the W8A8 mode's activation scratch sized for the largest step now, so
+  // nothing is allocated (and no buffer moves) inside a graph capture; the other kernels take no scratch.
+  // The W8A8 rows: a step's tokens, or its expert entries (tokens · top_k) for the grouped down_proj.
+  if (o.act_quant != Format::kBF16 && o.act_quant != Format::kMXFP8)
+    return fail("{}: activation quantization {} (expected bf16 or mxfp8)", c.architecture,
+                traits(o.act_quant).name);
+  const bool act = o.act_quant == Format::kMXFP8;
+  if (fp8_n > 0 || act) {
+    const int64_t act_m = c.is_moe() ? T * c.num_experts_per_tok : T;
+    const int64_t act_k = std::max({c.hidden_size, c.intermediate_size, c.moe_intermediate_size});
+    if (Status st = m->lin_->reserve(act ? act_m : T, fp8_n, act ? std::max(act_k, fp8_k) : fp8_k, act); !st)
       return fail_in("CUDA engine linear scratch", st.error());
   }
   auto alloc = [&](DeviceBuffer& buf, size_t bytes) -> Status {
@@ -526,7 +532,8 @@ Status Qwen3Cuda::forward(const ForwardShape& s) {
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const Weights::Layer& l = w.layers[i];
     // self_attn.q_proj / k_proj / v_proj
-    if (auto st = run_linear_parts({&l.q_proj, &l.k_proj, &l.v_proj}, normed, rows, {q_lin, k_lin, v_lin}); !st)
+    if (auto st = run_linear_parts({&l.q_proj, &l.k_proj, &l.v_proj}, normed, rows, {q_lin, k_lin, v_lin});
+        !st)
       return st;
     if (Status st = mark(StepOp::kQkvLinear, l.q_proj.bytes + l.k_proj.bytes + l.v_proj.bytes +
                                                  3 * rd * static_cast<double>(H) * 2);

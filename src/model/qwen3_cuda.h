@@ -29,6 +29,7 @@
 namespace mxq::cuda {
 
 class LinearContext;
+class MoeGroupedWeights;
 class StepProfiler;
 
 // The load target of the CUDA engine: the store in device memory, MXFP8 / MXFP4 / FP8-B128 projections in
@@ -45,6 +46,9 @@ struct Qwen3CudaOptions {
   int32_t block_size = 16;
   double gpu_memory_utilization = 0.9;  // fraction of device memory for weights + buffers + KV blocks
   int64_t num_blocks = 0;               // > 0: this many KV blocks (tests), else from the utilization
+  // kMXFP8: the W8A8 mode (cuda/linear.h) for every MXFP8 / MXFP4 projection, experts included: activations
+  // quantized to MXFP8 per 1x32 block and dequantized before the weight-only kernels. kBF16: weight-only.
+  Format act_quant = Format::kBF16;
 };
 
 // The step metadata: host views into the pinned staging block (what the runner fills) and the matching
@@ -129,6 +133,9 @@ class Qwen3Cuda {
   // Projections of the same x (q/k/v, gate/up; at most 3), y in the same order: cuda::linear_parts.
   Status run_linear_parts(std::initializer_list<const Lin*> ls, const uint16_t* x, int64_t m,
                           std::initializer_list<uint16_t*> ys);
+  // The grouped MoE linears' input (they take no LinearContext): x [rows, k] quantize-dequantized into the
+  // context's W8A8 scratch when w runs in that mode, else x.
+  Result<const uint16_t*> moe_input(const MoeGroupedWeights& w, const uint16_t* x, int64_t rows);
   // The end of one op of class `op` in the step profile; nothing without a profiler.
   Status mark(StepOp op, double bytes);
 

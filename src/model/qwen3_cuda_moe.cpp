@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cuda/moe_route.h"
+#include "cuda/quantize_act.h"
 #include "cuda/swiglu.h"
 #include "model/qwen3_cuda_parts.h"
 #include "model/step_profile_cuda.h"
@@ -17,6 +18,15 @@ namespace mxq::cuda {
 // driven by the grouping on the device: nothing waits for the host, so the step is graph-captured. Other
 // steps (prefill, mixed) read the grouping back and run each expert through the dispatch table (its GEMM
 // entries at large M).
+Result<const uint16_t*> Qwen3Cuda::moe_input(const MoeGroupedWeights& w, const uint16_t* x, int64_t rows) {
+  if (options_.act_quant != Format::kMXFP8 || (w.format() != Format::kMXFP8 && w.format() != Format::kMXFP4))
+    return x;
+  auto xq = lin_->act_scratch(rows, w.k(), stream_);
+  if (!xq) return fail_in(w.name(), xq.error());
+  if (Status st = fake_quant_mxfp8(x, rows, w.k(), *xq, stream_); !st) return fail_in(w.name(), st.error());
+  return *xq;
+}
+
 Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows, bool decode) {
   const Weights::Layer& l = w_->layers[i];
   const ModelConfig& c = config_;
@@ -66,9 +76,9 @@ Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows, bool decode) {
     const MoeGroups g{offsets, active, b.moe_sorted.as<int32_t>(), K, cap};
     // mlp.experts.gate_up_proj [E, 2I, H] (per entry row: gate then up) / mlp.experts.<e>.gate_proj, up_proj
     // (gate rows in the first `cap` rows of gu, up rows in the next)
-    if (Status st =
-            moe_grouped_linear(*l.grouped_gate_up, g, /*gather=*/true, b.normed.as<uint16_t>(), gu, stream_);
-        !st)
+    auto xg = moe_input(*l.grouped_gate_up, b.normed.as<uint16_t>(), rows);
+    if (!xg) return tl::unexpected(xg.error());
+    if (Status st = moe_grouped_linear(*l.grouped_gate_up, g, /*gather=*/true, *xg, gu, stream_); !st)
       return st;
     if (Status st = mark(StepOp::kGateUpLinear, 0); !st) return st;
     if (Status st = late(l.expert_gate_up_bytes, static_cast<double>(H) * 2); !st) return st;
@@ -80,7 +90,9 @@ Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows, bool decode) {
     if (Status st = mark(StepOp::kSwiglu, 0); !st) return st;
     if (Status st = late(0, static_cast<double>(Im) * 4); !st) return st;
     // mlp.experts.down_proj [E, H, I] / mlp.experts.<e>.down_proj, on the entries in order
-    if (Status st = moe_grouped_linear(*l.grouped_down, g, /*gather=*/false, act, ye, stream_); !st)
+    auto xd = moe_input(*l.grouped_down, act, cap);
+    if (!xd) return tl::unexpected(xd.error());
+    if (Status st = moe_grouped_linear(*l.grouped_down, g, /*gather=*/false, *xd, ye, stream_); !st)
       return st;
     if (Status st = mark(StepOp::kDownLinear, 0); !st) return st;
     if (Status st = late(l.expert_down_bytes, static_cast<double>(Im) * 2); !st) return st;

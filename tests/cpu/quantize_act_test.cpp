@@ -1,5 +1,7 @@
 // CPU activation quantizer (FP8-B128, 1x128 blocks of a row) against the rule written out with the scalar
 // codec: amax' = max(amax, 1e-4), e4m3(x · RN(448 / amax')), scale = amax' / 448; and its NaN refusal.
+// The W8A8 mode's MXFP8 quantize-dequantize against spec/reference_notes.md §1.6's worked example (rule ceil
+// row, and the same block 2^40 smaller) and its NaN blocks.
 #include "cpu/quantize_act.h"
 
 #include <gtest/gtest.h>
@@ -49,6 +51,38 @@ TEST(QuantizeActFp8B128, RefusesNaNNamingTheRow) {
   const Status st = quantize_act_fp8_b128(x.data(), 2, 128, v.data(), s.data());
   ASSERT_FALSE(st);
   EXPECT_NE(st.error().message.find("activation row 1"), std::string::npos) << st.error().message;
+}
+
+TEST(FakeQuantMxfp8, SpecWorkedExampleCeilRow) {
+  // Block [500, 1, 0.0078125, -3, 0 x 28]: scale byte 128 (x2), dequantized 512, 1, 0.0078125, -3, 0 ...;
+  // then the same block 2^40 smaller (scale byte 88): the same elements 2^40 smaller.
+  std::vector<float> x(64, 0.0f);
+  x[0] = 500.0f, x[1] = 1.0f, x[2] = 0.0078125f, x[3] = -3.0f;
+  for (int e = 0; e < 32; ++e) x[32 + e] = x[e] * 0x1p-40f;
+  std::vector<uint16_t> xb(64), yb(64);
+  for (int i = 0; i < 64; ++i) xb[i] = to_bf16(x[i]);
+  ASSERT_TRUE(fake_quant_mxfp8(xb.data(), 2, 32, yb.data()));
+  const float want[4] = {512.0f, 1.0f, 0.0078125f, -3.0f};
+  for (int e = 0; e < 32; ++e) {
+    EXPECT_EQ(bf16_to_f32(yb[e]), e < 4 ? want[e] : 0.0f) << "element " << e;
+    EXPECT_EQ(bf16_to_f32(yb[32 + e]), (e < 4 ? want[e] : 0.0f) * 0x1p-40f) << "element " << e << " (small)";
+  }
+}
+
+TEST(FakeQuantMxfp8, NonFiniteBlockBecomesNaNOthersKeep) {
+  std::vector<uint16_t> x(3 * 32, to_bf16(1.5f));
+  x[32 + 9] = 0x7F80;  // +Inf in block 1
+  std::vector<uint16_t> y(x.size());
+  ASSERT_TRUE(fake_quant_mxfp8(x.data(), 1, 96, y.data()));
+  for (int i = 0; i < 96; ++i) {
+    if (i >= 32 && i < 64)
+      EXPECT_TRUE(std::isnan(bf16_to_f32(y[i]))) << "element " << i;
+    else
+      EXPECT_EQ(bf16_to_f32(y[i]), 1.5f) << "element " << i;
+  }
+  const Status st = fake_quant_mxfp8(x.data(), 2, 48, y.data());
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.error().message.find("multiple of 32"), std::string::npos) << st.error().message;
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 // take (64, 128): the CUDA load refuses them by name (tested below), so these tests write head_dim 64
 // checkpoints of the same kinds. Both sides run the same weight bytes; what differs is the CUDA engine's
 // bf16 activations (the CPU forward is f32), hence one tolerance for every format's weight-only steps;
-// FP8-B128 steps above the GEMV's M range also quantize activations (W8A8) and have their own.
+// FP8-B128 steps above the GEMV's M range also quantize activations (W8A8) and have their own, as have the
+// "_a8" cases: the W8A8 mode (--activation-quant mxfp8) on both sides, MXFP8 and MXFP4 weights, dense and MoE
+// (the grouped decode linears included).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -167,9 +169,10 @@ struct Models {
   LoadedModel cpu, gpu;
   std::unique_ptr<Backend> backend;
   std::optional<Qwen3Model> qwen;
+  Format act = Format::kBF16;  // the W8A8 mode on both sides (kMXFP8) or weight-only
 };
 
-Result<std::unique_ptr<Models>> load_both(const std::string& dir, const std::string& quant) {
+Result<std::unique_ptr<Models>> load_both(const std::string& dir, const std::string& quant, bool w8a8) {
   LoadOptions opt;
   if (quant != "bf16") {
     auto f = parse_format(quant);
@@ -181,15 +184,18 @@ Result<std::unique_ptr<Models>> load_both(const std::string& dir, const std::str
   opt.target = cuda_load_target();
   auto gpu = load_model(dir, opt);
   if (!gpu) return tl::unexpected(gpu.error());
-  auto m = std::make_unique<Models>(Models{std::move(*cpu), std::move(*gpu), make_cpu_backend(2), {}});
+  const Format act = w8a8 ? Format::kMXFP8 : Format::kBF16;
+  auto m =
+      std::make_unique<Models>(Models{std::move(*cpu), std::move(*gpu), make_cpu_backend(2, act), {}, act});
   auto q = Qwen3Model::create(m->cpu.config, m->cpu.store, *m->backend);
   if (!q) return tl::unexpected(q.error());
   m->qwen.emplace(std::move(*q));
   return m;
 }
 
-CudaRunnerOptions small_options(bool eager) {
+CudaRunnerOptions small_options(bool eager, Format act) {
   CudaRunnerOptions o;
+  o.model.act_quant = act;
   o.model.max_num_seqs = 8;
   o.model.max_num_batched_tokens = 256;
   o.model.max_model_len = 128;
@@ -242,6 +248,7 @@ struct Case {
   const char* name;
   Kind kind;
   const char* quant;
+  bool w8a8 = false;  // --activation-quant mxfp8 on both sides
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -251,7 +258,7 @@ class EngineCuda : public ::testing::TestWithParam<Case> {
     seed_ = fresh_seed();
     dir_ = temp_dir(GetParam().name);
     write_checkpoint(dir_, GetParam().kind, seed_);
-    auto m = load_both(dir_, GetParam().quant);
+    auto m = load_both(dir_, GetParam().quant, GetParam().w8a8);
     ASSERT_TRUE(m) << m.error().message;
     m_ = std::move(*m);
   }
@@ -278,14 +285,14 @@ TEST_P(EngineCuda, LogitsMatchCpuModel) {
   if (GetParam().kind != Kind::kDense) {
     const std::string dir = temp_dir(std::string(GetParam().name) + "_all_experts");
     write_checkpoint(dir, GetParam().kind, seed_, /*top_k=*/8);
-    auto loaded = load_both(dir, GetParam().quant);
+    auto loaded = load_both(dir, GetParam().quant, GetParam().w8a8);
     std::filesystem::remove_all(dir);
     ASSERT_TRUE(loaded) << loaded.error().message;
     all_experts = std::move(*loaded);
     m = all_experts.get();
   }
   const int64_t V = m->cpu.config.vocab_size;
-  auto e = make_cuda_engine(*m->qwen, nullptr, m->gpu.store, small_options(false));
+  auto e = make_cuda_engine(*m->qwen, nullptr, m->gpu.store, small_options(false, m->act));
   ASSERT_TRUE(e) << e.error().message;
   double worst = 0;
   int compared = 0, steps = 0;
@@ -302,8 +309,9 @@ TEST_P(EngineCuda, LogitsMatchCpuModel) {
   for (int64_t len : {1, 9, 37, 100}) {
     auto prefill = linear_kernel_name(f, *arch, len);
     ASSERT_TRUE(prefill) << prefill.error().message;
-    const double tolerance =
-        *prefill == std::string_view("cublaslt_fp8_b128") ? kLogitToleranceW8A8 : kLogitTolerance;
+    const double tolerance = *prefill == std::string_view("cublaslt_fp8_b128") || GetParam().w8a8
+                                 ? kLogitToleranceW8A8
+                                 : kLogitTolerance;
     const std::vector<int32_t> prompt = random_prompt(rng, len, V);
     GenerateParams p;
     p.max_new_tokens = 12;
@@ -344,7 +352,8 @@ TEST_P(EngineCuda, LogitsMatchCpuModel) {
   }
   // note: W8A8 prompt steps have ~16x the logit error, so fewer CPU margins exceed twice it (dense FP8-B128
   // on the H200: 27 of 48 steps compared)
-  EXPECT_GE(compared, f == Format::kFP8_B128 ? steps / 3 : steps / 2) << "too many near-ties to be a test";
+  EXPECT_GE(compared, f == Format::kFP8_B128 || GetParam().w8a8 ? steps / 3 : steps / 2)
+      << "too many near-ties to be a test";
   RecordProperty("worst_relative_logit_error", fmt::format("{:.3g}", worst));
   std::printf("[ engine ] %s: worst relative logit error %.3g over %d steps (%d greedy ids compared)\n",
               GetParam().name, worst, steps, compared);
@@ -370,14 +379,14 @@ TEST_P(EngineCuda, BatchEqualsOneAtATime) {
   if (fp8 && GetParam().kind != Kind::kDense) {
     const std::string dir = temp_dir(std::string(GetParam().name) + "_batch_all_experts");
     write_checkpoint(dir, GetParam().kind, seed_, /*top_k=*/8);
-    auto loaded = load_both(dir, GetParam().quant);
+    auto loaded = load_both(dir, GetParam().quant, GetParam().w8a8);
     std::filesystem::remove_all(dir);
     ASSERT_TRUE(loaded) << loaded.error().message;
     all_experts = std::move(*loaded);
     m = all_experts.get();
   }
   const int64_t V = m->cpu.config.vocab_size;
-  CudaRunnerOptions opts = small_options(false);
+  CudaRunnerOptions opts = small_options(false, m->act);
   opts.model.max_num_batched_tokens = 512;  // every prompt in the first step, whatever the shift
   std::vector<Request> reqs;
   for (int64_t len : {5, 17, 33, 60, 2}) {
@@ -432,8 +441,8 @@ TEST_P(EngineCuda, GraphReplayEqualsEager) {
     r.params.seed = rng();
     reqs.push_back(r);
   }
-  auto eager = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(true));
-  auto graph = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(false));
+  auto eager = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(true, m_->act));
+  auto graph = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(false, m_->act));
   ASSERT_TRUE(eager && graph);
   auto a = run_engine(*eager, reqs);
   auto b = run_engine(*graph, reqs);
@@ -461,11 +470,11 @@ TEST_P(EngineCuda, PdlEqualsPlainLaunch) {
     reqs.push_back(r);
   }
   cuda::set_pdl(false);
-  auto plain = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(true));
+  auto plain = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(true, m_->act));
   ASSERT_TRUE(plain);
   auto a = run_engine(*plain, reqs);
   cuda::set_pdl(true);
-  auto pdl = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(false));
+  auto pdl = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(false, m_->act));
   ASSERT_TRUE(pdl);
   auto b = run_engine(*pdl, reqs);
   ASSERT_TRUE(a && b);
@@ -478,7 +487,7 @@ TEST_P(EngineCuda, RefitThenReplayEqualsFreshLoad) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   const std::string target = temp_dir(std::string(GetParam().name) + "_target");
   write_checkpoint(target, GetParam().kind, seed_ + 1);
-  auto t = load_both(target, GetParam().quant);
+  auto t = load_both(target, GetParam().quant, GetParam().w8a8);
   std::filesystem::remove_all(target);
   ASSERT_TRUE(t) << t.error().message;
   std::mt19937_64 rng(seed_ ^ 0x7e1);
@@ -487,7 +496,7 @@ TEST_P(EngineCuda, RefitThenReplayEqualsFreshLoad) {
   r.params.ignore_eos = true;
   r.params.sampling.temperature = 0;
 
-  auto e = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(false));
+  auto e = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(false, m_->act));
   ASSERT_TRUE(e) << e.error().message;
   auto before = run_engine(*e, {r});
   ASSERT_TRUE(before) << before.error().message;
@@ -505,7 +514,7 @@ TEST_P(EngineCuda, RefitThenReplayEqualsFreshLoad) {
   EXPECT_EQ(e->runner->graphs_captured(), captured);
   EXPECT_GT(e->runner->graph_replays(), replays);
 
-  auto fresh = make_cuda_engine(*(*t)->qwen, nullptr, (*t)->gpu.store, small_options(false));
+  auto fresh = make_cuda_engine(*(*t)->qwen, nullptr, (*t)->gpu.store, small_options(false, (*t)->act));
   ASSERT_TRUE(fresh) << fresh.error().message;
   auto want = run_engine(*fresh, {r});
   ASSERT_TRUE(want) << want.error().message;
@@ -530,7 +539,10 @@ INSTANTIATE_TEST_SUITE_P(Models, EngineCuda,
                                            Case{"moe_experts_mxfp8", Kind::kMoeExperts, "mxfp8"},
                                            Case{"dense_fp8b128", Kind::kDense, "fp8-b128"},
                                            Case{"moe_stacked_fp8b128", Kind::kMoeStacked, "fp8-b128"},
-                                           Case{"moe_experts_fp8b128", Kind::kMoeExperts, "fp8-b128"}),
+                                           Case{"moe_experts_fp8b128", Kind::kMoeExperts, "fp8-b128"},
+                                           Case{"dense_mxfp8_a8", Kind::kDense, "mxfp8", true},
+                                           Case{"moe_stacked_mxfp4_a8", Kind::kMoeStacked, "mxfp4", true},
+                                           Case{"moe_experts_mxfp8_a8", Kind::kMoeExperts, "mxfp8", true}),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // What the CUDA engine cannot run is refused by name at load.

@@ -67,11 +67,25 @@ def test_device_auto_falls_back_to_cpu_without_a_gpu():
     (["--max-new-tokens", "100000", "hi"], "exceed the context"),     # covers H-04
     (["--quantization", "nvfp4", "hi"], "--quantization nvfp4"),
     (["--model", "/nonexistent", "--prompt-ids", "1"], "/nonexistent"),
+    (["--activation-quant", "int8", "hi"], "--activation-quant int8"),
+    (["--quantization", "fp8-b128", "--activation-quant", "mxfp8", "hi"], "run in fp8-b128"),
 ])
 def test_bad_input_exits_2_with_one_line(args, needle):
     p = generate(*args)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert needle in p.stderr and p.stderr.count("\n") == 1, p.stderr
+
+
+def test_activation_quant_mxfp8_changes_the_numerics_not_the_interface():
+    # W8A8: the MXFP8 projections see their input quantized to MXFP8 per 1x32 (cuda/linear.h); the CPU engine
+    # runs it too. Same prompt and length, other logprobs.
+    base = generate("Once upon a time", "--max-new-tokens", 8, "--ignore-eos", "--device", "cpu", "--json")
+    a8 = generate("Once upon a time", "--max-new-tokens", 8, "--ignore-eos", "--device", "cpu", "--json",
+                  "--activation-quant", "mxfp8")
+    assert base.returncode == 0 and a8.returncode == 0, (base.stderr, a8.stderr)
+    b, q = json.loads(base.stdout), json.loads(a8.stdout)
+    assert len(q["token_ids"]) == len(b["token_ids"]) == 8
+    assert [t["logprob"] for t in q["logprobs"]] != [t["logprob"] for t in b["logprobs"]]
 
 
 def test_stop_string_cuts_the_text():
