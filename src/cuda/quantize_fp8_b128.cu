@@ -81,9 +81,8 @@ __device__ __forceinline__ void encode_tile(const Regs& w, int64_t rows, int64_t
 }
 
 // One CTA per tile (ctas_per_sm = 0), grid (tiles_x, tiles_y): the kernel of the sessions before quant7,
-// unchanged but for the PDL entry and the shared load_tile (note: quant7's rewrite of it with the integer
-// amax, e4m3x2 cvt and a 1-D grid was 3-8% slower on the 8B shapes; its SASS showed a 64-bit division call
-// ahead of the loads).
+// unchanged but for the PDL entry (note: quant7's rewrite of it with the integer amax, e4m3x2 cvt and a 1-D
+// grid was 3-8% slower on the 8B shapes; its SASS showed a 64-bit division call ahead of the loads).
 template <bool kVec>
 __global__ void __launch_bounds__(kThreads)
     quantize_fp8_b128_tile_kernel(const uint16_t* __restrict__ x, int64_t rows, int64_t cols,
@@ -93,18 +92,33 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int tr = threadIdx.x / 16;
   const int64_t c = c0 + 8 * (threadIdx.x % 16);
-  Regs w;
-  load_tile<kVec>(x, rows, cols, r0, c, w);
+  uint32_t w[kPasses][4];
   float amax = 0.0f;
   bool finite = true;
 #pragma unroll
-  for (int p = 0; p < kPasses; ++p)
+  for (int p = 0; p < kPasses; ++p) {
+    const int64_t r = r0 + tr + 16 * p;
+    w[p][0] = w[p][1] = w[p][2] = w[p][3] = 0;
+    if (r < rows) {
+      if constexpr (kVec) {
+        if (c < cols) {
+          const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + r * cols + c));
+          w[p][0] = v.x, w[p][1] = v.y, w[p][2] = v.z, w[p][3] = v.w;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if (c + e < cols)
+            w[p][e / 2] |= static_cast<uint32_t>(__ldg(x + r * cols + c + e)) << (16 * (e % 2));
+      }
+    }
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const float v = quant::bf16_bits_to_f32((w[p][e / 2] >> (16 * (e % 2))) & 0xFFFFu);
       finite = finite && quant::is_finite_f32(v);
       amax = fmaxf(amax, fabsf(v));
     }
+  }
   const float factor = quant::fp8_b128_tile_factor<kThreads>(amax, finite, cols, bad_block, scales);
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
