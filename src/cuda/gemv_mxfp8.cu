@@ -5,12 +5,12 @@
 //   scales: canonical [N, K/32] E8M0, row-major (identity); x, y: row-major bf16; K % 32 == 0; any N >= 1.
 // Arch: sm_80+ (mma.sync bf16, prmt). The "cvt" decode uses cvt.rn.f16x2.e4m3x2 on sm_89+, bit moves before.
 // Kernels (gemv_mx_launch.h, GemvKernel::kAuto): at m = 1 the shared-memory ring kernel (gemv_mx_ring.cuh, 3
-// stages, 2 persistent blocks per SM) where it fits, else the register kernel (gemv_mx_kernel.cuh; step body
-// at m <= 8) with "bits" at m = 1 and "cvt" for m > 1; at m = 1 with more row tiles than 2 per SM, its
-// persistent form (gemv_mx_persist_kernel: blocks walk tiles, warps prefetch across them). note: a streaming
-// kernel (persistent blocks fed by a per-warp cp.async shared-memory ring) measured 25-75% slower at M <= 16
-// and 8% faster only at M = 32 on the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed.
-// Decode
+// stages, 2 persistent blocks per SM) where it fits, else the register kernel (gemv_mx_kernel.cuh) with
+// "bits" and the step body at m = 1, "cvt" and the per-group loop for m > 1; at m = 1 with more row tiles
+// than 2 per SM, its persistent form (gemv_mx_persist_kernel: blocks walk tiles, warps prefetch across them).
+// note: a streaming kernel (persistent blocks fed by a per-warp cp.async shared-memory ring) measured 25-75%
+// slower at M <= 16 and 8% faster only at M = 32 on the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and
+// was removed. Decode
 // ("bits"): each E4M3 byte s.eeee.mmm becomes the bf16 bits s at 15, eeee.mmm at 10..4, i.e. the value ·
 // 2^-120 exactly (codes 1..7 land on bf16 subnormals, which mma.sync keeps); the 2^120 is folded into the
 // E8M0 scale multiply (FoldedScale). Three integer ops per bf16x2 pair. A warp whose activation rows all stay
@@ -60,8 +60,8 @@ struct Mxfp8BitsDecode {
   }
 };
 
-// The grouped entry's tile (gemv_grouped.cuh): launch_gemv_mxfp8's kAuto choices for the chunk's m (the step
-// body at m <= 8, with the bits decode at m = 1 and cvt above).
+// The grouped entry's tile (gemv_grouped.cuh): launch_gemv_mxfp8's kAuto choices for the chunk's m (m = 1:
+// the bits decode and the step body; m = 2..8: cvt and the per-group loop; above: cvt at 2 n-tiles).
 template <bool kHasTail, bool kGather>
 struct Mxfp8GroupedTile {
   template <int kMaxNTiles>
@@ -72,7 +72,7 @@ struct Mxfp8GroupedTile {
       gemv_mx_tile<Mxfp8BitsDecode, 1, kHasTail, true, kGather>(x, m, rows, a.x_div, wv, ws, y, a.n, a.k,
                                                                 row0);
     else if (kMaxNTiles == 1 || m <= 8)
-      gemv_mx_tile<Mxfp8Decode, 1, kHasTail, true, kGather>(x, m, rows, a.x_div, wv, ws, y, a.n, a.k, row0);
+      gemv_mx_tile<Mxfp8Decode, 1, kHasTail, false, kGather>(x, m, rows, a.x_div, wv, ws, y, a.n, a.k, row0);
     else if constexpr (kMaxNTiles >= 2)
       gemv_mx_tile<Mxfp8Decode, 2, kHasTail, false, kGather>(x, m, rows, a.x_div, wv, ws, y, a.n, a.k, row0);
   }
@@ -105,11 +105,15 @@ cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p
   // note: the bits decode only at m = 1. At m = 2..8 its small-activation check (warp_rows_small: one L2
   // round trip per row before the first step) made M = 8 26-37% slower on the Qwen3-8B shapes; the cvt
   // decode is exact and needs none: 1-13% slower than bits was before it had the check, 12-25% faster than
-  // bits with it (bench/RESULTS.md, session 12).
+  // bits with it (bench/RESULTS.md, session 12). With cvt, kAuto at m = 2..8 takes the per-group loop:
+  // 9.05 / 14.41 / 40.10 / 22.48 against the step body's 9.38 / 14.71 / 40.05 / 23.49 us at M = 8 (same
+  // bits: cvt has no scale vote to merge).
   if (use_cvt || m > 1) {
     if (gemv_ring(ring) && gemv::gemv_ring_fits<Mxfp8Decode>(m, p, k))
       return gemv::launch_gemv_ring_variant<Mxfp8Decode>(ring, x, m, p, k, stream);
-    return gemv::launch_gemv<Mxfp8Decode>(x, m, p, k, step, persist, stream);
+    const bool step_cvt =
+        m == 1 ? step : kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kPersistStep;
+    return gemv::launch_gemv<Mxfp8Decode>(x, m, p, k, step_cvt, persist, stream);
   }
   if (gemv_ring(ring) && gemv::gemv_ring_fits<Mxfp8BitsDecode>(m, p, k))
     return gemv::launch_gemv_ring_variant<Mxfp8BitsDecode>(ring, x, m, p, k, stream);

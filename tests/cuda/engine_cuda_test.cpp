@@ -352,8 +352,11 @@ TEST_P(EngineCuda, LogitsMatchCpuModel) {
   }
   // note: W8A8 prompt steps have ~16x the logit error, so fewer CPU margins exceed twice it (dense FP8-B128
   // on the H200: 27 of 48 steps compared)
-  EXPECT_GE(compared, f == Format::kFP8_B128 || GetParam().w8a8 ? steps / 3 : steps / 2)
-      << "too many near-ties to be a test";
+  // note: the "_a8" cases' E4M3 activations move with the bf16-vs-f32 difference of their inputs (one E4M3
+  // step where an element sits near a rounding boundary), so their margins clear twice the error less often
+  // still (dense MXFP8 W8A8 on the H200: 18 of 48 compared at a worst error of 0.10)
+  const int want = GetParam().w8a8 ? steps / 4 : f == Format::kFP8_B128 ? steps / 3 : steps / 2;
+  EXPECT_GE(compared, want) << "too many near-ties to be a test";
   RecordProperty("worst_relative_logit_error", fmt::format("{:.3g}", worst));
   std::printf("[ engine ] %s: worst relative logit error %.3g over %d steps (%d greedy ids compared)\n",
               GetParam().name, worst, steps, compared);
