@@ -31,6 +31,13 @@ inline bool is_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
 
 namespace mxq::cuda {
 
+// True while `stream` is capturing a CUDA graph: nothing may be allocated or synchronised on it then.
+inline Result<bool> stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
+  MXQ_CUDA_CHECK(cudaStreamIsCapturing(stream, &s));
+  return s != cudaStreamCaptureStatusNone;
+}
+
 // Owns one cudaMalloc allocation; movable, not copyable. Bytes are uninitialised.
 class DeviceBuffer {
  public:

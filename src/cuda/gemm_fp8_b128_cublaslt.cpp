@@ -256,9 +256,9 @@ Result<Fp8B128Gemm::QuantizedAct> Fp8B128Gemm::quantize(const uint16_t* x, int64
   if (act_values_.bytes() < static_cast<size_t>(mp * k) ||
       act_scales_.bytes() < static_cast<size_t>(cdiv(k, 128) * mp) * sizeof(float) ||
       (mp != m && out_pad_.bytes() < static_cast<size_t>(mp * n) * 2)) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    MXQ_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    if (capturing != cudaStreamCaptureStatusNone)
+    auto capturing = stream_capturing(stream);
+    if (!capturing) return tl::unexpected(capturing.error());
+    if (*capturing)
       return fail(
           "fp8-b128 GEMM: scratch too small for m = {}, n = {}, k = {} while capturing a CUDA graph (call "
           "reserve() first)",

@@ -259,9 +259,9 @@ Status LinearContext::reserve(int64_t max_m, int64_t max_n, int64_t max_k, bool 
 Result<uint16_t*> LinearContext::act_scratch(int64_t m, int64_t k, cudaStream_t stream) {
   const size_t bytes = static_cast<size_t>(m * k) * 2;
   if (act_.bytes() < bytes) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    MXQ_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    if (capturing != cudaStreamCaptureStatusNone)
+    auto capturing = stream_capturing(stream);
+    if (!capturing) return tl::unexpected(capturing.error());
+    if (*capturing)
       return fail(
           "linear (W8A8): activation scratch too small for m = {}, k = {} while capturing a CUDA graph (call "
           "reserve() with act_quant first)",

@@ -22,9 +22,9 @@ StepProfiler::~StepProfiler() {
 }
 
 Status StepProfiler::begin(cudaStream_t stream) {
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  MXQ_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-  if (capturing != cudaStreamCaptureStatusNone)
+  auto capturing = stream_capturing(stream);
+  if (!capturing) return tl::unexpected(capturing.error());
+  if (*capturing)
     return fail("step profile: the stream is capturing a CUDA graph (the profile times eager steps only)");
   if (in_step_) return fail("step profile: begin() inside a step (finish_step() first)");
   marks_.clear();
