@@ -361,9 +361,8 @@ Status run_bench(const Run& run) {
           continue;
         }
         // --w8a8: the MX rows again with the activation quantize-dequantize in front ("+a8")
-        const bool mx = f == Format::kMXFP8 || f == Format::kMXFP4;
         for (Format act : {Format::kBF16, Format::kMXFP8}) {
-          if (act == Format::kMXFP8 && !(run.w8a8 && mx)) continue;
+          if (act == Format::kMXFP8 && !(run.w8a8 && is_mx(f))) continue;
           const std::string label = std::string(*kernel) + (act == Format::kMXFP8 ? "+a8" : "");
           auto us = time_linear(*w, m, act);
           if (!us) {

@@ -256,7 +256,7 @@ int run_generate(const GenerateOptions& o) {
 Result<Format> parse_activation_quant(std::string_view flag, Format linear_format) {
   if (flag == "none") return Format::kBF16;
   if (flag != "mxfp8") return fail("--activation-quant {}: expected none or mxfp8", flag);
-  if (linear_format != Format::kMXFP8 && linear_format != Format::kMXFP4)
+  if (!is_mx(linear_format))
     return fail(
         "--activation-quant mxfp8: the projections run in {} (expected mxfp8 or mxfp4; use --quantization)",
         traits(linear_format).name);

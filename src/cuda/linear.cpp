@@ -277,11 +277,10 @@ Result<uint16_t*> LinearContext::act_scratch(int64_t m, int64_t k, cudaStream_t 
 static Result<const uint16_t*> linear_input(LinearContext& ctx, Format wf, Format act, const uint16_t* x,
                                             int64_t m, int64_t k, cudaStream_t stream) {
   if (act == Format::kBF16) return x;
-  if (act != Format::kMXFP8 || (wf != Format::kMXFP8 && wf != Format::kMXFP4))
+  if (act != Format::kMXFP8 || !is_mx(wf))
     return fail(
         "linear: {} activations with {} weights (expected mxfp8 activations with mxfp8 or mxfp4 weights)",
         traits(act).name, traits(wf).name);
-  if (!x) return fail("linear (W8A8): null device pointer");
   auto xq = ctx.act_scratch(m, k, stream);
   if (!xq) return tl::unexpected(xq.error());
   if (Status st = fake_quant_mxfp8(x, m, k, *xq, stream); !st) return tl::unexpected(st.error());

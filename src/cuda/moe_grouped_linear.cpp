@@ -19,10 +19,14 @@ Result<MoeGroupedWeights> MoeGroupedWeights::create(std::string what, std::span<
   g.parts_ = parts;
   g.n_ = w[0].n;
   g.k_ = w[0].k;
+  g.act_ = w[0].act;
   for (size_t i = 0; i < w.size(); ++i) {
     if (w[i].format != g.format_ || w[i].n != g.n_ || w[i].k != g.k_)
       return fail("{}: expert matrix {} is {} [{}, {}], expected {} [{}, {}] like matrix 0", g.what_, i,
                   traits(w[i].format).name, w[i].n, w[i].k, traits(g.format_).name, g.n_, g.k_);
+    if (w[i].act != g.act_)
+      return fail("{}: expert matrix {} takes {} activations, matrix 0 {}", g.what_, i, traits(w[i].act).name,
+                  traits(g.act_).name);
     if (!w[i].values || (g.format_ != Format::kBF16 && !w[i].scales))
       return fail("{}: expert matrix {} has a null plane", g.what_, i);
   }

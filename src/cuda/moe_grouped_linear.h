@@ -24,10 +24,13 @@ namespace mxq::cuda {
 class MoeGroupedWeights {
  public:
   // w: experts · parts views (expert e, part q at e · parts + q, as linear_weights gives them); refuses
-  // mixed formats or shapes, a format without a grouped kernel, or a shape its kernel cannot take, naming
-  // `what`.
+  // mixed formats, shapes or act modes, a format without a grouped kernel, or a shape its kernel cannot take,
+  // naming `what`.
   static Result<MoeGroupedWeights> create(std::string what, std::span<const LinearWeights> w, int64_t parts);
   Format format() const { return format_; }
+  // The experts' LinearWeights::act (one for all): MXFP8 = the W8A8 mode, applied by the caller to x
+  // (Qwen3Cuda::moe_input) since the grouped launch takes no LinearContext.
+  Format act() const { return act_; }
   int64_t experts() const { return experts_; }
   int64_t parts() const { return parts_; }
   int64_t n() const { return n_; }
@@ -40,7 +43,7 @@ class MoeGroupedWeights {
 
  private:
   std::string what_;
-  Format format_ = Format::kBF16;
+  Format format_ = Format::kBF16, act_ = Format::kBF16;
   int64_t experts_ = 0, parts_ = 1, n_ = 0, k_ = 0;
   DeviceBuffer table_;  // device: values pointers [experts · parts], then scales pointers
 };

@@ -59,7 +59,7 @@ class CpuBackend final : public Backend {
     // rounded to bf16 first, as every W8A8 deployment's activations are (and the CUDA engine's): quantizing
     // the f32 activations instead moves elements near an E4M3 rounding boundary by a whole E4M3 step
     // against the CUDA engine (0.18 of the logit scale on the dense engine test, H200).
-    if (act_quant_ == Format::kMXFP8 && (w.format == Format::kMXFP8 || w.format == Format::kMXFP4)) {
+    if (act_quant_ == Format::kMXFP8 && is_mx(w.format)) {
       const int64_t k = weight_view(w, expert).cols;
       act_bf16_.resize(static_cast<size_t>(m * k));
       act_.resize(act_bf16_.size());

@@ -182,7 +182,7 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
       if (bad.message.empty()) bad = l.error();
       return {};
     }
-    if (t->format == Format::kMXFP8 || t->format == Format::kMXFP4) l->act = o.act_quant;
+    if (is_mx(t->format)) l->act = o.act_quant;
     const double experts = expert < 0 ? 1.0 : static_cast<double>(t->shape[0]);
     return Lin{*l, &t->name, static_cast<double>(t->values.size() + t->scales.size()) / experts};
   };

@@ -134,7 +134,7 @@ class Qwen3Cuda {
   Status run_linear_parts(std::initializer_list<const Lin*> ls, const uint16_t* x, int64_t m,
                           std::initializer_list<uint16_t*> ys);
   // The grouped MoE linears' input (they take no LinearContext): x [rows, k] quantize-dequantized into the
-  // context's W8A8 scratch when w runs in that mode, else x.
+  // context's W8A8 scratch when w.act() is MXFP8, else x.
   Result<const uint16_t*> moe_input(const MoeGroupedWeights& w, const uint16_t* x, int64_t rows);
   // The end of one op of class `op` in the step profile; nothing without a profiler.
   Status mark(StepOp op, double bytes);

@@ -12,21 +12,20 @@
 
 namespace mxq::cuda {
 
-// Qwen3MoeSparseMoeBlock: router over mlp.gate, the token → expert grouping on the device, then each expert
-// on its group of rows, outputs summed per token in expert order (moe_combine, as HF's loop over experts).
-// Decode steps run every expert group in one grouped launch per projection (cuda/moe_grouped_linear.h),
-// driven by the grouping on the device: nothing waits for the host, so the step is graph-captured. Other
-// steps (prefill, mixed) read the grouping back and run each expert through the dispatch table (its GEMM
-// entries at large M).
 Result<const uint16_t*> Qwen3Cuda::moe_input(const MoeGroupedWeights& w, const uint16_t* x, int64_t rows) {
-  if (options_.act_quant != Format::kMXFP8 || (w.format() != Format::kMXFP8 && w.format() != Format::kMXFP4))
-    return x;
+  if (w.act() == Format::kBF16) return x;
   auto xq = lin_->act_scratch(rows, w.k(), stream_);
   if (!xq) return fail_in(w.name(), xq.error());
   if (Status st = fake_quant_mxfp8(x, rows, w.k(), *xq, stream_); !st) return fail_in(w.name(), st.error());
   return *xq;
 }
 
+// Qwen3MoeSparseMoeBlock: router over mlp.gate, the token → expert grouping on the device, then each expert
+// on its group of rows, outputs summed per token in expert order (moe_combine, as HF's loop over experts).
+// Decode steps run every expert group in one grouped launch per projection (cuda/moe_grouped_linear.h),
+// driven by the grouping on the device: nothing waits for the host, so the step is graph-captured. Other
+// steps (prefill, mixed) read the grouping back and run each expert through the dispatch table (its GEMM
+// entries at large M).
 Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows, bool decode) {
   const Weights::Layer& l = w_->layers[i];
   const ModelConfig& c = config_;
