@@ -45,6 +45,11 @@ struct DecodeOptions {
   bool no_pdl = false;     // CUDA: plain launches instead of programmatic dependent launch (cuda/pdl.h)
 };
 
+// The table's format column: the projections' format, "-a8" in the W8A8 mode (--activation-quant mxfp8).
+std::string format_column(Format linear_format, Format act) {
+  return std::string(traits(linear_format).name) + (act == Format::kMXFP8 ? "-a8" : "");
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -175,8 +180,7 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
   if (!bw) return bad(bw.error().message);
   const Footprint f = footprint(*m);
   const std::string name = std::filesystem::path(dir).filename().string();
-  const std::string fmt_name =
-      std::string(traits(m->linear_format).name) + (*act == Format::kMXFP8 ? "-a8" : "");
+  const std::string fmt_name = format_column(m->linear_format, *act);
   const std::string params = fmt::format("{:.2f} B", f.params / 1e9),
                     size = fmt::format("{:.2f} GiB", f.bytes / 1073741824.0);
   fmt::print("| {:<16} | {:>8} | {:>8} | {:>9} | {:>5} | {:>6} | {:>10} | {:>9} | {:>11} |\n", "model",
@@ -330,8 +334,7 @@ int run_decode(const DecodeOptions& o) {
   const double bw = memcpy_gbps();
   const double pp_tps = static_cast<double>(o.pp) / pp_s, tg_tps = static_cast<double>(o.tg) / tg_s;
   const std::string name = std::filesystem::path(dir).filename().string();
-  const std::string fmt_name =
-      std::string(traits(m->linear_format).name) + (*act == Format::kMXFP8 ? "-a8" : "");
+  const std::string fmt_name = format_column(m->linear_format, *act);
   fmt::print("| {:<16} | {:>8} | {:>8} | {:>10} | {:>6} | {:>10} | {:>34} |\n", "model", "format", "params",
              "size", "test", "tok/s", "speed of light");
   fmt::print("|{:-<18}|{:->10}|{:->10}|{:->12}|{:->8}|{:->12}|{:->36}|\n", "", "", "", "", "", "", "");

@@ -42,7 +42,7 @@ cudaError_t launch_fake_quant_mxfp8(const uint16_t* x, int64_t m, int64_t k, uin
                                     cudaStream_t stream) {
   const int64_t blocks = m * (k / 32);
   if (blocks == 0) return cudaSuccess;
-  // note: one load per thread in flight is enough at decode sizes; 2 as the MXFP8 weight quantizer's default.
+  // note: unroll 2 (two blocks' parts a thread), the MXFP8 weight quantizer's default.
   return quant::launch_quantize_mx<Mxfp8FakeQuantEnc>(x, blocks, reinterpret_cast<uint8_t*>(y), nullptr,
                                                       nullptr, stream, 2);
 }

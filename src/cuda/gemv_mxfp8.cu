@@ -111,8 +111,11 @@ cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p
   if (use_cvt || m > 1) {
     if (gemv_ring(ring) && gemv::gemv_ring_fits<Mxfp8Decode>(m, p, k))
       return gemv::launch_gemv_ring_variant<Mxfp8Decode>(ring, x, m, p, k, stream);
-    const bool step_cvt =
-        m == 1 ? step : kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kPersistStep;
+    // note: the forced ring variants where the ring does not fit run kRegisterStep's kernel
+    // (gemv_mx_launch.h).
+    const bool step_cvt = m == 1 ? step
+                                 : kernel == GemvKernel::kRegisterStep ||
+                                       kernel == GemvKernel::kPersistStep || gemv_ring(kernel);
     return gemv::launch_gemv<Mxfp8Decode>(x, m, p, k, step_cvt, persist, stream);
   }
   if (gemv_ring(ring) && gemv::gemv_ring_fits<Mxfp8BitsDecode>(m, p, k))
