@@ -18,6 +18,7 @@ void add_quantize(CLI::App& app, int& exit_code);
 void add_bench(CLI::App& app, int& exit_code);
 void add_generate(CLI::App& app, int& exit_code);
 void add_delta(CLI::App& app, int& exit_code);
+void add_serve(CLI::App& app, int& exit_code);
 
 // --activation-quant (generate, bench decode): "none" → kBF16 (weight-only), "mxfp8" → kMXFP8 (the W8A8 mode
 // of the MXFP8 / MXFP4 projections, cuda/linear.h); mxfp8 with projections in another format (linear_format,

@@ -1,8 +1,11 @@
 // mxq generate: load a checkpoint (optionally quantizing it online), run one prompt, stream the text or print
 // one JSON object. Without --model it runs the embedded default model (models/default) quantized to MXFP8.
+// With --generation-config auto (the default, as vLLM's) the checkpoint's generation_config.json adds its
+// eos ids as stop ids and gives the sampling defaults for flags not given on the command line.
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +20,7 @@
 #include "engine/engine.h"
 #include "engine/generator.h"
 #include "io/chat_template.h"
+#include "io/generation_config.h"
 #include "io/tokenizer.h"
 #include "model/cpu_backend.h"
 #include "model/load_model.h"
@@ -31,17 +35,24 @@
 namespace mxq::cli {
 namespace {
 
+// note: mxq generate's own defaults where neither a flag nor generation_config.json sets a value: greedy
+// (vLLM's would be temperature 1.0) and 64 tokens.
+constexpr float kDefaultTemperature = 0.0f;
+constexpr int64_t kDefaultMaxNewTokens = 64;
+
 struct GenerateOptions {
   std::string prompt_positional, prompt, prompt_ids, model, quantization, device = "auto";
   std::string activation_quant = "none";
-  int64_t max_new_tokens = 64;
-  float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
+  std::string generation_config = "auto";
+  int64_t max_new_tokens = kDefaultMaxNewTokens;
+  float temperature = kDefaultTemperature, top_p = 1.0f, min_p = 0.0f;
   int64_t top_k = 0, top_logprobs = 0;
   uint64_t seed = 0;
   std::vector<std::string> stop;
   std::vector<std::string> apply_delta;  // refit deltas applied in place after the load, in order
   bool ignore_eos = false, chat = false, json = false;
   int threads = 0;
+  SamplingRequest given;  // the sampling flags given on the command line (the rest may come from the file)
   // CUDA engine (vLLM names)
   int32_t max_num_seqs = 256;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
@@ -118,6 +129,20 @@ int run_generate(const GenerateOptions& o) {
     load.quantization = *f;
   }
 
+  if (o.generation_config != "auto" && o.generation_config != "none")
+    return bad({fmt::format("--generation-config {}: expected auto or none", o.generation_config)});
+  // note: `none` reads nothing, so a broken generation_config.json does not stop a run that opts out.
+  GenerationConfig gen_config;
+  if (o.generation_config == "auto") {
+    auto c = load_generation_config(dir);
+    if (!c) return bad(c.error());
+    gen_config = std::move(*c);
+  }
+  SamplingFallback fallback;
+  fallback.temperature = kDefaultTemperature;
+  fallback.max_new_tokens = kDefaultMaxNewTokens;
+  ResolvedSampling sampling = apply_generation_defaults(gen_config, o.given, fallback);
+
   const std::string text = o.prompt.empty() ? o.prompt_positional : o.prompt;
   if (!o.prompt.empty() && !o.prompt_positional.empty())
     return bad({"give the prompt once: PROMPT or --prompt"});
@@ -150,8 +175,9 @@ int run_generate(const GenerateOptions& o) {
       if (!r) return bad(r.error());
       rendered = std::move(*r);
     }
-    // note: 1 MiB of prompt text bounds the tokenizer's work before the context check (H-11).
-    auto ids = tok->encode_checked(rendered, o.chat, size_t{1} << 20);
+    // note: special tokens typed in a text prompt (`<|im_start|>`) encode as their ids, as HF's
+    // Tokenizer.encode and vLLM's prompt path do; 1 MiB of text bounds the tokenizer's work (H-11).
+    auto ids = tok->encode_checked(rendered, /*parse_special=*/true, size_t{1} << 20);
     if (!ids) return bad(ids.error());
     prompt = std::move(*ids);
   }
@@ -185,12 +211,28 @@ int run_generate(const GenerateOptions& o) {
     return bad({fmt::format("{}: tokenizer has {} ids, the model's vocab_size is {}", dir, tok->vocab_size(),
                             model->config.vocab_size)});
 
+  for (int64_t id : gen_config.eos_token_ids)
+    if (id >= model->config.vocab_size)
+      return bad({fmt::format("{}/generation_config.json: eos_token_id {} is outside the vocabulary [0, {})",
+                              dir, id, model->config.vocab_size)});
+  if (auto rp = gen_config.unsupported_repetition_penalty())
+    fmt::print(stderr, "{}/generation_config.json: repetition_penalty {} is not applied (mxq has none)\n",
+               dir, *rp);
+  // note: vLLM clamps a default max_tokens to the context the prompt leaves (get_max_tokens); an explicit
+  // --max-new-tokens past it is still refused by the generator's check.
+  const int64_t room = model->config.max_position_embeddings - static_cast<int64_t>(prompt.size());
+  if (sampling.max_new_tokens_from_generation_config() && room >= 1)
+    sampling.max_new_tokens = std::min(sampling.max_new_tokens, room);
+
   GenerateParams p;
-  p.max_new_tokens = o.max_new_tokens;
-  p.sampling = SamplingParams{o.temperature, o.top_k, o.top_p, o.min_p, o.top_logprobs};
+  p.max_new_tokens = sampling.max_new_tokens;
+  p.sampling =
+      SamplingParams{sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, o.top_logprobs};
   p.seed = o.seed;
   p.stop = o.stop;
   p.ignore_eos = o.ignore_eos;
+  // note: as vLLM's update_from_generation_config, --ignore-eos also drops generation_config.json's eos ids.
+  if (!o.ignore_eos) p.stop_token_ids = extra_stop_token_ids(gen_config, model->config.eos_token_ids);
 #if MXQ_HAVE_CUDA
   std::optional<cuda::CudaEngine> cuda_engine;
   if (on_cuda) {
@@ -236,6 +278,19 @@ int run_generate(const GenerateOptions& o) {
                      {"prompt_tokens", prompt.size()},
                      {"model", dir},
                      {"format", traits(model->linear_format).name}};
+    // The sampling parameters the run used, and which of them generation_config.json supplied.
+    nlohmann::json s{{"temperature", sampling.temperature},
+                     {"top_k", sampling.top_k},
+                     {"top_p", sampling.top_p},
+                     {"min_p", sampling.min_p},
+                     {"max_new_tokens", sampling.max_new_tokens},
+                     {"seed", o.seed},
+                     {"stop_token_ids", p.stop_token_ids},
+                     {"generation_config", o.generation_config},
+                     {"from_generation_config", sampling.from_generation_config}};
+    if (auto rp = gen_config.unsupported_repetition_penalty())
+      s["not_applied"] = {{"repetition_penalty", *rp}};
+    j["sampling"] = std::move(s);
     // note: replace keeps a token that decodes to invalid UTF-8 from throwing; decode already repairs it.
     fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
@@ -285,11 +340,18 @@ void add_generate(CLI::App& app, int& exit_code) {
                   "CUDA: fraction of GPU memory for weights, buffers and KV blocks")
       ->capture_default_str();
   cmd->add_flag("--enforce-eager", o->enforce_eager, "CUDA: no CUDA graphs");
-  cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate at most")->capture_default_str();
-  cmd->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
-  cmd->add_option("--top-k", o->top_k, "0 = off");
-  cmd->add_option("--top-p", o->top_p, "1 = off");
-  cmd->add_option("--min-p", o->min_p, "0 = off");
+  cmd->add_option("--generation-config", o->generation_config,
+                  "auto: the checkpoint's generation_config.json adds its eos_token_id as stop ids and gives "
+                  "defaults for the sampling flags not given (temperature, top_k, top_p, min_p, "
+                  "max_new_tokens; repetition_penalty is reported, not applied); none: ignore the file")
+      ->capture_default_str();
+  cmd->add_option("--max-new-tokens", o->max_new_tokens,
+                  "Tokens to generate at most (default: generation_config.json's max_new_tokens, else 64)");
+  cmd->add_option("--temperature", o->temperature,
+                  "0 = greedy (default: generation_config.json's temperature, else 0, i.e. greedy)");
+  cmd->add_option("--top-k", o->top_k, "0 = off (default: generation_config.json's, else 0)");
+  cmd->add_option("--top-p", o->top_p, "1 = off (default: generation_config.json's, else 1)");
+  cmd->add_option("--min-p", o->min_p, "0 = off (default: generation_config.json's, else 0)");
   cmd->add_option("--seed", o->seed, "Sampling seed");
   cmd->add_option("--stop", o->stop, "Stop string (repeatable)")->allow_extra_args(false);
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at EOS");
@@ -300,7 +362,15 @@ void add_generate(CLI::App& app, int& exit_code) {
   cmd->add_option("--apply-delta", o->apply_delta,
                   "Refit delta applied in place after the load (repeatable, in order; the load is version 0)")
       ->allow_extra_args(false);
-  cmd->callback([o, &exit_code] { exit_code = run_generate(*o); });
+  cmd->callback([o, cmd, &exit_code] {
+    // note: a flag the user gave wins over generation_config.json, even when it equals the CLI default.
+    if (cmd->count("--temperature") > 0) o->given.temperature = o->temperature;
+    if (cmd->count("--top-k") > 0) o->given.top_k = o->top_k;
+    if (cmd->count("--top-p") > 0) o->given.top_p = o->top_p;
+    if (cmd->count("--min-p") > 0) o->given.min_p = o->min_p;
+    if (cmd->count("--max-new-tokens") > 0) o->given.max_new_tokens = o->max_new_tokens;
+    exit_code = run_generate(*o);
+  });
 }
 
 }  // namespace mxq::cli

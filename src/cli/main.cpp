@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   mxq::cli::add_bench(app, exit_code);
   mxq::cli::add_generate(app, exit_code);
   mxq::cli::add_delta(app, exit_code);
+  mxq::cli::add_serve(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "cpu/block_decode.h"
 #include "cpu/dequantize_row.h"
@@ -11,10 +12,9 @@
 namespace mxq {
 namespace {
 
-// note: 4 weight rows share each load of x; 4 rows x 512 f32 = 8 KB of dequantized weight stays in L1
-// while every row of x streams past it, so a weight byte is read from memory once per call.
+// note: 4 dequantized weight rows (4 x K f32, in L1/L2) meet every row of x, two at a time sharing each load
+// of x, so a weight byte is read from memory once per call.
 constexpr int64_t kRowTile = 4;
-constexpr int64_t kChunk = 512;
 // note: a parallel chunk should carry at least ~64k multiply-adds, or waking the pool costs more.
 constexpr int64_t kMinMacsPerTask = 1 << 16;
 
@@ -25,39 +25,51 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// sums[r] = x[0, len) · rows[r][0, len) for the kRowTile rows of the tile.
-void dot_tile(const float* x, const float (*rows)[kChunk], int64_t len, float* sums) {
-  __m256 acc[kRowTile];
-  for (__m256& a : acc) a = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 8 <= len; k += 8) {
-    const __m256 xv = _mm256_loadu_ps(x + k);
-    for (int64_t r = 0; r < kRowTile; ++r) acc[r] = _mm256_fmadd_ps(xv, _mm256_load_ps(rows[r] + k), acc[r]);
+// s0 = x · w0 (and s1 = x · w1 when w1 is given) over `cols`, in gemv_rows' order: four 8-lane accumulators
+// over the 32-element blocks, summed as (a0 + a1) + (a2 + a3), then the tail one by one. note: the same
+// order for one row and for many is what makes a request's logits independent of how its prompt was cut into
+// chunks and of what else runs in the step (prefix-cache hits leave one-token chunks).
+void dot_pair(const float* x, const float* w0, const float* w1, int64_t cols, float* s0, float* s1) {
+  constexpr int64_t kBlock = cpu_detail::kBlock;
+  const int64_t blocks = cols / kBlock;
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 b[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t blk = 0; blk < blocks; ++blk)
+    for (int i = 0; i < 4; ++i) {
+      const int64_t k = kBlock * blk + 8 * i;
+      const __m256 xv = _mm256_loadu_ps(x + k);
+      a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), xv, a[i]);
+      if (w1) b[i] = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k), xv, b[i]);
+    }
+  float sa = hsum(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+  float sb = hsum(_mm256_add_ps(_mm256_add_ps(b[0], b[1]), _mm256_add_ps(b[2], b[3])));
+  for (int64_t j = blocks * kBlock; j < cols; ++j) {
+    sa += x[j] * w0[j];
+    if (w1) sb += x[j] * w1[j];
   }
-  for (int64_t r = 0; r < kRowTile; ++r) {
-    float s = hsum(acc[r]);
-    for (int64_t j = k; j < len; ++j) s += x[j] * rows[r][j];
-    sums[r] = s;
-  }
+  *s0 = sa;
+  if (w1) *s1 = sb;
 }
 
-// Output columns [n0, n1) for all m rows of x.
+// Output columns [n0, n1) for all m rows of x: kRowTile weight rows are dequantized whole (the same values
+// gemv_rows makes in registers), then every row of x streams past them.
 void linear_columns(const float* x, int64_t m, const WeightView& w, const float* bias, float* y, int64_t n0,
                     int64_t n1) {
-  alignas(32) float rows[kRowTile][kChunk];
   const int64_t k_total = w.cols, n_total = w.rows;
+  thread_local std::vector<float> rows;
+  rows.resize(static_cast<size_t>(kRowTile * k_total));
   for (int64_t n = n0; n < n1; n += kRowTile) {
     const int64_t tile = std::min(kRowTile, n1 - n);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t r = 0; r < tile; ++r) y[i * n_total + n + r] = bias ? bias[n + r] : 0.0f;
-    for (int64_t k0 = 0; k0 < k_total; k0 += kChunk) {
-      const int64_t len = std::min(kChunk, k_total - k0);
-      for (int64_t r = 0; r < tile; ++r) dequantize_row(w, n + r, k0, len, rows[r]);
-      for (int64_t r = tile; r < kRowTile; ++r) std::memset(rows[r], 0, sizeof(rows[r]));
-      for (int64_t i = 0; i < m; ++i) {
-        float sums[kRowTile];
-        dot_tile(x + i * k_total + k0, rows, len, sums);
-        for (int64_t r = 0; r < tile; ++r) y[i * n_total + n + r] += sums[r];
+    for (int64_t r = 0; r < tile; ++r) dequantize_row(w, n + r, 0, k_total, rows.data() + r * k_total);
+    for (int64_t i = 0; i < m; ++i) {
+      const float* xi = x + i * k_total;
+      float* yi = y + i * n_total + n;
+      for (int64_t r = 0; r < tile; r += 2) {
+        const bool pair = r + 1 < tile;
+        float s[2];
+        dot_pair(xi, rows.data() + r * k_total, pair ? rows.data() + (r + 1) * k_total : nullptr, k_total, &s[0],
+                 &s[1]);
+        for (int64_t q = 0; q < (pair ? 2 : 1); ++q) yi[r + q] = bias ? s[q] + bias[n + r + q] : s[q];
       }
     }
   }

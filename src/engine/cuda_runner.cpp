@@ -34,6 +34,7 @@ EngineConfig CudaRunner::engine_config() const {
                  .max_model_len = o.max_model_len};
   e.block_size = o.block_size;
   e.num_blocks = model_->num_blocks();
+  e.enable_prefix_caching = options_.enable_prefix_caching;
   return e;
 }
 
@@ -117,6 +118,8 @@ Result<std::vector<SampledToken>> CudaRunner::run(const StepPlan& plan, const Sc
         c.start + c.count > static_cast<int64_t>(s->blocks.size()) * bs)
       return fail("request {}: {} blocks for {} positions (at most {} blocks of {})", c.id, s->blocks.size(),
                   c.start + c.count, B, bs);
+    // note: c.start may be past 0 in a sequence's first chunk (a prefix cache hit): positions before it are
+    // in blocks other sequences may share, read through the table below and never written.
     for (int64_t p = c.start; p < c.start + c.count; ++p, ++t) {
       h.ids[t] = s->tokens[p];
       h.positions[t] = static_cast<int32_t>(p);

@@ -8,6 +8,9 @@
 // and every step of an MoE model (its expert loop is host-driven) or of a model with a step profiler set, run
 // eagerly. enforce_eager runs every step
 // eagerly with the same bucket padding, so a replay equals an eager run bit for bit.
+// Prefix caching needs nothing here: a chunk's K/V writes (slot mapping) cover only its own positions
+// [start, start + count), which never fall in a shared block (the scheduler shares only blocks wholly before
+// a sequence's first computed position); shared blocks are only read, through the block tables and seq_lens.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +25,8 @@ namespace mxq::cuda {
 
 struct CudaRunnerOptions {
   Qwen3CudaOptions model;
-  bool enforce_eager = false;  // vLLM --enforce-eager: never capture graphs
+  bool enforce_eager = false;         // vLLM --enforce-eager: never capture graphs
+  bool enable_prefix_caching = true;  // EngineConfig::enable_prefix_caching of make_cuda_engine's engine
 };
 
 class CudaRunner final : public ModelRunner {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/cpu_block_store.h"
 #include "engine/kv_cache.h"
 
 namespace mxq {
@@ -29,6 +30,9 @@ class PerSequenceRunner final : public ModelRunner {
                                         std::span<const SampleSpec> specs) override {
     std::vector<SampledToken> out;
     size_t next = 0;
+    const BlockPool& pool = scheduler.pool();
+    if (scheduler.prefix_caching() && !blocks_)
+      blocks_.emplace(model_->backend(), model_->config(), pool.num_blocks(), pool.block_size());
     for (const ScheduledChunk& c : plan.chunks) {
       const SequenceState& s = *scheduler.find(c.id);
       auto it = caches_.find(c.id);
@@ -38,12 +42,19 @@ class PerSequenceRunner final : public ModelRunner {
         if (!kv) return fail_in(fmt::format("request {}", c.id), kv.error());
         it = caches_.emplace(c.id, std::move(*kv)).first;
       }
-      if (it->second.length() != c.start)
-        return fail("request {}: the cache holds {} positions, the plan starts at {}", c.id,
-                    it->second.length(), c.start);
+      SequenceKv& kv = it->second.sequence();
+      // The positions before the chunk that this cache lacks were computed into shared blocks (a prefix
+      // cache hit, possibly by another sequence).
+      if (blocks_ && kv.length < c.start)
+        if (auto st = blocks_->read(s.blocks, c.start, kv); !st)
+          return fail_in(fmt::format("request {}", c.id), st.error());
+      if (kv.length != c.start)
+        return fail("request {}: the cache holds {} positions, the plan starts at {}", c.id, kv.length,
+                    c.start);
       std::span<const int32_t> ids(s.tokens.data() + c.start, static_cast<size_t>(c.count));
-      if (auto st = model_->forward(ids, it->second.sequence(), logits_.data()); !st)
+      if (auto st = model_->forward(ids, kv, logits_.data()); !st)
         return fail_in(fmt::format("request {}", c.id), st.error());
+      if (blocks_) blocks_->write(kv, s.blocks, c.start, c.start + c.count);
       if (!c.samples) continue;
       const SampleSpec& spec = specs[next++];
       auto tok = sample(logits_.data(), model_->config().vocab_size, *spec.params, *spec.rng);
@@ -59,6 +70,7 @@ class PerSequenceRunner final : public ModelRunner {
   Qwen3Model* model_;
   std::vector<float> logits_;
   std::map<uint64_t, KvCache> caches_;
+  std::optional<CpuBlockStore> blocks_;  // prefix caching on: K/V of every pool block written so far
 };
 
 }  // namespace
@@ -86,7 +98,7 @@ Result<Engine> Engine::create(Qwen3Model& model, const Tokenizer* tokenizer, Eng
   e.model_ = &model;
   e.tokenizer_ = tokenizer;
   e.pool_ = std::make_unique<BlockPool>(static_cast<int32_t>(config.num_blocks), config.block_size);
-  e.scheduler_ = std::make_unique<Scheduler>(sc, *e.pool_);
+  e.scheduler_ = std::make_unique<Scheduler>(sc, *e.pool_, config.enable_prefix_caching);
   e.runner_ = std::move(runner);
   return e;
 }
@@ -98,7 +110,7 @@ Status Engine::add(uint64_t id, std::span<const int32_t> prompt, const GenerateP
   Request r{params, params.stop_token_ids, std::mt19937_64(params.seed), {}, {}, 0, 0};
   if (!params.ignore_eos)
     for (int64_t e : model_->config().eos_token_ids) r.stop_ids.push_back(static_cast<int32_t>(e));
-  if (tokenizer_) r.stream.emplace(*tokenizer_);
+  if (tokenizer_) r.stream.emplace(*tokenizer_, params.skip_special_tokens);
   requests_.emplace(id, std::move(r));
   return {};
 }
@@ -166,6 +178,7 @@ Result<std::vector<RequestOutput>> Engine::step() {
     if (!c.samples) continue;
     RequestOutput out;
     out.id = c.id;
+    out.cached_tokens = scheduler_->find(c.id)->cached_tokens;
     if (accept(requests_.at(c.id), (*sampled)[next++], out)) retire(c.id);
     outputs.push_back(std::move(out));
   }

@@ -29,27 +29,37 @@ struct SampleSpec {
   int64_t index = 0;
 };
 
-// Runs scheduler plans on a backend. The CPU runner keeps one contiguous KV cache per sequence; a paged CUDA
-// runner reads the plan's block tables.
+// Runs scheduler plans on a backend. The CPU runner keeps one contiguous KV cache per sequence (and a copy of
+// it per pool block, for blocks shared through the prefix cache); a paged CUDA runner reads the plan's block
+// tables. A chunk may start past 0 in a sequence it has never seen: its first positions sit in cached blocks.
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
   // Runs every chunk of `plan` and returns one token per sampling chunk, in plan order (`specs` likewise).
   virtual Result<std::vector<SampledToken>> run(const StepPlan& plan, const Scheduler& scheduler,
                                                 std::span<const SampleSpec> specs) = 0;
-  // Forgets a sequence's cache (finished, aborted or preempted: a preempted one is recomputed from 0).
+  // Forgets a sequence's cache (finished, aborted or preempted: a preempted one is recomputed from its
+  // cache hit).
   virtual void drop(uint64_t id) = 0;
 };
 
 // One contiguous KvCache per sequence, each chunk through Qwen3Model::forward on the model's backend, one
-// sequence after another; samples on the host.
+// sequence after another; samples on the host. With prefix caching on, every computed position is also
+// copied into the sequence's pool blocks (engine/cpu_block_store.h), and a sequence whose chunk starts past
+// its contiguous cache fills it from its block table first.
 std::unique_ptr<ModelRunner> make_per_sequence_runner(Qwen3Model& model);
 
 struct EngineConfig {
   SchedulerConfig scheduler{.max_model_len = 0};  // max_model_len 0: the model's max_position_embeddings
   int32_t block_size = 16;
   int64_t num_blocks = 0;  // 0 = enough for max_num_seqs sequences of max_model_len tokens
+  // vLLM --enable-prefix-caching (its default, and ours): full KV blocks are shared by content hash across
+  // requests and between the n samples of one prompt. Off: every request computes its whole prompt.
+  bool enable_prefix_caching = true;
 };
+
+// Prefix cache queries / hits (tokens) and preemptions since the engine started.
+using EngineCounters = SchedulerCounters;
 
 // What one request produced in one step.
 struct RequestOutput {
@@ -58,6 +68,9 @@ struct RequestOutput {
   std::string text;                  // text that became final this step
   bool finished = false;
   FinishReason finish = FinishReason::kLength;
+  // Prompt tokens whose K/V came from the prefix cache at admission (OpenAI usage.prompt_tokens_details.
+  // cached_tokens); the same on every output of the request.
+  int64_t cached_tokens = 0;
 };
 
 class Engine {
@@ -74,6 +87,11 @@ class Engine {
   Result<std::vector<RequestOutput>> step();
   // Drops a queued or running request and frees its KV blocks. Refuses an unknown id.
   Status abort(uint64_t id);
+
+  // Drops every cached prefix block (call it after a weight update: no K/V of the old weights may be reused).
+  // Requests in flight keep their blocks and continue.
+  void reset_prefix_cache() { scheduler_->reset_prefix_cache(); }
+  EngineCounters counters() const { return scheduler_->counters(); }
 
   bool idle() const { return scheduler_->idle(); }
   const Scheduler& scheduler() const { return *scheduler_; }

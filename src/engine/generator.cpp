@@ -15,7 +15,13 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-std::string_view finish_reason_name(FinishReason r) { return r == FinishReason::kLength ? "length" : "stop"; }
+std::string_view finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    default: return "stop";
+  }
+}
 
 Status Generator::check_request(std::span<const int32_t> prompt, const GenerateParams& p) const {
   const ModelConfig& c = model_->config();

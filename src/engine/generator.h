@@ -23,10 +23,11 @@ struct GenerateParams {
   std::vector<std::string> stop;        // stop strings (need a tokenizer); excluded from the text
   std::vector<int32_t> stop_token_ids;  // besides config.json's eos_token_id
   bool ignore_eos = false;              // keep going through EOS (stop_token_ids still stop)
+  bool skip_special_tokens = false;     // leave special tokens out of the text (the server's default, vLLM's)
 };
 
-enum class FinishReason { kLength, kStopToken, kStopString };
-std::string_view finish_reason_name(FinishReason r);  // "length", "stop"
+enum class FinishReason { kLength, kStopToken, kStopString, kAbort };
+std::string_view finish_reason_name(FinishReason r);  // "length", "stop", "abort"
 
 struct Generation {
   std::vector<int32_t> token_ids;    // generated only, including a stop token that ended generation

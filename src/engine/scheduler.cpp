@@ -5,7 +5,8 @@
 
 namespace mxq {
 
-Scheduler::Scheduler(SchedulerConfig config, BlockPool& pool) : config_(config), pool_(&pool) {
+Scheduler::Scheduler(SchedulerConfig config, BlockPool& pool, bool enable_prefix_caching)
+    : config_(config), pool_(&pool), prefix_caching_(enable_prefix_caching) {
   assert(config_.max_num_seqs >= 1 && config_.max_num_batched_tokens >= 1 && config_.max_model_len >= 1);
 }
 
@@ -39,14 +40,61 @@ void Scheduler::release(SequenceState& s) {
   pool_->release(s.blocks);
   s.blocks.clear();
   s.computed = 0;
+  s.hashed_blocks = 0;
 }
 
 void Scheduler::preempt(uint64_t id) {
   SequenceState& s = seqs_.at(id);
   release(s);
   ++s.preemptions;
+  ++counters_.preemptions;
   running_.erase(std::find(running_.begin(), running_.end(), id));
   waiting_.push_front(id);
+}
+
+void Scheduler::update_hashes(SequenceState& s) const {
+  const int64_t bs = pool_->block_size();
+  for (auto k = static_cast<int64_t>(s.block_hashes.size());
+       (k + 1) * bs <= static_cast<int64_t>(s.tokens.size()); ++k) {
+    const uint64_t parent = k == 0 ? BlockPool::kRootHash : s.block_hashes[static_cast<size_t>(k - 1)];
+    s.block_hashes.push_back(BlockPool::hash_block(
+        parent,
+        std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(k * bs), static_cast<size_t>(bs))));
+  }
+}
+
+void Scheduler::register_full_blocks(SequenceState& s) {
+  if (!prefix_caching_ || s.cache_epoch != pool_->epoch()) return;
+  update_hashes(s);
+  const auto full = static_cast<int32_t>(s.computed / pool_->block_size());
+  for (; s.hashed_blocks < full; ++s.hashed_blocks)
+    pool_->register_hash(s.blocks[static_cast<size_t>(s.hashed_blocks)],
+                         s.block_hashes[static_cast<size_t>(s.hashed_blocks)]);
+}
+
+Scheduler::Match Scheduler::match_prefix(SequenceState& s) {
+  Match m;
+  if (!prefix_caching_) return m;
+  update_hashes(s);
+  // note: the last token is always computed, whatever is cached: its logits pick the next token.
+  const auto max_hit = static_cast<size_t>((static_cast<int64_t>(s.tokens.size()) - 1) / pool_->block_size());
+  while (m.blocks.size() < max_hit) {
+    const int32_t b = pool_->lookup(s.block_hashes[m.blocks.size()]);
+    if (b < 0) break;
+    m.blocks.push_back(b);
+    if (pool_->ref_count(b) == 0) ++m.evictable;
+  }
+  const size_t next = m.blocks.size();
+  if (next == max_hit) return m;
+  for (uint64_t id : running_) {
+    const SequenceState& r = seqs_.at(id);
+    if (r.cache_epoch == pool_->epoch() && r.block_hashes.size() > next &&
+        r.block_hashes[next] == s.block_hashes[next] && static_cast<size_t>(r.hashed_blocks) <= next) {
+      m.defer = true;
+      break;
+    }
+  }
+  return m;
 }
 
 StepPlan Scheduler::schedule() {
@@ -82,17 +130,41 @@ StepPlan Scheduler::schedule() {
     ++i;
   }
 
-  // Then waiting sequences, unless this step had to preempt (vLLM's rule: no admission under memory pressure).
-  while (plan.preempted.empty() && !waiting_.empty() && budget > 0 &&
-         static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
-    SequenceState& s = seqs_.at(waiting_.front());
-    int64_t count = static_cast<int64_t>(s.tokens.size()) - s.computed;
+  // Then waiting sequences, unless this step had to preempt (vLLM's rule: no admission under memory
+  // pressure).
+  for (auto it = waiting_.begin(); plan.preempted.empty() && it != waiting_.end() && budget > 0 &&
+                                   static_cast<int32_t>(running_.size()) < config_.max_num_seqs;) {
+    SequenceState& s = seqs_.at(*it);
+    Match m = match_prefix(s);
+    if (m.defer) {
+      plan.deferred.push_back(s.id);
+      ++it;
+      continue;
+    }
+    const int64_t total = static_cast<int64_t>(s.tokens.size());
+    const int64_t hit = static_cast<int64_t>(m.blocks.size()) * pool_->block_size();
+    int64_t count = total - hit;
     if (count > budget) {
       if (!config_.chunked_prefill) break;
       count = budget;
     }
-    if (!grow(s, count)) break;  // stays first in the queue until blocks are free
-    waiting_.pop_front();
+    const int32_t fresh = pool_->blocks_for(hit + count) - static_cast<int32_t>(m.blocks.size());
+    if (fresh + m.evictable > pool_->free_blocks()) break;  // stays first in the queue until blocks are free
+    // note: the hits are taken before the fresh blocks, so allocating cannot evict one of them.
+    for (int32_t b : m.blocks) pool_->share(b);
+    s.blocks = std::move(m.blocks);
+    [[maybe_unused]] const bool ok = pool_->allocate(fresh, s.blocks);
+    assert(ok);
+    s.computed = hit;
+    s.hashed_blocks = static_cast<int32_t>(s.blocks.size()) - fresh;
+    s.cache_epoch = pool_->epoch();
+    if (prefix_caching_) {
+      counters_.prefix_queries += total;
+      counters_.prefix_hits += hit;
+    }
+    if (!s.admitted) s.cached_tokens = hit;
+    s.admitted = true;
+    it = waiting_.erase(it);
     running_.push_back(s.id);
     add_chunk(s, count);
   }
@@ -106,6 +178,7 @@ std::vector<uint64_t> Scheduler::complete(const StepPlan& plan, std::span<const 
     SequenceState& s = seqs_.at(c.id);
     assert(s.computed == c.start);
     s.computed += c.count;
+    register_full_blocks(s);
     if (!c.samples) continue;
     assert(next < sampled.size());
     s.tokens.push_back(sampled[next++]);

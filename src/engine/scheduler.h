@@ -1,9 +1,16 @@
 // Continuous batching over a paged KV cache, as vLLM's V1 scheduler does it: every step first gives each
 // running sequence its next tokens (one for decode, a chunk for a prompt still being prefilled), then admits
 // waiting sequences while the step's token budget, --max-num-seqs and free KV blocks allow. When a running
-// sequence needs a block and none is free, the most recently admitted running sequence is preempted: its blocks
-// are freed and it goes back to the front of the queue to be recomputed (prompt + tokens so far) later.
-// The scheduler holds token ids and block ids only; the engine runs the plan on a backend and reports back.
+// sequence needs a block and none is free, the most recently admitted running sequence is preempted: its
+// blocks are released and it goes back to the front of the queue to be recomputed (prompt + tokens so far,
+// from its cache hit) later. The scheduler holds token ids and block ids only; the engine runs the plan on a
+// backend and reports back.
+// Prefix caching (vLLM's automatic prefix caching; on unless the constructor says otherwise): a sequence is
+// admitted with the longest run of its full blocks already in the pool's cache (never its last token, whose
+// logits it needs), shared by reference; every block that becomes full of computed K/V is registered under
+// the chained hash of its tokens, prompt or generated. A waiting sequence whose next missing block a running
+// sequence is prefilling right now (n samples of one prompt) is deferred until that block is registered, so
+// the prompt is prefilled once; see schedule().
 #pragma once
 
 #include <cstdint>
@@ -32,7 +39,16 @@ struct SequenceState {
   int64_t computed = 0;         // leading tokens whose K/V sit in the cache
   std::vector<int32_t> blocks;  // block table: token slot p lives in blocks[p / block_size]
   int64_t preemptions = 0;
-  bool finished = false;        // reached max_new_tokens: blocks freed, kept until finish() retires it
+  bool finished = false;  // reached max_new_tokens: blocks freed, kept until finish() retires it
+
+  // Prefix cache (prefix caching on): chained hash of each full block of `tokens`, kept up to date; how many
+  // leading blocks of `blocks` were offered to the cache already; the pool's epoch at admission (a sequence
+  // admitted before a reset registers nothing more).
+  std::vector<uint64_t> block_hashes;
+  int32_t hashed_blocks = 0;
+  uint64_t cache_epoch = 0;
+  int64_t cached_tokens = 0;  // prompt tokens served from the cache at its first admission (OpenAI usage)
+  bool admitted = false;      // admitted at least once
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };
 
@@ -47,20 +63,35 @@ struct ScheduledChunk {
 struct StepPlan {
   std::vector<ScheduledChunk> chunks;  // running sequences first (admission order), then newly admitted ones
   std::vector<uint64_t> preempted;     // sent back to the queue this step, their blocks freed
+  std::vector<uint64_t> deferred;      // waiting, held back for blocks a running sequence is prefilling
   int64_t tokens = 0;                  // sum of chunk counts
   bool empty() const { return chunks.empty(); }
+};
+
+// Engine-wide counters, as vLLM's metrics name them.
+// note: a sequence is counted once per admission (readmissions after preemption too), with all its tokens,
+// as vLLM counts request.num_tokens; deferrals and admissions that wait for blocks count nothing.
+struct SchedulerCounters {
+  int64_t prefix_queries = 0;  // tokens of admitted sequences looked up in the prefix cache
+  int64_t prefix_hits = 0;     // of those, tokens found in the cache
+  int64_t preemptions = 0;
 };
 
 class Scheduler {
  public:
   // `pool` must outlive the scheduler; config.max_num_seqs, max_num_batched_tokens and max_model_len >= 1.
-  Scheduler(SchedulerConfig config, BlockPool& pool);
+  Scheduler(SchedulerConfig config, BlockPool& pool, bool enable_prefix_caching = true);
 
   // Queues a request. Refuses by name: an id in use, an empty prompt, max_new_tokens < 1, prompt +
   // max_new_tokens beyond max_model_len, or a sequence that could not fit the whole pool; without chunked
   // prefill also a prompt longer than max_num_batched_tokens.
   Status add(uint64_t id, std::span<const int32_t> prompt, int64_t max_new_tokens);
 
+  // Running sequences first, then admissions. A waiting sequence is deferred (left in place, later ones may
+  // go ahead) when the block after its cache hit is one a running sequence of the same epoch will register
+  // but has not computed yet: admitting it would compute that block a second time. note: skipping instead of
+  // stopping the queue keeps the budget busy while one long prompt prefills under n copies waiting for it;
+  // a deferral lasts only while that sequence runs, and it keeps its place at the front afterwards.
   StepPlan schedule();
 
   // After the plan's forward: `sampled` holds one token per sampling chunk, in plan order. Advances every
@@ -73,18 +104,36 @@ class Scheduler {
   // abort), whose blocks are freed. Its state is gone afterwards. Refuses an unknown id.
   Status finish(uint64_t id);
 
+  // Drops every cached hash (a weight update: no K/V computed before may be reused); sequences in flight keep
+  // their blocks and run on, but register nothing more.
+  void reset_prefix_cache() { pool_->reset_prefix_cache(); }
+
   const SequenceState* find(uint64_t id) const;
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
   bool idle() const { return waiting_.empty() && running_.empty(); }
   const SchedulerConfig& config() const { return config_; }
+  bool prefix_caching() const { return prefix_caching_; }
+  const BlockPool& pool() const { return *pool_; }
+  const SchedulerCounters& counters() const { return counters_; }
 
  private:
+  // A waiting sequence's cache hit: the blocks found, and whether it is to wait for a running prefill.
+  struct Match {
+    std::vector<int32_t> blocks;
+    int32_t evictable = 0;  // hit blocks now unreferenced: taking them uses up free blocks
+    bool defer = false;
+  };
+  Match match_prefix(SequenceState& s);
+  void update_hashes(SequenceState& s) const;
+  void register_full_blocks(SequenceState& s);
   void preempt(uint64_t id);
   void release(SequenceState& s);
 
   SchedulerConfig config_;
   BlockPool* pool_;
+  bool prefix_caching_;
+  SchedulerCounters counters_;
   std::map<uint64_t, SequenceState> seqs_;
   std::deque<uint64_t> waiting_;
   std::vector<uint64_t> running_;  // admission order

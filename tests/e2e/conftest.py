@@ -4,6 +4,8 @@ import subprocess
 
 import pytest
 
+from conftest_serve import *  # noqa: E402,F401,F403  (the mxq serve fixtures; see conftest_serve.py)
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MXQ = pathlib.Path(os.environ.get("MXQ_BIN", ROOT / "build" / "mxq"))
 CKPT = ROOT / "tests" / "golden" / "ckpt"

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <numeric>
 #include <random>
 
@@ -117,9 +118,10 @@ TEST(Scheduler, HonoursMaxNumSeqs) {
 
 TEST(Scheduler, PreemptsTheNewestAndRecomputesIt) {
   // 4 blocks of 2 slots: two sequences of prompt 3 take 2 blocks each; the first to cross a block boundary
-  // preempts the second.
+  // preempts the second. Prefix caching off: the recompute starts at 0 (prefix_cache_test.cpp has it on).
   BlockPool pool(4, 2);
-  Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 64, .max_model_len = 8}, pool);
+  Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 64, .max_model_len = 8}, pool,
+              /*enable_prefix_caching=*/false);
   ASSERT_TRUE(s.add(1, prompt_of(3), 4));
   ASSERT_TRUE(s.add(2, prompt_of(3, 50), 4));
   run_step(s, s.schedule());  // both prefilled: 3 tokens + sample -> 4 tokens, 3 computed, 2 blocks each
@@ -143,11 +145,18 @@ TEST(Scheduler, PreemptsTheNewestAndRecomputesIt) {
   EXPECT_EQ(p.chunks[0].start, 0);
   EXPECT_EQ(p.chunks[0].count, 5);
   EXPECT_TRUE(p.chunks[0].samples);
+  EXPECT_EQ(s.counters().preemptions, 1);
+  EXPECT_EQ(s.counters().prefix_queries, 0);  // nothing is looked up with prefix caching off
 }
 
 // Random arrivals, lengths and early stops against a small pool: every step respects the budget, the
-// sequence cap and the block accounting; every request ends with exactly its tokens, none is lost.
-TEST(Scheduler, RandomWorkloadKeepsInvariants) {
+// sequence cap and the block accounting (each block's reference count is the number of sequences holding it;
+// held + free = all); every request ends with exactly its tokens, none is lost. Every prompt is 1, 2, .., n,
+// so with prefix caching on they share their leading blocks.
+class SchedulerRandom : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SchedulerRandom, WorkloadKeepsInvariants) {
+  const bool caching = GetParam();
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     std::mt19937_64 rng(seed);
     const int32_t block = 1 + static_cast<int32_t>(rng() % 8);
@@ -156,7 +165,7 @@ TEST(Scheduler, RandomWorkloadKeepsInvariants) {
                         .max_num_batched_tokens = 1 + static_cast<int64_t>(rng() % 40),
                         .max_model_len = 48,
                         .chunked_prefill = true};
-    Scheduler s(cfg, pool);
+    Scheduler s(cfg, pool, caching);
     std::map<uint64_t, int64_t> want;  // id -> tokens it must end with
     uint64_t next_id = 1;
     for (int step = 0; step < 2000 && (next_id <= 60 || !s.idle()); ++step) {
@@ -174,8 +183,12 @@ TEST(Scheduler, RandomWorkloadKeepsInvariants) {
         ASSERT_EQ(c.start, st->computed);
         ASSERT_GE(static_cast<int64_t>(st->blocks.size()) * block, c.start + c.count);
       }
+      std::map<int32_t, int32_t> holders;
       for (uint64_t id = 1; id < next_id; ++id)
-        if (const SequenceState* st = s.find(id)) held += static_cast<int64_t>(st->blocks.size());
+        if (const SequenceState* st = s.find(id))
+          for (int32_t b : st->blocks) ++holders[b];
+      for (auto [b, n] : holders) ASSERT_EQ(pool.ref_count(b), n) << "block " << b;
+      held = static_cast<int64_t>(holders.size());
       ASSERT_EQ(held + pool.free_blocks(), pool.num_blocks());
       for (uint64_t id : run_step(s, p)) {
         ASSERT_EQ(static_cast<int64_t>(s.find(id)->tokens.size()), want.at(id));
@@ -191,8 +204,14 @@ TEST(Scheduler, RandomWorkloadKeepsInvariants) {
     EXPECT_TRUE(s.idle()) << "seed " << seed;
     EXPECT_TRUE(want.empty()) << "seed " << seed;
     EXPECT_EQ(pool.free_blocks(), pool.num_blocks()) << "seed " << seed;
+    if (caching) {
+      EXPECT_GT(s.counters().prefix_hits, 0) << "seed " << seed;
+    }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Scheduler, SchedulerRandom, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "on" : "off"; });
 
 }  // namespace
 }  // namespace mxq

@@ -11,14 +11,20 @@ Jinja template (taken from models/default/tokenizer_config.json). Writes into te
   <name>.encode.json         per text case: ids with special tokens parsed and not, and HF's decode of them
   <name>.decode.json         id sequences cut at invalid UTF-8 boundaries and their HF decode
   chat_qwen3.json            conversations, options and the rendered prompt
+  special_tokens.json        models/default's tokenizer on text with special tokens typed in it (whole, partial,
+                             malformed, glued to words, among whitespace, unicode and control characters):
+                             the text, ids with special tokens parsed (Tokenizer.encode) and not, and HF's decode
+                             with skip_special_tokens False and True
 and src/io/regex_unicode.inc: the code points that `tokenizers`' regex engine (Oniguruma, Unicode 16.0 in
 tokenizers 0.23) puts in \p{L} / \p{N} beyond Unicode 14.0 (this Python's unicodedata, and PCRE2 10.42's
 tables); src/io/pretokenize.cpp adds them to the pattern so PCRE2 splits text as `tokenizers` does.
-Deterministic; run from anywhere: python3 tests/golden/make_tokenizer_golden.py
+Deterministic; run from anywhere: python3 tests/golden/make_tokenizer_golden.py [special_tokens]
+(with `special_tokens`, only special_tokens.json is written: it needs `tokenizers` but not `transformers`).
 """
 import json
 import pathlib
 import random
+import sys
 import sysconfig
 import unicodedata
 
@@ -84,6 +90,63 @@ def fuzz_cases():
     rng = random.Random(20261129)
     return {f"fuzz_{i:02d}": "".join(rng.choice(FUZZ_POOL) for _ in range(rng.randint(20, 120)))
             for i in range(32)}
+
+
+# Special tokens typed in text: the added-token matcher runs before NFC and the regex split, so these probe
+# its boundaries (partial or malformed tokens, overlaps, tokens inside words, whitespace and normalization
+# around them; <think> is a non-special added token).
+SPECIAL_TOKEN_CASES = {
+    "im_start_alone": "<|im_start|>",
+    "chat_turn": "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n",
+    "partial_no_close": "<|im_start",
+    "partial_no_gt": "<|endoftext|",
+    "partial_prefix_only": "<|im_",
+    "adjacent_pair": "<|im_start|><|im_end|>",
+    "triple_eot": "<|endoftext|><|endoftext|><|endoftext|>",
+    "malformed_then_valid": "<|im_start|<|im_end|>",
+    "valid_then_dangling": "<|im_start|>|>",
+    "nested_brackets": "<<|im_start|>>",
+    "bars_outside": "|<|endoftext|>|",
+    "open_inside_open": "<|<|im_start|>|>",
+    "glued_both_sides": "hello<|endoftext|>world",
+    "glued_left": "word<|endoftext|>",
+    "glued_right": "<|endoftext|>word",
+    "inside_word": "ab<|im_start|>cd",
+    "after_contraction_start": "<|im_start|>'s 'll",
+    "spaces_around": " <|endoftext|> ",
+    "many_spaces_around": "   <|im_start|>   assistant   ",
+    "newlines_around": "\n<|endoftext|>\n\n",
+    "tabs_and_crlf": "\t<|im_end|>\r\n",
+    "space_before_end": "ok <|im_end|>",
+    "nbsp_after": "<|im_start|>\u00a0user",
+    "case_mismatch": "<|ENDOFTEXT|> <|Im_Start|>",
+    "spaced_inside": "<| im_start |> < |im_end| >",
+    "zero_width_inside": "<|im_\u200bstart|>",
+    "newline_inside": "<|im_\nstart|>",
+    "fullwidth_lookalike": "\uff1c|im_start|\uff1e",
+    "unicode_neighbours": "héllo<|im_end|>世界👍<|endoftext|>👍",
+    "combining_mark_split_by_token": "e<|im_end|>\u0301 a\u0301<|im_start|>",
+    "nfc_before_token": "A\u030a<|endoftext|>\u212b",
+    "control_chars": "\x00<|im_start|>\x01\x1b[0m<|endoftext|>\x7f",
+    "think_non_special": "x<think>y</think>z <think></think>",
+    "think_with_specials": "<|im_start|>assistant\n<think>\n\n</think>\n\nok<|im_end|>",
+    "think_partial": "<think <think>> </think",
+    "only_whitespace_between": "<|im_end|> \n <|im_start|>",
+}
+
+
+def special_token_cases(tok):
+    out = {}
+    for name, text in SPECIAL_TOKEN_CASES.items():
+        tok.encode_special_tokens = False
+        ids = tok.encode(text, add_special_tokens=True).ids
+        tok.encode_special_tokens = True
+        ids_plain = tok.encode(text, add_special_tokens=True).ids
+        tok.encode_special_tokens = False
+        out[name] = {"text": text, "ids": ids, "ids_special_as_text": ids_plain,
+                     "decoded": tok.decode(ids, skip_special_tokens=False),
+                     "decoded_skip_special": tok.decode(ids, skip_special_tokens=True)}
+    return out
 
 
 def gpt2_style_tokenizer():
@@ -275,6 +338,9 @@ def dump(path, obj):
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     qwen = Tokenizer.from_file(str(ROOT / "models/default/tokenizer.json"))
+    dump(OUT / "special_tokens.json", special_token_cases(qwen))
+    if sys.argv[1:] == ["special_tokens"]:
+        return
     gpt2, gpt2_text = gpt2_style_tokenizer()
     (OUT / "gpt2_style.tokenizer.json").write_text(gpt2_text + "\n", encoding="utf-8")
     split, split_text = split_literal_tokenizer(gpt2_text)

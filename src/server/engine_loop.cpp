@@ -1,0 +1,234 @@
+#include "server/engine_loop.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace mxq::server {
+namespace {
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+void RequestChannel::push(StreamEvent e) {
+  {
+    std::lock_guard lock(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_one();
+}
+
+std::optional<StreamEvent> RequestChannel::pop(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return std::nullopt;
+  StreamEvent e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
+EngineLoop::EngineLoop(Engine& engine, Metrics& metrics) : engine_(&engine), metrics_(&metrics) {}
+
+EngineLoop::~EngineLoop() {
+  if (thread_.joinable()) drain(std::chrono::milliseconds(0));
+}
+
+void EngineLoop::start() { thread_ = std::thread([this] { run(); }); }
+
+std::shared_ptr<RequestChannel> EngineLoop::submit(std::string request_id, std::vector<SampleJob> samples) {
+  if (!accepting_ || !healthy_) return nullptr;
+  auto channel = std::make_shared<RequestChannel>();
+  {
+    std::lock_guard lock(mu_);
+    inbox_.push_back({std::move(request_id), std::move(samples), channel, Clock::now()});
+  }
+  ++in_flight_;
+  cv_.notify_one();
+  return channel;
+}
+
+size_t EngineLoop::abort(const std::string& request_id) {
+  std::lock_guard lock(mu_);
+  size_t found = 0;
+  for (const Submission& s : inbox_) found += request_id.empty() || s.request_id == request_id;
+  if (request_id.empty()) {
+    abort_all_ = true;
+    found += in_flight_ - std::min<size_t>(in_flight_, inbox_.size());
+  } else {
+    aborts_.push_back(request_id);
+    // note: the live count per id is the engine thread's; an id in flight counts once however many samples.
+    found += std::count(live_ids_.begin(), live_ids_.end(), request_id) > 0 ? 1 : 0;
+  }
+  cv_.notify_one();
+  return found;
+}
+
+void EngineLoop::drain(std::chrono::milliseconds bound) {
+  accepting_ = false;
+  drain_deadline_ns_ = (Clock::now() + bound).time_since_epoch().count();
+  stopping_ = true;
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineLoop::admit(Submission& s) {
+  std::vector<uint64_t> added;
+  for (size_t i = 0; i < s.samples.size(); ++i) {
+    const uint64_t id = next_id_++;
+    if (auto st = engine_->add(id, s.samples[i].prompt, s.samples[i].params); !st) {
+      for (uint64_t a : added) (void)engine_->abort(a);
+      StreamEvent e{StreamEvent::Kind::kRefused, i, {}, bad_request("", st.error().message), weight_version_};
+      s.channel->push(std::move(e));
+      --in_flight_;
+      return;
+    }
+    added.push_back(id);
+  }
+  for (size_t i = 0; i < added.size(); ++i)
+    live_.emplace(added[i], Live{s.request_id, s.channel, i, static_cast<int64_t>(s.samples[i].prompt.size()),
+                                 s.arrival, s.arrival, std::nullopt, 0});
+  remaining_[s.channel.get()] = added.size();
+  {
+    std::lock_guard lock(mu_);
+    live_ids_.push_back(s.request_id);
+  }
+  s.channel->push({StreamEvent::Kind::kAccepted, 0, {}, {}, weight_version_});
+}
+
+// A sample ended (finished, aborted): its request leaves the in-flight count with its last sample.
+void EngineLoop::finish(uint64_t id, Live& live, FinishReason reason) {
+  const auto now = Clock::now();
+  metrics_->success(reason).Increment();
+  metrics_->e2e->Observe(seconds(now - live.arrival));
+  metrics_->prompt_len->Observe(static_cast<double>(live.prompt_len));
+  metrics_->generation_len->Observe(static_cast<double>(live.generated));
+  auto it = remaining_.find(live.channel.get());
+  if (it != remaining_.end() && --it->second == 0) {
+    remaining_.erase(it);
+    --in_flight_;
+    std::lock_guard lock(mu_);
+    auto r = std::find(live_ids_.begin(), live_ids_.end(), live.request_id);
+    if (r != live_ids_.end()) live_ids_.erase(r);
+  }
+  live_.erase(id);
+}
+
+void EngineLoop::abort_live(uint64_t id, Live& live) {
+  (void)engine_->abort(id);
+  StreamEvent e{StreamEvent::Kind::kOutput, live.sample, {}, {}, weight_version_};
+  e.out.id = id;
+  e.out.finished = true;
+  e.out.finish = FinishReason::kAbort;
+  live.channel->push(std::move(e));
+  finish(id, live, FinishReason::kAbort);
+}
+
+void EngineLoop::fail_all(const Error& err) {
+  healthy_ = false;
+  spdlog::error("mxq serve: the engine failed: {}", err.message);
+  for (auto it = live_.begin(); it != live_.end();) {
+    const uint64_t id = it->first;
+    Live& live = it->second;
+    ++it;
+    (void)engine_->abort(id);
+    live.channel->push({StreamEvent::Kind::kFailed, live.sample, {},
+                        ApiError{500, "the engine failed: " + err.message, "", "InternalServerError"},
+                        weight_version_});
+    finish(id, live, FinishReason::kAbort);
+  }
+}
+
+void EngineLoop::update_gauges() {
+  const Scheduler& s = engine_->scheduler();
+  metrics_->running->Set(static_cast<double>(s.num_running()));
+  metrics_->waiting->Set(static_cast<double>(s.num_waiting()));
+  const BlockPool& pool = engine_->pool();
+  metrics_->kv_usage->Set(1.0 - static_cast<double>(pool.free_blocks()) / pool.num_blocks());
+  const EngineCounters c = engine_->counters();
+  metrics_->preemptions->Increment(static_cast<double>(c.preemptions - seen_preemptions_));
+  metrics_->prefix_queries->Increment(static_cast<double>(c.prefix_queries - seen_queries_));
+  metrics_->prefix_hits->Increment(static_cast<double>(c.prefix_hits - seen_hits_));
+  seen_preemptions_ = c.preemptions;
+  seen_queries_ = c.prefix_queries;
+  seen_hits_ = c.prefix_hits;
+}
+
+void EngineLoop::run() {
+  for (;;) {
+    std::deque<Submission> inbox;
+    std::vector<std::string> aborts;
+    bool abort_all = false;
+    {
+      std::unique_lock lock(mu_);
+      // note: idle, the thread sleeps until a request, an abort or the drain arrives.
+      cv_.wait(lock, [&] {
+        return !inbox_.empty() || !aborts_.empty() || abort_all_ || stopping_ || !live_.empty();
+      });
+      inbox.swap(inbox_);
+      aborts.swap(aborts_);
+      abort_all = std::exchange(abort_all_, false);
+    }
+    const bool past_deadline =
+        stopping_ && Clock::now().time_since_epoch().count() >= drain_deadline_ns_.load();
+    for (Submission& s : inbox) {
+      if (!healthy_ || stopping_) {
+        s.channel->push({StreamEvent::Kind::kRefused, 0, {},
+                         ApiError{503, "the server is shutting down", "", "ServiceUnavailableError"},
+                         weight_version_});
+        --in_flight_;
+        continue;
+      }
+      admit(s);
+    }
+    for (auto it = live_.begin(); it != live_.end();) {
+      const uint64_t id = it->first;
+      Live& live = it->second;
+      ++it;
+      const bool named = std::find(aborts.begin(), aborts.end(), live.request_id) != aborts.end();
+      if (abort_all || named || past_deadline || live.channel->cancelled()) abort_live(id, live);
+    }
+    if (stopping_ && live_.empty()) break;
+    update_gauges();
+    if (live_.empty()) continue;
+
+    const auto step_start = Clock::now();
+    auto outs = engine_->step();
+    if (!outs) {
+      fail_all(outs.error());
+      update_gauges();
+      continue;
+    }
+    const auto now = Clock::now();
+    for (auto& [id, live] : live_)
+      if (!live.scheduled) {
+        const SequenceState* s = engine_->scheduler().find(id);
+        if (!s || s->computed > 0) {
+          live.scheduled = step_start;
+          metrics_->queue_time->Observe(seconds(step_start - live.arrival));
+        }
+      }
+    for (RequestOutput& out : *outs) {
+      auto it = live_.find(out.id);
+      if (it == live_.end()) continue;
+      Live& live = it->second;
+      const auto n = static_cast<int64_t>(out.tokens.size());
+      if (live.generated == 0 && n > 0) {
+        metrics_->ttft->Observe(seconds(now - live.arrival));
+        metrics_->prompt_tokens->Increment(static_cast<double>(live.prompt_len));
+      } else if (n > 0) {
+        metrics_->itl->Observe(seconds(now - live.last_token));
+      }
+      live.last_token = now;
+      live.generated += n;
+      metrics_->generation_tokens->Increment(static_cast<double>(n));
+      const bool finished = out.finished;
+      const FinishReason reason = out.finish;
+      live.channel->push({StreamEvent::Kind::kOutput, live.sample, std::move(out), {}, weight_version_});
+      if (finished) finish(it->first, live, reason);
+    }
+    update_gauges();
+  }
+  update_gauges();
+}
+
+}  // namespace mxq::server

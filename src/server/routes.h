@@ -1,0 +1,28 @@
+// Route registration shared by http_server.cpp (setup, limits, utility routes) and generation_routes.cpp
+// (the two OpenAI generation routes and their streaming).
+#pragma once
+
+#include <httplib.h>
+
+#include "server/api_error.h"
+#include "server/engine_loop.h"
+#include "server/http_server.h"
+
+namespace mxq::server {
+
+struct RouteContext {
+  ServerOptions options;
+  ServedModel model;
+  EngineLoop* loop;
+  Metrics* metrics;
+  ParseContext parse;  // built once from options and model
+};
+
+// Writes an OpenAI error body with its status.
+void send_error(httplib::Response& res, const ApiError& e);
+// The body as a JSON object, refusing a wrong Content-Type (415) and what parse_json_object refuses.
+ApiResult<nlohmann::json> json_body(const httplib::Request& req);
+
+void add_generation_routes(httplib::Server& server, RouteContext& ctx);
+
+}  // namespace mxq::server
