@@ -20,6 +20,9 @@ void add_generate(CLI::App& app, int& exit_code);
 void add_delta(CLI::App& app, int& exit_code);
 void add_serve(CLI::App& app, int& exit_code);
 
+// --device auto picks CUDA when this build has it and a GPU is visible (generate, serve).
+bool cuda_device_visible();
+
 // --activation-quant (generate, bench decode): "none" → kBF16 (weight-only), "mxfp8" → kMXFP8 (the W8A8 mode
 // of the MXFP8 / MXFP4 projections, cuda/linear.h); mxfp8 with projections in another format (linear_format,
 // after any --quantization) is refused by name, since it would change nothing.

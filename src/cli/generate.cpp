@@ -60,16 +60,6 @@ struct GenerateOptions {
   bool enforce_eager = false;
 };
 
-// --device auto: CUDA when this build has it and a GPU is present.
-bool cuda_available() {
-#if MXQ_HAVE_CUDA
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-#else
-  return false;
-#endif
-}
-
 Result<std::vector<int32_t>> parse_ids(const std::string& list) {
   std::vector<int32_t> ids;
   std::stringstream ss(list);
@@ -111,11 +101,11 @@ int run_generate(const GenerateOptions& o) {
   load.threads = o.threads;
   if (o.device != "cpu" && o.device != "auto" && o.device != "cuda")
     return bad({fmt::format("--device {}: expected cpu, cuda or auto", o.device)});
-  const bool on_cuda = o.device == "cuda" || (o.device == "auto" && cuda_available());
+  const bool on_cuda = o.device == "cuda" || (o.device == "auto" && cuda_device_visible());
 #if !MXQ_HAVE_CUDA
   if (on_cuda) return bad({"--device cuda: this build has no CUDA backend (use --device cpu)"});
 #else
-  if (on_cuda && !cuda_available())
+  if (on_cuda && !cuda_device_visible())
     return bad({"--device cuda: no CUDA device is visible (use --device cpu)"});
   if (on_cuda) load.target = cuda::cuda_load_target();
 #endif
@@ -307,6 +297,15 @@ int run_generate(const GenerateOptions& o) {
 }
 
 }  // namespace
+
+bool cuda_device_visible() {
+#if MXQ_HAVE_CUDA
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+  return false;
+#endif
+}
 
 Result<Format> parse_activation_quant(std::string_view flag, Format linear_format) {
   if (flag == "none") return Format::kBF16;

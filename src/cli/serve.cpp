@@ -40,22 +40,13 @@ struct ServeOptions {
   server::ServerOptions server;
   int32_t max_num_seqs = 256;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
-  int64_t max_num_batched_tokens = 8192;
+  int64_t max_num_batched_tokens = 0;  // 0: 8192 on CUDA, 2048 on the CPU (vLLM's defaults by device class)
   double gpu_memory_utilization = 0.9;
   bool gpu_memory_utilization_given = false;
   bool enforce_eager = false, prefix_caching = true, no_prefix_caching = false;
   double drain_timeout_s = 30;
   int threads = 0;
 };
-
-bool cuda_visible() {
-#if MXQ_HAVE_CUDA
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-#else
-  return false;
-#endif
-}
 
 int run_serve(ServeOptions o) {
   auto bad = [](const std::string& message) {
@@ -74,9 +65,9 @@ int run_serve(ServeOptions o) {
     return bad(fmt::format("--device {}: expected cpu, cuda or auto", o.device));
   if (o.generation_config != "auto" && o.generation_config != "none")
     return bad(fmt::format("--generation-config {}: expected auto or none", o.generation_config));
-  const bool on_cuda = o.device == "cuda" || (o.device == "auto" && cuda_visible());
+  const bool on_cuda = o.device == "cuda" || (o.device == "auto" && cuda_device_visible());
 #if MXQ_HAVE_CUDA
-  if (on_cuda && !cuda_visible()) return bad("--device cuda: no CUDA device is visible (use --device cpu)");
+  if (on_cuda && !cuda_device_visible()) return bad("--device cuda: no CUDA device is visible (use --device cpu)");
 #else
   if (on_cuda) return bad("--device cuda: this build has no CUDA backend (use --device cpu)");
 #endif
@@ -92,6 +83,9 @@ int run_serve(ServeOptions o) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // note: a CPU step runs its chunks one after another, so its token budget bounds how long an abort or a
+  // new request waits for the step in flight.
+  if (o.max_num_batched_tokens == 0) o.max_num_batched_tokens = on_cuda ? 8192 : 2048;
   LoadOptions load;
   load.threads = o.threads;
 #if MXQ_HAVE_CUDA
@@ -230,8 +224,9 @@ void add_serve(CLI::App& app, int& exit_code) {
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "Sequences in one step")->capture_default_str()->check(CLI::Range(1, 65536));
   cmd->add_option("--max-model-len", o->max_model_len, "Context of one sequence (0 = the model's)")
       ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
-  cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Tokens in one step")
-      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens,
+                  "Tokens in one step (0: 8192 on CUDA, 2048 on the CPU)")
+      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   cmd->add_option_function<double>(
          "--gpu-memory-utilization",
          [o](double v) {

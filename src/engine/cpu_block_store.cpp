@@ -14,18 +14,22 @@ CpuBlockStore::CpuBlockStore(Backend& backend, const ModelConfig& c, int32_t num
   assert(num_blocks >= 0 && block_size > 0);
 }
 
+float* CpuBlockStore::writable(size_t b) {
+  assert(b < blocks_.size());
+  if (!blocks_[b]) {
+    blocks_[b] = backend_->alloc_f32(layers_ * 2 * block_size_ * row_);
+    ++allocated_;
+  }
+  return blocks_[b].get();
+}
+
 void CpuBlockStore::write(const SequenceKv& kv, std::span<const int32_t> table, int64_t begin, int64_t end) {
   assert(begin >= 0 && end <= kv.length && end <= static_cast<int64_t>(table.size()) * block_size_);
   // One run of positions per block: [p, run_end) all sit in table[p / block_size].
   for (int64_t p = begin; p < end;) {
     const int64_t slot = p % block_size_, run = std::min(end - p, block_size_ - slot);
     const auto b = static_cast<size_t>(table[static_cast<size_t>(p / block_size_)]);
-    assert(b < blocks_.size());
-    if (!blocks_[b]) {
-      blocks_[b] = backend_->alloc_f32(layers_ * 2 * block_size_ * row_);
-      ++allocated_;
-    }
-    float* base = blocks_[b].get();
+    float* base = writable(b);
     for (int64_t l = 0; l < layers_; ++l) {
       backend_->copy(kv.k[static_cast<size_t>(l)] + p * row_, run * row_, at(base, l, 0, slot));
       backend_->copy(kv.v[static_cast<size_t>(l)] + p * row_, run * row_, at(base, l, 1, slot));
@@ -51,6 +55,20 @@ Status CpuBlockStore::read(std::span<const int32_t> table, int64_t end, Sequence
     p += run;
   }
   kv.length = std::max(kv.length, end);
+  return {};
+}
+
+Status CpuBlockStore::copy(int32_t src, int32_t dst, int64_t slots) {
+  if (src < 0 || src >= num_blocks() || dst < 0 || dst >= num_blocks() || slots < 0 || slots > block_size_)
+    return fail("KV block copy {} -> {} of {} slots: the pool has {} blocks of {}", src, dst, slots,
+                num_blocks(), block_size_);
+  if (!blocks_[static_cast<size_t>(src)])
+    return fail("KV block copy {} -> {}: block {} was never written", src, dst, src);
+  if (src == dst || slots == 0) return {};
+  float* to = writable(static_cast<size_t>(dst));
+  float* from = blocks_[static_cast<size_t>(src)].get();
+  for (int64_t l = 0; l < layers_; ++l)
+    for (int kv = 0; kv < 2; ++kv) backend_->copy(at(from, l, kv, 0), slots * row_, at(to, l, kv, 0));
   return {};
 }
 

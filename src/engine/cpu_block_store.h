@@ -28,6 +28,10 @@ class CpuBlockStore {
   // Copies positions [kv.length, end) from the blocks of `table` into `kv` and advances kv.length. Refuses a
   // block never written, or a table or cache too short.
   Status read(std::span<const int32_t> table, int64_t end, SequenceKv& kv) const;
+  // Copies slots [0, slots) of block `src` into block `dst`, K and V of every layer (a copy-on-write of a
+  // prompt's partial block, StepPlan::copies). Refuses a source never written, ids outside the pool, slots
+  // outside [0, block_size].
+  Status copy(int32_t src, int32_t dst, int64_t slots);
 
   int32_t block_size() const { return block_size_; }
   int32_t num_blocks() const { return static_cast<int32_t>(blocks_.size()); }
@@ -38,6 +42,8 @@ class CpuBlockStore {
   float* at(float* base, int64_t layer, int kv, int64_t slot) const {
     return base + ((layer * 2 + kv) * block_size_ + slot) * row_;
   }
+  // Block `b`'s buffer, allocated (zero-filled) on first use.
+  float* writable(size_t b);
 
   Backend* backend_;
   int64_t layers_, row_;  // row_: floats of one position of one layer (kv_heads * head_dim)

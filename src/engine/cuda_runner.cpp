@@ -153,6 +153,10 @@ Result<std::vector<SampledToken>> CudaRunner::run(const StepPlan& plan, const Sc
   *h.num_tokens = t;
   *h.num_seqs = j;
   if (auto st = m.upload_meta(seqs); !st) return tl::unexpected(st.error());
+  // Copy-on-write of partial blocks, eagerly on the model's stream before the forward or the graph replay
+  // (a graph never holds a copy: its blocks change every time).
+  for (const BlockCopy& cp : plan.copies)
+    if (auto st = m.copy_kv_block(cp.src, cp.dst, cp.slots); !st) return tl::unexpected(st.error());
 
   if (decode) {
     // note: a step profile times eager steps (its events would be baked into a graph). MoE decode steps are

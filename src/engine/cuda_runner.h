@@ -8,9 +8,11 @@
 // and every step of an MoE model (its expert loop is host-driven) or of a model with a step profiler set, run
 // eagerly. enforce_eager runs every step
 // eagerly with the same bucket padding, so a replay equals an eager run bit for bit.
-// Prefix caching needs nothing here: a chunk's K/V writes (slot mapping) cover only its own positions
-// [start, start + count), which never fall in a shared block (the scheduler shares only blocks wholly before
-// a sequence's first computed position); shared blocks are only read, through the block tables and seq_lens.
+// Prefix caching: a chunk's K/V writes (slot mapping) cover only its own positions [start, start + count),
+// which never fall in a shared block (the scheduler shares only blocks wholly before a sequence's first
+// computed position); shared blocks are only read, through the block tables and seq_lens. The plan's block
+// copies (copy-on-write of a prompt's partial block into a fresh block) run first, as device copies on the
+// model's stream (Qwen3Cuda::copy_kv_block), outside any graph.
 #pragma once
 
 #include <cstdint>

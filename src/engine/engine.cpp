@@ -33,6 +33,11 @@ class PerSequenceRunner final : public ModelRunner {
     const BlockPool& pool = scheduler.pool();
     if (scheduler.prefix_caching() && !blocks_)
       blocks_.emplace(model_->backend(), model_->config(), pool.num_blocks(), pool.block_size());
+    // Copy-on-write of partial blocks first: the chunks below read them into their contiguous caches.
+    if (!plan.copies.empty() && !blocks_)
+      return fail("step with {} KV block copies, but prefix caching is off", plan.copies.size());
+    for (const BlockCopy& cp : plan.copies)
+      if (auto st = blocks_->copy(cp.src, cp.dst, cp.slots); !st) return tl::unexpected(st.error());
     for (const ScheduledChunk& c : plan.chunks) {
       const SequenceState& s = *scheduler.find(c.id);
       auto it = caches_.find(c.id);

@@ -31,11 +31,13 @@ struct SampleSpec {
 
 // Runs scheduler plans on a backend. The CPU runner keeps one contiguous KV cache per sequence (and a copy of
 // it per pool block, for blocks shared through the prefix cache); a paged CUDA runner reads the plan's block
-// tables. A chunk may start past 0 in a sequence it has never seen: its first positions sit in cached blocks.
+// tables. A chunk may start past 0 in a sequence it has never seen: its first positions sit in cached blocks,
+// or in a block the plan's copies fill (copy-on-write of a partial block, see BlockCopy).
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
-  // Runs every chunk of `plan` and returns one token per sampling chunk, in plan order (`specs` likewise).
+  // Runs the plan's block copies, in order, then every chunk of `plan`, and returns one token per sampling
+  // chunk, in plan order (`specs` likewise).
   virtual Result<std::vector<SampledToken>> run(const StepPlan& plan, const Scheduler& scheduler,
                                                 std::span<const SampleSpec> specs) = 0;
   // Forgets a sequence's cache (finished, aborted or preempted: a preempted one is recomputed from its
@@ -45,8 +47,8 @@ class ModelRunner {
 
 // One contiguous KvCache per sequence, each chunk through Qwen3Model::forward on the model's backend, one
 // sequence after another; samples on the host. With prefix caching on, every computed position is also
-// copied into the sequence's pool blocks (engine/cpu_block_store.h), and a sequence whose chunk starts past
-// its contiguous cache fills it from its block table first.
+// copied into the sequence's pool blocks (engine/cpu_block_store.h), the plan's block copies run on those,
+// and a sequence whose chunk starts past its contiguous cache fills it from its block table first.
 std::unique_ptr<ModelRunner> make_per_sequence_runner(Qwen3Model& model);
 
 struct EngineConfig {
@@ -58,7 +60,8 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
 };
 
-// Prefix cache queries / hits (tokens) and preemptions since the engine started.
+// Prefix cache queries / hits (tokens; hits include slots copied from a running sequence's partial block)
+// and preemptions since the engine started.
 using EngineCounters = SchedulerCounters;
 
 // What one request produced in one step.
@@ -69,7 +72,8 @@ struct RequestOutput {
   bool finished = false;
   FinishReason finish = FinishReason::kLength;
   // Prompt tokens whose K/V came from the prefix cache at admission (OpenAI usage.prompt_tokens_details.
-  // cached_tokens); the same on every output of the request.
+  // cached_tokens), copied partial-block slots included (not a multiple of the block size then); the same
+  // on every output of the request.
   int64_t cached_tokens = 0;
 };
 

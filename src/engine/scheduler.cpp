@@ -72,12 +72,27 @@ void Scheduler::register_full_blocks(SequenceState& s) {
                          s.block_hashes[static_cast<size_t>(s.hashed_blocks)]);
 }
 
-Scheduler::Match Scheduler::match_prefix(SequenceState& s) {
+bool Scheduler::same_tokens(const SequenceState& r, const SequenceState& s, size_t hit_blocks,
+                            int64_t end) const {
+  const int64_t hit = static_cast<int64_t>(hit_blocks) * pool_->block_size();
+  if (static_cast<int64_t>(r.tokens.size()) < end ||
+      !std::equal(s.tokens.begin() + hit, s.tokens.begin() + end, r.tokens.begin() + hit))
+    return false;
+  if (hit_blocks == 0) return true;
+  // note: r's hashes may lag its last sampled token by one step (complete() hashes before appending it);
+  // without the hash the tokens themselves are compared.
+  if (r.block_hashes.size() >= hit_blocks)
+    return r.block_hashes[hit_blocks - 1] == s.block_hashes[hit_blocks - 1];
+  return std::equal(s.tokens.begin(), s.tokens.begin() + hit, r.tokens.begin());
+}
+
+Scheduler::Match Scheduler::match_prefix(SequenceState& s, size_t sources) {
   Match m;
   if (!prefix_caching_) return m;
   update_hashes(s);
   // note: the last token is always computed, whatever is cached: its logits pick the next token.
-  const auto max_hit = static_cast<size_t>((static_cast<int64_t>(s.tokens.size()) - 1) / pool_->block_size());
+  const int64_t want = static_cast<int64_t>(s.tokens.size()) - 1;
+  const auto max_hit = static_cast<size_t>(want / pool_->block_size());
   while (m.blocks.size() < max_hit) {
     const int32_t b = pool_->lookup(s.block_hashes[m.blocks.size()]);
     if (b < 0) break;
@@ -85,12 +100,29 @@ Scheduler::Match Scheduler::match_prefix(SequenceState& s) {
     if (pool_->ref_count(b) == 0) ++m.evictable;
   }
   const size_t next = m.blocks.size();
-  if (next == max_hit) return m;
-  for (uint64_t id : running_) {
-    const SequenceState& r = seqs_.at(id);
-    if (r.cache_epoch == pool_->epoch() && r.block_hashes.size() > next &&
-        r.block_hashes[next] == s.block_hashes[next] && static_cast<size_t>(r.hashed_blocks) <= next) {
-      m.defer = true;
+  if (next < max_hit) {
+    for (uint64_t id : running_) {
+      const SequenceState& r = seqs_.at(id);
+      if (r.cache_epoch == pool_->epoch() && r.block_hashes.size() > next &&
+          r.block_hashes[next] == s.block_hashes[next] && static_cast<size_t>(r.hashed_blocks) <= next) {
+        m.defer = true;
+        break;
+      }
+    }
+    return m;
+  }
+  // Every full block is hit; the partial block [hit, want), if any, from a running sequence that computed it.
+  const int64_t hit = static_cast<int64_t>(next) * pool_->block_size();
+  if (want == hit) return m;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const SequenceState& r = seqs_.at(running_[i]);
+    if (r.cache_epoch != pool_->epoch() || !same_tokens(r, s, next, want)) continue;
+    if (r.computed < want) {
+      m.defer = true;  // unless another one has computed it
+    } else if (i < sources) {
+      m.copy_src = r.blocks[next];
+      m.copy_slots = want - hit;
+      m.defer = false;
       break;
     }
   }
@@ -131,32 +163,38 @@ StepPlan Scheduler::schedule() {
   }
 
   // Then waiting sequences, unless this step had to preempt (vLLM's rule: no admission under memory
-  // pressure).
+  // pressure). Only the sequences running now may be copied from: their copied slots were computed before.
+  const size_t sources = running_.size();
   for (auto it = waiting_.begin(); plan.preempted.empty() && it != waiting_.end() && budget > 0 &&
                                    static_cast<int32_t>(running_.size()) < config_.max_num_seqs;) {
     SequenceState& s = seqs_.at(*it);
-    Match m = match_prefix(s);
+    Match m = match_prefix(s, sources);
     if (m.defer) {
       plan.deferred.push_back(s.id);
       ++it;
       continue;
     }
     const int64_t total = static_cast<int64_t>(s.tokens.size());
-    const int64_t hit = static_cast<int64_t>(m.blocks.size()) * pool_->block_size();
+    const auto hit_blocks = static_cast<int32_t>(m.blocks.size());
+    const int64_t hit = static_cast<int64_t>(hit_blocks) * pool_->block_size() + m.copy_slots;
     int64_t count = total - hit;
     if (count > budget) {
       if (!config_.chunked_prefill) break;
       count = budget;
     }
-    const int32_t fresh = pool_->blocks_for(hit + count) - static_cast<int32_t>(m.blocks.size());
+    const int32_t fresh = pool_->blocks_for(hit + count) - hit_blocks;
     if (fresh + m.evictable > pool_->free_blocks()) break;  // stays first in the queue until blocks are free
     // note: the hits are taken before the fresh blocks, so allocating cannot evict one of them.
     for (int32_t b : m.blocks) pool_->share(b);
     s.blocks = std::move(m.blocks);
     [[maybe_unused]] const bool ok = pool_->allocate(fresh, s.blocks);
     assert(ok);
+    // note: the copy's destination is the first fresh block (the one holding the hit's end and the chunk).
+    if (m.copy_src >= 0)
+      plan.copies.push_back(
+          {m.copy_src, s.blocks[static_cast<size_t>(hit_blocks)], static_cast<int32_t>(m.copy_slots)});
     s.computed = hit;
-    s.hashed_blocks = static_cast<int32_t>(s.blocks.size()) - fresh;
+    s.hashed_blocks = hit_blocks;
     s.cache_epoch = pool_->epoch();
     if (prefix_caching_) {
       counters_.prefix_queries += total;

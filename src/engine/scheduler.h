@@ -11,6 +11,10 @@
 // the chained hash of its tokens, prompt or generated. A waiting sequence whose next missing block a running
 // sequence is prefilling right now (n samples of one prompt) is deferred until that block is registered, so
 // the prompt is prefilled once; see schedule().
+// The last, partial block of a prompt is never cached, but a running sequence of the same epoch may have
+// computed it already (n samples again): the admitted sequence then gets a fresh block, the plan copies the
+// computed slots into it (copy-on-write, StepPlan::copies) and only the last token is computed, so n copies
+// of a prompt of L tokens cost L + n - 1 prefill tokens.
 #pragma once
 
 #include <cstdint>
@@ -47,8 +51,9 @@ struct SequenceState {
   std::vector<uint64_t> block_hashes;
   int32_t hashed_blocks = 0;
   uint64_t cache_epoch = 0;
-  int64_t cached_tokens = 0;  // prompt tokens served from the cache at its first admission (OpenAI usage)
-  bool admitted = false;      // admitted at least once
+  // Prompt tokens not computed at its first admission (OpenAI usage): cached blocks plus copied slots.
+  int64_t cached_tokens = 0;
+  bool admitted = false;  // admitted at least once
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };
 
@@ -60,8 +65,20 @@ struct ScheduledChunk {
   bool samples = false;  // the chunk ends at the last token: the step samples the sequence's next token
 };
 
+// Copy-on-write of a prompt's partial block at admission: slots [0, slots) of pool block `src`, K and V of
+// every layer, into pool block `dst`. The runner executes a plan's copies in order, before its forward.
+// note: the copy commutes with the step's K/V writes: `dst` is a fresh block of the admitted sequence (no
+// other holder), `src` belongs to a sequence that was running before the step's admissions and computed
+// the copied slots in earlier steps; that sequence writes only positions >= its computed >= the copied ones,
+// and no other sequence writes into a block it does not own alone. So no copy reads another copy's `dst`.
+struct BlockCopy {
+  int32_t src = 0, dst = 0;
+  int32_t slots = 0;  // 1 .. block_size - 1
+};
+
 struct StepPlan {
   std::vector<ScheduledChunk> chunks;  // running sequences first (admission order), then newly admitted ones
+  std::vector<BlockCopy> copies;       // run before the forward (see BlockCopy)
   std::vector<uint64_t> preempted;     // sent back to the queue this step, their blocks freed
   std::vector<uint64_t> deferred;      // waiting, held back for blocks a running sequence is prefilling
   int64_t tokens = 0;                  // sum of chunk counts
@@ -71,9 +88,11 @@ struct StepPlan {
 // Engine-wide counters, as vLLM's metrics name them.
 // note: a sequence is counted once per admission (readmissions after preemption too), with all its tokens,
 // as vLLM counts request.num_tokens; deferrals and admissions that wait for blocks count nothing.
+// note: hits include the slots a copy-on-write brings (vLLM has no such copy and counts full blocks only):
+// their K/V is not computed again, and the hit rate is meant to say how much prefill the cache saved.
 struct SchedulerCounters {
   int64_t prefix_queries = 0;  // tokens of admitted sequences looked up in the prefix cache
-  int64_t prefix_hits = 0;     // of those, tokens found in the cache
+  int64_t prefix_hits = 0;     // of those, tokens found in the cache or copied from a running sequence
   int64_t preemptions = 0;
 };
 
@@ -87,11 +106,16 @@ class Scheduler {
   // prefill also a prompt longer than max_num_batched_tokens.
   Status add(uint64_t id, std::span<const int32_t> prompt, int64_t max_new_tokens);
 
-  // Running sequences first, then admissions. A waiting sequence is deferred (left in place, later ones may
-  // go ahead) when the block after its cache hit is one a running sequence of the same epoch will register
-  // but has not computed yet: admitting it would compute that block a second time. note: skipping instead of
-  // stopping the queue keeps the budget busy while one long prompt prefills under n copies waiting for it;
-  // a deferral lasts only while that sequence runs, and it keeps its place at the front afterwards.
+  // Running sequences first, then admissions. A waiting sequence of L tokens whose full blocks before its
+  // last token are all hit, and which a running sequence R of the same epoch that was running before this
+  // step's admissions matches token for token on [0, L - 1) with R.computed >= L - 1, copies R's slots of
+  // the partial block (plan.copies) and starts at L - 1. A waiting sequence is deferred (left in place,
+  // later ones may go ahead) when the block after its cache hit is one a running sequence of the same epoch
+  // will register but has not computed yet, or when its full blocks are hit and a running sequence matching
+  // it on [0, L - 1) has not computed that far yet and none has: admitting it would compute those tokens a
+  // second time. note: skipping instead of stopping the queue keeps the budget busy while one long prompt
+  // prefills under n copies waiting for it; a deferral lasts only while that sequence runs, and it keeps
+  // its place at the front afterwards.
   StepPlan schedule();
 
   // After the plan's forward: `sampled` holds one token per sampling chunk, in plan order. Advances every
@@ -118,13 +142,20 @@ class Scheduler {
   const SchedulerCounters& counters() const { return counters_; }
 
  private:
-  // A waiting sequence's cache hit: the blocks found, and whether it is to wait for a running prefill.
+  // A waiting sequence's cache hit: the blocks found, the partial block to copy, and whether it is to wait
+  // for a running prefill.
   struct Match {
     std::vector<int32_t> blocks;
-    int32_t evictable = 0;  // hit blocks now unreferenced: taking them uses up free blocks
+    int32_t evictable = 0;   // hit blocks now unreferenced: taking them uses up free blocks
+    int32_t copy_src = -1;   // a running sequence's block holding the partial block's slots, or -1
+    int64_t copy_slots = 0;  // slots to copy from it (the prompt's tokens past the hit, but the last)
     bool defer = false;
   };
-  Match match_prefix(SequenceState& s);
+  // `sources`: how many leading running sequences may be copied from (those running before admissions).
+  Match match_prefix(SequenceState& s, size_t sources);
+  // Whether running sequence `r` holds the tokens of `s` on [0, end), `hit_blocks` full blocks of them
+  // compared by chained hash, the rest token by token.
+  bool same_tokens(const SequenceState& r, const SequenceState& s, size_t hit_blocks, int64_t end) const;
   void update_hashes(SequenceState& s) const;
   void register_full_blocks(SequenceState& s);
   void preempt(uint64_t id);

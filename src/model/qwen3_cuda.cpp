@@ -465,6 +465,23 @@ Status Qwen3Cuda::download_logits(int32_t row, std::span<float> out) {
   return {};
 }
 
+Status Qwen3Cuda::copy_kv_block(int32_t src, int32_t dst, int32_t slots) {
+  const int32_t bs = options_.block_size;
+  if (src < 0 || src >= num_blocks_ || dst < 0 || dst >= num_blocks_ || slots < 0 || slots > bs)
+    return fail("KV block copy {} -> {} of {} slots: the pool has {} blocks of {}", src, dst, slots,
+                num_blocks_, bs);
+  if (src == dst || slots == 0) return {};
+  // note: each layer's K (and V) pool is [num_blocks, block_size, kv_heads, head_dim] bf16 (the
+  // qk_norm_rope_cache write, slot = block · block_size + offset), so a block's leading slots are contiguous.
+  const int64_t row = config_.num_key_value_heads * config_.head_dim;
+  const int64_t from = static_cast<int64_t>(src) * bs * row, to = static_cast<int64_t>(dst) * bs * row;
+  const size_t bytes = static_cast<size_t>(slots * row) * 2;
+  for (size_t i = 0; i < b_->k_cache.size(); ++i)
+    for (uint16_t* cache : {b_->k_cache[i], b_->v_cache[i]})
+      MXQ_CUDA_CHECK(cudaMemcpyAsync(cache + to, cache + from, bytes, cudaMemcpyDeviceToDevice, stream_));
+  return {};
+}
+
 Status Qwen3Cuda::run_linear(const Lin& l, const uint16_t* x, int64_t m, uint16_t* y) {
   if (Status st = linear(*lin_, l.w, x, m, y, stream_); !st) return fail_in(*l.name, st.error());
   return {};

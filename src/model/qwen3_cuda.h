@@ -111,6 +111,12 @@ class Qwen3Cuda {
   Status download_outputs();  // one device → host copy of the outputs block (then a sync)
   const StepOutputs& host_outputs() const { return host_out_; }
   Status download_logits(int32_t row, std::span<float> out);  // one logits row (synchronous)
+  // Enqueues on stream() a copy of slots [0, slots) of KV block `src` into block `dst`, K and V of every
+  // layer (copy-on-write of a prompt's partial block, engine/scheduler.h BlockCopy): 2 · num_hidden_layers
+  // device-to-device copies of slots · kv_heads · head_dim bf16. note: issued eagerly, never inside a
+  // capture; stream order places it after the last step's KV writes and before this step's forward or
+  // graph replay. Refuses block ids outside the pool and slots outside [0, block_size].
+  Status copy_kv_block(int32_t src, int32_t dst, int32_t slots);
 
   const ModelConfig& config() const { return config_; }
   const Qwen3CudaOptions& options() const { return options_; }

@@ -9,6 +9,17 @@ namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// An abort names a request by its id as submitted or as the response's id shows it ("cmpl-ID",
+// "chatcmpl-ID"), as SGLang matches a rid.
+bool names(const std::string& given, const std::string& request_id) {
+  if (given == request_id) return true;
+  for (std::string_view prefix : {"cmpl-", "chatcmpl-"})
+    if (given.size() == prefix.size() + request_id.size() && given.rfind(prefix, 0) == 0 &&
+        given.compare(prefix.size(), std::string::npos, request_id) == 0)
+      return true;
+  return false;
+}
+
 }  // namespace
 
 void RequestChannel::push(StreamEvent e) {
@@ -50,14 +61,14 @@ std::shared_ptr<RequestChannel> EngineLoop::submit(std::string request_id, std::
 size_t EngineLoop::abort(const std::string& request_id) {
   std::lock_guard lock(mu_);
   size_t found = 0;
-  for (const Submission& s : inbox_) found += request_id.empty() || s.request_id == request_id;
+  for (const Submission& s : inbox_) found += request_id.empty() || names(request_id, s.request_id);
   if (request_id.empty()) {
     abort_all_ = true;
     found += in_flight_ - std::min<size_t>(in_flight_, inbox_.size());
   } else {
     aborts_.push_back(request_id);
     // note: the live count per id is the engine thread's; an id in flight counts once however many samples.
-    found += std::count(live_ids_.begin(), live_ids_.end(), request_id) > 0 ? 1 : 0;
+    found += std::any_of(live_ids_.begin(), live_ids_.end(), [&](const std::string& id) { return names(request_id, id); });
   }
   cv_.notify_one();
   return found;
@@ -184,7 +195,8 @@ void EngineLoop::run() {
       const uint64_t id = it->first;
       Live& live = it->second;
       ++it;
-      const bool named = std::find(aborts.begin(), aborts.end(), live.request_id) != aborts.end();
+      const bool named =
+          std::any_of(aborts.begin(), aborts.end(), [&](const std::string& a) { return names(a, live.request_id); });
       if (abort_all || named || past_deadline || live.channel->cancelled()) abort_live(id, live);
     }
     if (stopping_ && live_.empty()) break;

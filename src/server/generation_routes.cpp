@@ -67,8 +67,9 @@ bool write_sse(httplib::DataSink& sink, const json& j) {
   return sink.write(s.data(), s.size());
 }
 
-void handle(const httplib::Request& req, httplib::Response& res, RouteContext& ctx, bool chat) {
-  auto body = json_body(req);
+void handle(const httplib::Request& req, const std::string& raw, httplib::Response& res, RouteContext& ctx,
+            bool chat) {
+  auto body = json_body(req, raw);
   if (!body) return send_error(res, body.error());
   auto parsed = chat ? parse_chat_request(*body, ctx.parse) : parse_completion_request(*body, ctx.parse);
   if (!parsed) return send_error(res, parsed.error());
@@ -181,10 +182,13 @@ void handle(const httplib::Request& req, httplib::Response& res, RouteContext& c
 }  // namespace
 
 void add_generation_routes(httplib::Server& server, RouteContext& ctx) {
-  server.Post("/v1/completions",
-              [&ctx](const httplib::Request& req, httplib::Response& res) { handle(req, res, ctx, false); });
-  server.Post("/v1/chat/completions",
-              [&ctx](const httplib::Request& req, httplib::Response& res) { handle(req, res, ctx, true); });
+  const size_t max = ctx.options.max_body_bytes;
+  add_post(server, "/v1/completions", max, [&ctx](const httplib::Request& req, const std::string& body,
+                                                  httplib::Response& res) { handle(req, body, res, ctx, false); });
+  add_post(server, "/v1/chat/completions", max,
+           [&ctx](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+             handle(req, body, res, ctx, true);
+           });
 }
 
 }  // namespace mxq::server

@@ -2,12 +2,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/socket.h>
+
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <thread>
 
 #include "io/chat_template.h"
+#include "server/connection.h"
 #include "server/routes.h"
 
 namespace mxq::server {
@@ -18,6 +21,11 @@ using nlohmann::json;
 // note: set on the thread that serves a connection accepted while every worker was busy and the backlog
 // full; the pre-routing handler answers 503 and closes (cpp-httplib's own pool would queue it unbounded).
 thread_local bool t_overloaded = false;
+
+constexpr size_t kMaxHeaders = 100;
+// note: cpp-httplib 0.11 listens with a backlog of 5 (compiled into Debian's library), which resets
+// connections at a burst of 64 clients; the listening socket is listened on again with this backlog.
+constexpr int kListenBacklog = 4096;
 
 // cpp-httplib's task queue with a bound: `workers` threads serve connections; up to as many more wait;
 // beyond that a connection is answered 503 by one extra thread and closed.
@@ -91,19 +99,41 @@ void send_json(httplib::Response& res, const json& j, int status = 200) {
 
 void send_error(httplib::Response& res, const ApiError& e) { send_json(res, error_json(e), e.status); }
 
-ApiResult<json> json_body(const httplib::Request& req) {
+void add_post(httplib::Server& server, const std::string& path, size_t max_body, PostHandler handler) {
+  server.Post(path, [max_body, handler](const httplib::Request& req, httplib::Response& res,
+                                        const httplib::ContentReader& reader) {
+    std::string body;
+    bool too_big = false;
+    reader([&](const char* data, size_t len) {
+      if (body.size() + len > max_body) return !(too_big = true);
+      body.append(data, len);
+      return true;
+    });
+    if (too_big) {
+      res.set_header("Connection", "close");
+      shutdown_reads(req.remote_addr, req.remote_port, req.local_port);
+      return send_error(res, {413, fmt::format("the request body is larger than the server's limit of {} bytes",
+                                               max_body),
+                              "", "RequestEntityTooLargeError"});
+    }
+    handler(req, body, res);
+  });
+}
+
+ApiResult<json> json_body(const httplib::Request& req, const std::string& body) {
   // note: a missing Content-Type is read as JSON (curl -d without -H, as FastAPI does); any other type is 415.
   const std::string type = req.get_header_value("Content-Type");
   if (!type.empty() && type.rfind("application/json", 0) != 0)
     return tl::unexpected(ApiError{415, fmt::format("Content-Type {}: expected application/json",
                                                     type.substr(0, 100)),
                                    "", "UnsupportedMediaTypeError"});
-  return parse_json_object(req.body);
+  return parse_json_object(body);
 }
 
 struct HttpServer::Impl {
   httplib::Server server;
   RouteContext ctx;
+  int listen_fd = -1;
 };
 
 HttpServer::HttpServer(ServerOptions options, ServedModel model, EngineLoop& loop, Metrics& metrics)
@@ -123,11 +153,28 @@ HttpServer::HttpServer(ServerOptions options, ServedModel model, EngineLoop& loo
   s.set_write_timeout(c.options.write_timeout_s, 0);
   s.set_keep_alive_timeout(c.options.keep_alive_timeout_s);
   s.set_keep_alive_max_count(10000);
+  // note: replaces cpp-httplib's defaults (SO_REUSEADDR and SO_REUSEPORT): without SO_REUSEPORT a second
+  // server on the same port fails to bind instead of silently sharing it.
+  int* listen_fd = &impl_->listen_fd;
+  s.set_socket_options([listen_fd](int fd) {
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    *listen_fd = fd;
+  });
 
   RouteContext* ctx = &c;
   s.set_pre_routing_handler([ctx](const httplib::Request& req, httplib::Response& res) {
+    // note: cpp-httplib 0.11 caps each header line at 8 KiB but not their number (H-01).
+    if (req.headers.size() > kMaxHeaders) {
+      res.set_header("Connection", "close");
+      shutdown_reads(req.remote_addr, req.remote_port, req.local_port);
+      send_error(res, {431, fmt::format("{} request headers, the limit is {}", req.headers.size(), kMaxHeaders),
+                       "", "RequestHeaderFieldsTooLargeError"});
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (t_overloaded) {
       res.set_header("Connection", "close");
+      shutdown_reads(req.remote_addr, req.remote_port, req.local_port);
       send_error(res, {503, "too many connections; retry later", "", "ServiceUnavailableError"});
       return httplib::Server::HandlerResponse::Handled;
     }
@@ -182,8 +229,9 @@ HttpServer::HttpServer(ServerOptions options, ServedModel model, EngineLoop& loo
   s.Get("/metrics", [ctx](const httplib::Request&, httplib::Response& res) {
     res.set_content(ctx->metrics->serialize(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  s.Post("/tokenize", [ctx](const httplib::Request& req, httplib::Response& res) {
-    auto body = json_body(req);
+  const size_t max = c.options.max_body_bytes;
+  add_post(s, "/tokenize", max, [ctx](const httplib::Request& req, const std::string& raw, httplib::Response& res) {
+    auto body = json_body(req, raw);
     if (!body) return send_error(res, body.error());
     // note: the request parsers do the work: a completions body for "prompt", a chat body for "messages".
     json probe = *body;
@@ -201,8 +249,9 @@ HttpServer::HttpServer(ServerOptions options, ServedModel model, EngineLoop& loo
     send_json(res, {{"count", ids.size()}, {"max_model_len", ctx->model.max_model_len}, {"tokens", ids},
                     {"token_strs", strs}});
   });
-  s.Post("/detokenize", [ctx](const httplib::Request& req, httplib::Response& res) {
-    auto body = json_body(req);
+  add_post(s, "/detokenize", max, [ctx](const httplib::Request& req, const std::string& raw,
+                                         httplib::Response& res) {
+    auto body = json_body(req, raw);
     if (!body) return send_error(res, body.error());
     Fields f(*body);
     f.allow({"model"});
@@ -222,8 +271,9 @@ HttpServer::HttpServer(ServerOptions options, ServedModel model, EngineLoop& loo
     send_json(res, {{"prompt", ctx->model.tokenizer->decode(ids)}});
   });
   // SGLang's abort: {"rid": ID} or {"abort_all": true}.
-  s.Post("/abort_request", [ctx](const httplib::Request& req, httplib::Response& res) {
-    auto body = json_body(req);
+  add_post(s, "/abort_request", max, [ctx](const httplib::Request& req, const std::string& raw,
+                                            httplib::Response& res) {
+    auto body = json_body(req, raw);
     if (!body) return send_error(res, body.error());
     Fields f(*body);
     auto rid = f.string("rid", 256);
@@ -243,14 +293,16 @@ HttpServer::~HttpServer() = default;
 
 Result<int> HttpServer::bind() {
   const ServerOptions& o = impl_->ctx.options;
+  int port = o.port;
   if (o.port == 0) {
-    const int port = impl_->server.bind_to_any_port(o.host);
+    port = impl_->server.bind_to_any_port(o.host);
     if (port <= 0) return fail("--host {}: cannot bind a port", o.host);
-    return port;
-  }
-  if (!impl_->server.bind_to_port(o.host, o.port))
+  } else if (!impl_->server.bind_to_port(o.host, o.port)) {
     return fail("--host {} --port {}: cannot bind (in use, or not an address of this machine)", o.host, o.port);
-  return o.port;
+  }
+  if (impl_->listen_fd < 0 || ::listen(impl_->listen_fd, kListenBacklog) != 0)
+    return fail("--port {}: cannot set the listen backlog to {}", port, kListenBacklog);
+  return port;
 }
 
 void HttpServer::listen() { impl_->server.listen_after_bind(); }

@@ -335,6 +335,9 @@ ApiResult<ParsedRequest> parse_chat_request(const nlohmann::json& body, const Pa
     TRY_GET(role, mf.string("role", 64));
     if (!role) return Unexpected(bad_request("messages", fmt::format("{}.role: missing", where)));
     const nlohmann::json* content = mf.raw("content");
+    // note: only an assistant turn may leave content out (OpenAI's schema; its tool calls are refused below).
+    if (!content && *role != "assistant")
+      return Unexpected(bad_request("messages", fmt::format("{}.content: missing", where)));
     TRY_GET(text, message_content(content ? *content : nlohmann::json(nullptr), where + ".content"));
     TRY_GET(reasoning, mf.string("reasoning_content", ctx.limits.max_prompt_bytes));
     mf.allow({"name", "tool_call_id"});

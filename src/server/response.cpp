@@ -159,8 +159,8 @@ json completion_response(const ResponseContext& ctx, const std::vector<ChoiceSta
            {"choices", arr},
            {"usage", usage_json(ctx, choices)},
            {"weight_version", weight_version}};
-  // note: vLLM puts the prompt's ids at the top of a chat response; for one completions prompt mxq does too.
-  if (r.return_token_ids && r.prompts.size() == 1) out["prompt_token_ids"] = r.prompts[0].ids;
+  // note: vLLM's places: a chat response has the prompt's ids at the top, a completions choice its own.
+  if (r.return_token_ids && r.chat) out["prompt_token_ids"] = r.prompts[0].ids;
   return out;
 }
 
@@ -169,11 +169,14 @@ json chat_role_chunk(const ResponseContext& ctx, size_t index) {
               {"delta", {{"role", "assistant"}, {"content", ""}}},
               {"logprobs", nullptr},
               {"finish_reason", nullptr}};
-  return {{"id", ctx.id},
-          {"object", "chat.completion.chunk"},
-          {"created", ctx.created},
-          {"model", ctx.model},
-          {"choices", json::array({choice})}};
+  json out{{"id", ctx.id},
+           {"object", "chat.completion.chunk"},
+           {"created", ctx.created},
+           {"model", ctx.model},
+           {"choices", json::array({choice})}};
+  // note: vLLM sends a chat stream's prompt ids once, on its first chunk.
+  if (ctx.request->return_token_ids && index == 0) out["prompt_token_ids"] = ctx.request->prompts[0].ids;
+  return out;
 }
 
 json stream_chunk(const ResponseContext& ctx, size_t index, ChoiceState& c, const std::string& piece,
@@ -200,7 +203,11 @@ json stream_chunk(const ResponseContext& ctx, size_t index, ChoiceState& c, cons
   choice["logprobs"] = logprobs;
   choice["finish_reason"] = c.finished ? json(finish_reason_name(c.finish)) : json(nullptr);
   choice["stop_reason"] = c.finished ? c.stop_reason : json(nullptr);
-  if (r.return_token_ids) choice["token_ids"] = ids_of(c, from, to);
+  if (r.return_token_ids) {
+    choice["token_ids"] = ids_of(c, from, to);
+    if (!r.chat && !c.sent_prompt_ids) choice["prompt_token_ids"] = r.prompts[c.prompt].ids;
+    c.sent_prompt_ids = true;
+  }
   c.sent_tokens = to;
   json out{{"id", ctx.id},
            {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
@@ -208,7 +215,6 @@ json stream_chunk(const ResponseContext& ctx, size_t index, ChoiceState& c, cons
            {"model", ctx.model},
            {"choices", json::array({choice})},
            {"weight_version", weight_version}};
-  if (r.return_token_ids && from == 0 && r.prompts.size() == 1) out["prompt_token_ids"] = r.prompts[0].ids;
   return out;
 }
 

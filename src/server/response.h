@@ -32,6 +32,7 @@ struct ChoiceState {
   nlohmann::json stop_reason = nullptr;  // the stop string or stop token id that ended it (vLLM)
   bool sent_role = false;                // chat streaming: the first chunk carries the role
   size_t sent_tokens = 0;                // streaming: tokens already sent
+  bool sent_prompt_ids = false;          // streaming completions: the choice's prompt_token_ids went out
   int64_t cached_tokens = 0;             // prompt tokens the prefix cache served
 };
 

@@ -430,7 +430,8 @@ def test_H02_endless_chunked_body_is_cut_off(abuse_server):
     except (http.client.RemoteDisconnected, ConnectionResetError, http.client.BadStatusLine, socket.timeout):
         status = None
     s.close()
-    assert sent < 1 << 30, "the server read 1 GiB of body without refusing it"
+    assert sent < 1 << 30, "the server read 1 GiB of chunked body without refusing it (RSS +%d MiB)" % (
+        (server.rss_bytes() - rss0) >> 20)
     assert status in (None, 400, 413), status
     assert server.rss_bytes() - rss0 < 256 << 20
     still_serving(server)
@@ -670,7 +671,11 @@ def test_H11_text_past_any_tokenizer_limit_is_refused_by_a_byte_cap(abuse_server
 def test_H13_many_timed_out_long_requests_then_a_normal_one(serve_factory):
     server = serve_factory()  # its own server: abandoned work that is not dropped must not reach other tests
     m = server.model_id
-    n = MAX_MODEL_LEN - 48  # ~10 KB of JSON each; distinct from the first token, so no prefix is shared
+    # note: the spec's 10 k-token prompts exceed this model's context, and one 2000-token prefill is a ~12 s step
+    # on the 2 CI cores, longer than the 5 s bound by itself; 384 tokens (~2 KB of JSON, ~1-2 s) keep the bound
+    # meaningful: a server that drops the abandoned requests waits for one step at most, one that runs them all
+    # waits for minutes.
+    n = 384  # distinct from the first token, so no prefix is shared
 
     def prompt(i):
         return [(k * 37 + i * 101) % 4000 + 10 for k in range(n)]

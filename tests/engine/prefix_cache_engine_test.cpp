@@ -1,6 +1,7 @@
 // Prefix caching in the engine on the CPU backend: tokens and logprobs with caching on are bit for bit those
-// with it off (n copies of a prompt, greedy and seeded; prompts sharing a prefix; chunked prefill;
-// preemption; a reset in the middle), the per-request cached_tokens and the counters; and the fact that
+// with it off (n copies of a prompt, greedy and seeded, their partial blocks copied from the first; prompts
+// sharing a prefix; chunked prefill; preemption; a reset in the middle), the per-request cached_tokens and
+// the counters; and the fact that
 // makes it possible: the K/V and logits of a position do not depend on the chunk it was computed in, for
 // chunks of any size (see EngineOneTokenChunk below).
 #include <gtest/gtest.h>
@@ -40,6 +41,10 @@ class RecordingRunner final : public ModelRunner {
     log_->plans.push_back(plan);
     const int64_t bs = scheduler.pool().block_size();
     single_.resize(static_cast<size_t>(scheduler.pool().num_blocks() * bs));
+    // a copied slot carries its source's map, as it carries its K/V
+    for (const BlockCopy& cp : plan.copies)
+      for (int64_t i = 0; i < cp.slots; ++i)
+        single_[static_cast<size_t>(cp.dst * bs + i)] = single_[static_cast<size_t>(cp.src * bs + i)];
     for (const ScheduledChunk& c : plan.chunks) {
       const std::vector<int32_t>& table = scheduler.find(c.id)->blocks;
       auto slot = [&](int64_t p) {
@@ -74,21 +79,23 @@ struct Req {
 };
 
 struct Case {
-  const char* name;
-  int prompts;     // distinct prompts ...
-  int copies;      // ... each sent this many times (n samples), seeds differing
-  int64_t common;  // leading tokens every prompt shares
-  int64_t suffix;  // then tokens of its own (see stride)
-  int32_t block_size;
-  int64_t budget;      // max_num_batched_tokens
-  int64_t num_blocks;  // 0: roomy
-  float temperature;   // 0: greedy
-  int64_t max_new;
-  int arrive_every;       // a request is added every this many steps (0: all before the first step)
-  int reset_at_step;      // reset_prefix_cache() before this step (-1: never)
-  bool bitwise = true;    // every token's one-token map is the same on and off (see the test)
-  bool preempts = false;  // caching on preempts too
-  int64_t stride = 1;     // prompt p has suffix + p * stride tokens of its own
+  const char* name = "";
+  int prompts = 1;     // distinct prompts ...
+  int copies = 1;      // ... each sent this many times (n samples), seeds differing
+  int64_t common = 0;  // leading tokens every prompt shares
+  int64_t suffix = 0;  // then tokens of its own (see stride)
+  int32_t block_size = 4;
+  int64_t budget = 64;     // max_num_batched_tokens
+  int64_t num_blocks = 0;  // 0: roomy
+  float temperature = 0;   // 0: greedy
+  int64_t max_new = 6;
+  int arrive_every = 0;      // a request is added every this many steps (0: all before the first step)
+  int reset_at_step = -1;    // reset_prefix_cache() before this step (-1: never)
+  bool same_maps = false;    // every token's one-token map is the same on and off (see the test)
+  bool preempts = false;     // caching on preempts too
+  int64_t stride = 1;        // prompt p has suffix + p * stride tokens of its own
+  int64_t context = 64;      // max_model_len (over 64: the tiny model stretched, see long_model())
+  int64_t want_prefill = 0;  // > 0: the prompt tokens caching on computes, exactly
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -130,11 +137,25 @@ struct EngineRun {
   PlanLog log;
 };
 
+// The tiny model with its context (64) stretched to 256, for prompts of 100+ tokens in blocks of 16.
+// note: RoPE takes any position; the weights are the tiny model's.
+Qwen3Model& long_model() {
+  static Qwen3Model* m = [] {
+    TinyModel& tiny = TinyModel::get();
+    ModelConfig mc = tiny.model->config();
+    mc.max_position_embeddings = 256;
+    auto q = Qwen3Model::create(mc, tiny.loaded.store, *tiny.backend);
+    EXPECT_TRUE(q) << q.error().message;
+    return new Qwen3Model(std::move(*q));
+  }();
+  return *m;
+}
+
 EngineRun run_case(const Case& c, const std::vector<Req>& reqs, bool caching) {
-  Qwen3Model& model = *TinyModel::get().model;
+  Qwen3Model& model = c.context > 64 ? long_model() : *TinyModel::get().model;
   EngineRun out;
   EngineConfig cfg;
-  cfg.scheduler = {.max_num_seqs = 16, .max_num_batched_tokens = c.budget, .max_model_len = 64};
+  cfg.scheduler = {.max_num_seqs = 16, .max_num_batched_tokens = c.budget, .max_model_len = c.context};
   cfg.block_size = c.block_size;
   cfg.num_blocks = c.num_blocks;
   cfg.enable_prefix_caching = caching;
@@ -206,20 +227,30 @@ TEST_P(EnginePrefixCache, TokensAndLogprobsEqualCachingOffBitForBit) {
   const EngineRun off = run_case(c, reqs, false), on = run_case(c, reqs, true);
   int64_t loose = 0;
   for (size_t i = 0; i < reqs.size(); ++i) loose += expect_same(on, off, i);
-  // The cases marked bitwise keep every token's one-token map equal on and off: no cache hit leaves a
-  // one-token chunk that caching off computes in a wider one, no readmission hits blocks of decoded tokens.
-  if (c.bitwise) {
+  // The cases marked same_maps keep every token's one-token map equal on and off: no cache hit or copy
+  // leaves a one-token chunk that caching off computes in a wider one, no readmission hits blocks of decoded
+  // tokens.
+  if (c.same_maps) {
     EXPECT_EQ(loose, 0);
   }
   if (c.preempts) {
     EXPECT_GT(on.counters.preemptions, 0);
   }
-  int64_t cached = 0;
+  int64_t cached = 0, copied = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(off.cached[i], 0);
-    EXPECT_EQ(on.cached[i] % c.block_size, 0);
     EXPECT_LT(on.cached[i], static_cast<int64_t>(reqs[i].prompt.size()));
     cached += on.cached[i];
+  }
+  for (const StepPlan& p : on.log.plans)
+    for (const BlockCopy& cp : p.copies) {
+      EXPECT_GT(cp.slots, 0);
+      EXPECT_LT(cp.slots, c.block_size);
+      copied += cp.slots;
+    }
+  for (const StepPlan& p : off.log.plans) EXPECT_TRUE(p.copies.empty());
+  if (c.want_prefill > 0) {
+    EXPECT_EQ(on.prefill, c.want_prefill);
   }
   EXPECT_EQ(off.counters.prefix_queries, 0);
   EXPECT_GT(on.counters.prefix_hits, 0);
@@ -227,27 +258,29 @@ TEST_P(EnginePrefixCache, TokensAndLogprobsEqualCachingOffBitForBit) {
   EXPECT_GE(on.counters.prefix_hits, cached);  // readmissions after preemption hit too
   EXPECT_LT(on.prefill, off.prefill);
   std::printf(
-      "%s: prefill tokens %lld on / %lld off, hits %lld of %lld queried, preemptions %lld / %lld, "
-      "%lld tokens with other one-token maps\n",
+      "%s: prefill tokens %lld on / %lld off, hits %lld of %lld queried (%lld slots copied), preemptions "
+      "%lld / %lld, %lld tokens with other one-token maps\n",
       c.name, static_cast<long long>(on.prefill), static_cast<long long>(off.prefill),
       static_cast<long long>(on.counters.prefix_hits), static_cast<long long>(on.counters.prefix_queries),
-      static_cast<long long>(on.counters.preemptions), static_cast<long long>(off.counters.preemptions),
-      static_cast<long long>(loose));
+      static_cast<long long>(copied), static_cast<long long>(on.counters.preemptions),
+      static_cast<long long>(off.counters.preemptions), static_cast<long long>(loose));
 }
 
-// Cases marked bitwise (the default) keep every token's one-token map equal on and off by construction:
-// prompt lengths with (len - 1) % block_size != 0 (a hit never leaves a one-token chunk), budgets whose
-// chunks never end one token short, preempted sequences whose decoded tokens have not filled a block yet.
-// The others show where the maps part (still bitwise: see EngineOneTokenChunk).
+// Every case is bitwise (the test asserts it). Those marked same_maps also keep every token's one-token map
+// equal on and off by construction: no copy of a running sequence's partial block (prompts of their own,
+// or copies that arrive after their producer ended), prompt lengths with (len - 1) % block_size != 0 (a
+// hit never leaves a one-token chunk), preempted sequences whose decoded tokens have not filled a block
+// yet. The others show where the maps part (still bitwise: see EngineOneTokenChunk): every copy of a
+// running sequence computes its last prompt token alone.
 INSTANTIATE_TEST_SUITE_P(
     Engine, EnginePrefixCache,
     ::testing::Values(
         // name, prompts, copies, common, suffix, block, budget, blocks, temperature, max_new, arrive_every,
-        // reset_at_step[, bitwise, preempts, stride]
+        // reset_at_step[, same_maps, preempts, stride]
         Case{"n_copies_greedy", 1, 8, 0, 30, 4, 64, 0, 0.0f, 10, 0, -1},
         Case{"n_copies_seeded", 1, 8, 0, 30, 4, 64, 0, 0.8f, 10, 0, -1},
         Case{"n_copies_arriving", 2, 4, 0, 26, 8, 64, 0, 0.8f, 8, 1, -1},
-        Case{"shared_prefix", 6, 1, 24, 6, 4, 64, 0, 0.8f, 8, 1, -1},
+        Case{"shared_prefix", 6, 1, 24, 6, 4, 64, 0, 0.8f, 8, 1, -1, true},
         Case{"shared_prefix_copies", 3, 3, 17, 10, 8, 64, 0, 0.0f, 6, 0, -1},
         Case{"chunked_prefill", 1, 4, 0, 30, 4, 10, 0, 0.8f, 6, 0, -1},
         Case{"chunked_prefill_greedy", 1, 4, 0, 30, 4, 16, 0, 0.0f, 6, 0, -1},
@@ -255,30 +288,185 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"preemption_one_copy", 2, 1, 0, 30, 8, 64, 8, 0.8f, 8, 0, -1, true, true, -4},
         Case{"reset_midway", 2, 4, 12, 14, 4, 64, 0, 0.8f, 6, 2, 9},
         // one-token chunks land elsewhere on and off: prefill chunks cut one token short by the budget ...
-        Case{"chunked_prefill_mixed", 2, 4, 10, 20, 4, 7, 0, 0.8f, 6, 0, -1, false},
-        Case{"chunked_prefill_arriving", 3, 2, 16, 14, 8, 5, 0, 0.8f, 5, 2, -1, false},
+        Case{"chunked_prefill_mixed", 2, 4, 10, 20, 4, 7, 0, 0.8f, 6, 0, -1},
+        Case{"chunked_prefill_arriving", 3, 2, 16, 14, 8, 5, 0, 0.8f, 5, 2, -1},
         // ... and readmissions hitting blocks of decoded tokens, which caching off recomputes in a prefill
-        Case{"preemption_decoded", 2, 3, 0, 20, 4, 64, 12, 0.8f, 12, 0, -1, false, true}),
+        Case{"preemption_decoded", 2, 3, 0, 20, 4, 64, 12, 0.8f, 12, 0, -1, false, true},
+        // Copy-on-write of the partial block, blocks of 16 (the tiny model stretched to 256 positions): 8
+        // copies cost len + 7 prompt tokens, whether the partial block holds 3 (100), 0 (113), 15 (128) or 0
+        // (129) tokens before the last.
+        Case{.name = "cow_len100_greedy",
+             .prompts = 1,
+             .copies = 8,
+             .suffix = 100,
+             .block_size = 16,
+             .budget = 256,
+             .temperature = 0.0f,
+             .max_new = 8,
+             .context = 256,
+             .want_prefill = 107},
+        Case{.name = "cow_len100_seeded",
+             .prompts = 1,
+             .copies = 8,
+             .suffix = 100,
+             .block_size = 16,
+             .budget = 256,
+             .temperature = 0.8f,
+             .max_new = 8,
+             .context = 256,
+             .want_prefill = 107},
+        Case{.name = "cow_len113_greedy",
+             .prompts = 1,
+             .copies = 8,
+             .suffix = 113,
+             .block_size = 16,
+             .budget = 256,
+             .temperature = 0.0f,
+             .max_new = 8,
+             .context = 256,
+             .want_prefill = 120},
+        Case{.name = "cow_len113_seeded",
+             .prompts = 1,
+             .copies = 8,
+             .suffix = 113,
+             .block_size = 16,
+             .budget = 256,
+             .temperature = 0.8f,
+             .max_new = 8,
+             .context = 256,
+             .want_prefill = 120},
+        Case{.name = "cow_len128_greedy",
+             .prompts = 1,
+             .copies = 8,
+             .suffix = 128,
+             .block_size = 16,
+             .budget = 256,
+             .temperature = 0.0f,
+             .max_new = 8,
+             .context = 256,
+             .want_prefill = 135},
+        Case{.name = "cow_len128_seeded",
+             .prompts = 1,
+             .copies = 8,
+             .suffix = 128,
+             .block_size = 16,
+             .budget = 256,
+             .temperature = 0.8f,
+             .max_new = 8,
+             .context = 256,
+             .want_prefill = 135},
+        Case{.name = "cow_len129_greedy",
+             .prompts = 1,
+             .copies = 8,
+             .suffix = 129,
+             .block_size = 16,
+             .budget = 256,
+             .temperature = 0.0f,
+             .max_new = 8,
+             .context = 256,
+             .want_prefill = 136},
+        Case{.name = "cow_len129_seeded",
+             .prompts = 1,
+             .copies = 8,
+             .suffix = 129,
+             .block_size = 16,
+             .budget = 256,
+             .temperature = 0.8f,
+             .max_new = 8,
+             .context = 256,
+             .want_prefill = 136},
+        // chunked prefill: the producer's chunks end exactly at the last token (33 x 3 of 100), so the
+        // copies read its partial block in the step it writes the slot after them ...
+        Case{.name = "cow_producer_at_last_token",
+             .prompts = 1,
+             .copies = 8,
+             .suffix = 100,
+             .block_size = 16,
+             .budget = 33,
+             .temperature = 0.8f,
+             .max_new = 8,
+             .context = 256,
+             .want_prefill = 107},
+        // ... copies arrive one per step while the producer prefills (24 a step) and wait for its partial
+        // block ...
+        Case{.name = "cow_arriving_mid_prefill",
+             .prompts = 1,
+             .copies = 8,
+             .suffix = 128,
+             .block_size = 16,
+             .budget = 24,
+             .temperature = 0.8f,
+             .max_new = 8,
+             .arrive_every = 1,
+             .context = 256,
+             .want_prefill = 135},
+        // ... two prompts (100, 128 tokens) of 4 copies each, arriving one per step
+        Case{.name = "cow_two_prompts_arriving",
+             .prompts = 2,
+             .copies = 4,
+             .suffix = 100,
+             .block_size = 16,
+             .budget = 40,
+             .temperature = 0.0f,
+             .max_new = 8,
+             .arrive_every = 1,
+             .stride = 28,
+             .context = 256,
+             .want_prefill = 234},
+        // copies arriving every 3 steps: the later ones copy a source block its producer has filled since
+        Case{.name = "cow_late_arrivals",
+             .prompts = 1,
+             .copies = 6,
+             .suffix = 100,
+             .block_size = 16,
+             .budget = 256,
+             .temperature = 0.8f,
+             .max_new = 16,
+             .arrive_every = 3,
+             .context = 256,
+             .want_prefill = 105},
+        // preemption after the copies (20 blocks): the readmitted sequences hit their own cached blocks
+        Case{.name = "cow_preemption_greedy",
+             .prompts = 1,
+             .copies = 6,
+             .suffix = 100,
+             .block_size = 16,
+             .budget = 256,
+             .num_blocks = 20,
+             .temperature = 0.0f,
+             .max_new = 40,
+             .preempts = true,
+             .context = 256},
+        Case{.name = "cow_preemption_seeded",
+             .prompts = 1,
+             .copies = 6,
+             .suffix = 100,
+             .block_size = 16,
+             .budget = 256,
+             .num_blocks = 20,
+             .temperature = 0.8f,
+             .max_new = 40,
+             .preempts = true,
+             .context = 256}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// n samples of one 113-token prompt through the engine (block 16): the prompt is prefilled once, each
-// copy then computes the block holding the last prompt token (here one token). note: the tiny model's
-// context (64) is stretched to 256 for this; RoPE takes any position.
-TEST(EnginePrefixCacheCost, EightSamplesPrefillThePromptOnce) {
-  TinyModel& tiny = TinyModel::get();
-  ModelConfig mc = tiny.model->config();
-  mc.max_position_embeddings = 256;
-  auto model = Qwen3Model::create(mc, tiny.loaded.store, *tiny.backend);
-  ASSERT_TRUE(model) << model.error().message;
+// n samples of one prompt through the engine (block 16): the prompt is prefilled once, each copy shares its
+// full blocks, copies the rest but its last token from the first copy's partial block, and computes that
+// token alone: n = 8 costs len + 7 prompt tokens, every copy reports len - 1 cached tokens.
+class EnginePrefixCacheCost : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(EnginePrefixCacheCost, EightSamplesPrefillThePromptOnce) {
+  Qwen3Model& model = long_model();
+  const int64_t len = GetParam();
   std::vector<int32_t> prompt;
   std::mt19937_64 rng(3);
-  for (int i = 0; i < 113; ++i) prompt.push_back(3 + static_cast<int32_t>(rng() % 250));
+  for (int64_t i = 0; i < len; ++i) prompt.push_back(3 + static_cast<int32_t>(rng() % 250));
   auto cost = [&](int n, bool caching, std::vector<int64_t>* cached) {
     PlanLog log;
     EngineConfig cfg;
     cfg.scheduler = {.max_num_seqs = 16, .max_num_batched_tokens = 2048, .max_model_len = 256};
     cfg.enable_prefix_caching = caching;
-    auto engine = Engine::create(*model, nullptr, cfg, std::make_unique<RecordingRunner>(*model, &log));
+    auto engine = Engine::create(model, nullptr, cfg, std::make_unique<RecordingRunner>(model, &log));
     EXPECT_TRUE(engine);
     for (int i = 0; i < n; ++i) {
       GenerateParams p;
@@ -297,28 +485,34 @@ TEST(EnginePrefixCacheCost, EightSamplesPrefillThePromptOnce) {
     }
     EXPECT_EQ(engine->pool().free_blocks(), engine->pool().num_blocks());
     if (caching) {
-      EXPECT_EQ(engine->counters().prefix_queries, 113 * n);
-      EXPECT_EQ(engine->counters().prefix_hits, 112 * (n - 1));
+      EXPECT_EQ(engine->counters().prefix_queries, len * n);
+      EXPECT_EQ(engine->counters().prefix_hits, (len - 1) * (n - 1));
     }
     int64_t tokens = 0;
     for (const StepPlan& plan : log.plans)
       for (const ScheduledChunk& c : plan.chunks)
-        tokens += std::max<int64_t>(0, std::min<int64_t>(c.start + c.count, 113) - c.start);
+        tokens += std::max<int64_t>(0, std::min<int64_t>(c.start + c.count, len) - c.start);
     return tokens;
   };
   std::vector<int64_t> cached;
   const int64_t one = cost(1, true, nullptr), eight = cost(8, true, &cached),
                 eight_off = cost(8, false, nullptr);
   std::printf(
-      "engine, 113-token prompt, block 16: prefill tokens n=1 %lld, n=8 %lld (%.3fx), n=8 caching off %lld\n",
-      static_cast<long long>(one), static_cast<long long>(eight),
+      "engine, %lld-token prompt, block 16: prefill tokens n=1 %lld, n=8 %lld (%.3fx), n=8 caching off "
+      "%lld\n",
+      static_cast<long long>(len), static_cast<long long>(one), static_cast<long long>(eight),
       static_cast<double>(eight) / static_cast<double>(one), static_cast<long long>(eight_off));
-  EXPECT_EQ(one, 113);
-  EXPECT_EQ(eight, 113 + 7);
+  EXPECT_EQ(one, len);
+  EXPECT_EQ(eight, len + 7);
   EXPECT_LE(eight * 5, one * 6);  // <= 1.2x
-  EXPECT_EQ(eight_off, 8 * 113);
-  EXPECT_EQ(cached, (std::vector<int64_t>{0, 112, 112, 112, 112, 112, 112, 112}));
+  EXPECT_EQ(eight_off, 8 * len);
+  std::vector<int64_t> want(8, len - 1);
+  want[0] = 0;
+  EXPECT_EQ(cached, want);
 }
+
+INSTANTIATE_TEST_SUITE_P(Engine, EnginePrefixCacheCost, ::testing::Values(100, 113, 128, 129),
+                         [](const auto& info) { return "len" + std::to_string(info.param); });
 
 // Aborting copies (the one that prefilled the shared blocks among them) leaves the others' tokens as they
 // were and every block free in the end; the shared blocks stay cached for the next request.

@@ -64,7 +64,9 @@ TEST(Scheduler, PrefillThenDecodeInOneBatch) {
   EXPECT_TRUE(p1.chunks[0].samples);
   EXPECT_EQ(s.find(1)->blocks.size(), 2u);
   run_step(s, p1);
-  ASSERT_TRUE(s.add(2, prompt_of(3), 2));
+  // note: a prompt of its own: 1's tokens 1, 2 would be copied from its block (copy-on-write, see
+  // prefix_cache_test.cpp)
+  ASSERT_TRUE(s.add(2, prompt_of(3, 50), 2));
   StepPlan p2 = s.schedule();  // decode of 1 first, then the prefill of 2
   ASSERT_EQ(p2.chunks.size(), 2u);
   EXPECT_EQ(p2.chunks[0].id, 1u);
@@ -105,7 +107,8 @@ TEST(Scheduler, ChunksAPromptOverTheTokenBudget) {
 TEST(Scheduler, HonoursMaxNumSeqs) {
   BlockPool pool(64, 4);
   Scheduler s({.max_num_seqs = 2, .max_num_batched_tokens = 100, .max_model_len = 64}, pool);
-  for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(s.add(id, prompt_of(2), 4));
+  // note: prompts of their own; copies of one prompt would wait for the first one's prefill
+  for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(s.add(id, prompt_of(2, static_cast<int32_t>(10 * id)), 4));
   StepPlan p = s.schedule();
   EXPECT_EQ(p.chunks.size(), 2u);
   EXPECT_EQ(s.num_waiting(), 1u);
