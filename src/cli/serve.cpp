@@ -251,6 +251,9 @@ void add_serve(CLI::App& app, int& exit_code) {
       ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{16384}));
   cmd->add_option("--timeout-keep-alive", o->server.keep_alive_timeout_s, "Idle keep-alive seconds")
       ->capture_default_str()->check(CLI::Range(1, 3600));
+  cmd->add_option("--header-timeout", o->server.header_timeout_s,
+                  "Seconds a connection may take to send a whole request's headers")
+      ->capture_default_str()->check(CLI::Range(1, 3600));
   cmd->add_option("--read-timeout", o->server.read_timeout_s, "Seconds a client may send nothing mid-request")
       ->capture_default_str()->check(CLI::Range(1, 3600));
   cmd->add_option("--drain-timeout", o->drain_timeout_s, "Seconds running requests get to finish at shutdown")

@@ -106,16 +106,16 @@ class Scheduler {
   // prefill also a prompt longer than max_num_batched_tokens.
   Status add(uint64_t id, std::span<const int32_t> prompt, int64_t max_new_tokens);
 
-  // Running sequences first, then admissions. A waiting sequence of L tokens whose full blocks before its
-  // last token are all hit, and which a running sequence R of the same epoch that was running before this
-  // step's admissions matches token for token on [0, L - 1) with R.computed >= L - 1, copies R's slots of
-  // the partial block (plan.copies) and starts at L - 1. A waiting sequence is deferred (left in place,
-  // later ones may go ahead) when the block after its cache hit is one a running sequence of the same epoch
-  // will register but has not computed yet, or when its full blocks are hit and a running sequence matching
-  // it on [0, L - 1) has not computed that far yet and none has: admitting it would compute those tokens a
-  // second time. note: skipping instead of stopping the queue keeps the budget busy while one long prompt
-  // prefills under n copies waiting for it; a deferral lasts only while that sequence runs, and it keeps
-  // its place at the front afterwards.
+  // Running sequences first, then admissions. An admitted sequence of L tokens shares its longest run of
+  // cached full blocks before its last token; when that is all of them, and a sequence R of the same epoch
+  // that was running before this step's admissions holds its tokens [0, L - 1) with R.computed >= L - 1,
+  // it also copies R's slots of the partial block (plan.copies) and starts at L - 1.
+  // A waiting sequence is deferred (left in place, later ones may go ahead) when a running sequence of the
+  // same epoch is computing what it would compute a second time: the block after its cache hit (to be
+  // registered, not computed yet), or, all full blocks hit, its tokens [hit, L - 1) (a running sequence
+  // holding its tokens [0, L - 1) has not computed them yet, and none has). note: skipping instead of
+  // stopping the queue keeps the budget busy while one long prompt prefills under n copies waiting for it;
+  // a deferral lasts only while that sequence runs, and it keeps its place at the front afterwards.
   StepPlan schedule();
 
   // After the plan's forward: `sampled` holds one token per sampling chunk, in plan order. Advances every

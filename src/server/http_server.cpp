@@ -134,6 +134,7 @@ struct HttpServer::Impl {
   httplib::Server server;
   RouteContext ctx;
   int listen_fd = -1;
+  std::unique_ptr<HeaderWatchdog> watchdog;  // made at bind(), once the port is known
 };
 
 HttpServer::HttpServer(ServerOptions options, ServedModel model, EngineLoop& loop, Metrics& metrics)
@@ -163,11 +164,14 @@ HttpServer::HttpServer(ServerOptions options, ServedModel model, EngineLoop& loo
   });
 
   RouteContext* ctx = &c;
-  s.set_pre_routing_handler([ctx](const httplib::Request& req, httplib::Response& res) {
+  Impl* impl = impl_.get();
+  s.set_logger([impl](const httplib::Request& req, const httplib::Response&) {
+    if (impl->watchdog) impl->watchdog->request_ended(req.remote_addr, req.remote_port);
+  });
+  s.set_pre_routing_handler([ctx, impl](const httplib::Request& req, httplib::Response& res) {
+    if (impl->watchdog) impl->watchdog->request_started(req.remote_addr, req.remote_port);
     // note: cpp-httplib 0.11 caps each header line at 8 KiB but not their number (H-01).
     if (req.headers.size() > kMaxHeaders) {
-      res.set_header("Connection", "close");
-      shutdown_reads(req.remote_addr, req.remote_port, req.local_port);
       send_error(res, {431, fmt::format("{} request headers, the limit is {}", req.headers.size(), kMaxHeaders),
                        "", "RequestHeaderFieldsTooLargeError"});
       return httplib::Server::HandlerResponse::Handled;
@@ -302,6 +306,7 @@ Result<int> HttpServer::bind() {
   }
   if (impl_->listen_fd < 0 || ::listen(impl_->listen_fd, kListenBacklog) != 0)
     return fail("--port {}: cannot set the listen backlog to {}", port, kListenBacklog);
+  impl_->watchdog = std::make_unique<HeaderWatchdog>(port, std::chrono::seconds(o.header_timeout_s));
   return port;
 }
 

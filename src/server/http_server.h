@@ -24,6 +24,7 @@ struct ServerOptions {
   int read_timeout_s = 10;    // a client that sends nothing for this long is dropped (H-02, H-13)
   int write_timeout_s = 10;   // a client that reads nothing for this long is dropped
   int keep_alive_timeout_s = 5;
+  int header_timeout_s = 20;  // a whole request's headers must arrive within this (H-02 slow loris)
   size_t max_connections = 512;  // connections served at once; more wait, and past 2x get 503
   RequestLimits limits;
 };

@@ -14,6 +14,7 @@
 #include <random>
 #include <string>
 
+#include "engine/cpu_block_store.h"
 #include "engine/engine.h"
 #include "engine/kv_cache.h"
 #include "tiny_model.h"
@@ -555,6 +556,45 @@ TEST(EnginePrefixCacheAbort, CopiesOutliveTheirProducer) {
       EXPECT_EQ(std::bit_cast<uint32_t>(got[id][t].logprob), std::bit_cast<uint32_t>(want[id][t].logprob));
     }
   }
+}
+
+// The CPU runner's block copy: the leading slots of a block, K and V of every layer, into a block that is
+// allocated on first use; a source never written and ids outside the pool are refused by name.
+TEST(EnginePrefixCopy, CpuBlockStoreCopiesLeadingSlots) {
+  TinyModel& tiny = TinyModel::get();
+  const ModelConfig& mc = tiny.model->config();
+  const int64_t row = mc.num_key_value_heads * mc.head_dim;
+  CpuBlockStore store(*tiny.backend, mc, 4, 4);
+  auto src = KvCache::create(*tiny.backend, mc, 4);
+  ASSERT_TRUE(src);
+  SequenceKv& kv = src->sequence();
+  for (int64_t l = 0; l < mc.num_hidden_layers; ++l)
+    for (int64_t i = 0; i < 4 * row; ++i) {
+      kv.k[static_cast<size_t>(l)][i] = static_cast<float>(l * 1000 + i);
+      kv.v[static_cast<size_t>(l)][i] = -static_cast<float>(l * 1000 + i);
+    }
+  kv.length = 4;
+  const std::vector<int32_t> table{2};
+  store.write(kv, table, 0, 4);
+  ASSERT_TRUE(store.copy(2, 1, 3));
+  EXPECT_EQ(store.bytes(), 2 * mc.num_hidden_layers * 2 * 4 * row * 4);
+  auto dst = KvCache::create(*tiny.backend, mc, 4);
+  ASSERT_TRUE(dst);
+  ASSERT_TRUE(store.read(std::vector<int32_t>{1}, 4, dst->sequence()));
+  for (int64_t l = 0; l < mc.num_hidden_layers; ++l)
+    for (int64_t i = 0; i < 4 * row; ++i) {
+      const float want_k = i < 3 * row ? kv.k[static_cast<size_t>(l)][i] : 0.0f;  // slot 3: not copied
+      const float want_v = i < 3 * row ? kv.v[static_cast<size_t>(l)][i] : 0.0f;
+      ASSERT_EQ(dst->sequence().k[static_cast<size_t>(l)][i], want_k) << "layer " << l << " float " << i;
+      ASSERT_EQ(dst->sequence().v[static_cast<size_t>(l)][i], want_v) << "layer " << l << " float " << i;
+    }
+  auto never = store.copy(0, 3, 2);
+  ASSERT_FALSE(never);
+  EXPECT_NE(never.error().message.find("block 0 was never written"), std::string::npos);
+  auto outside = store.copy(2, 4, 1);
+  ASSERT_FALSE(outside);
+  EXPECT_NE(outside.error().message.find("the pool has 4 blocks of 4"), std::string::npos);
+  EXPECT_FALSE(store.copy(2, 3, 5));
 }
 
 // K/V of each position and the last logits, computed with the prompt split into the given chunks.
