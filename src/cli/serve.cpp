@@ -45,6 +45,7 @@ struct ServeOptions {
   bool gpu_memory_utilization_given = false;
   bool enforce_eager = false, prefix_caching = true, no_prefix_caching = false;
   double drain_timeout_s = 30;
+  int64_t kv_cache_memory_bytes = 0;  // CPU: the KV block budget (0: 2 GiB)
   int threads = 0;
 };
 
@@ -71,6 +72,8 @@ int run_serve(ServeOptions o) {
 #else
   if (on_cuda) return bad("--device cuda: this build has no CUDA backend (use --device cpu)");
 #endif
+  if (on_cuda && o.kv_cache_memory_bytes > 0)
+    return bad("--kv-cache-memory-bytes: applies to --device cpu (CUDA sizes its pool by --gpu-memory-utilization)");
   if (!on_cuda && o.gpu_memory_utilization_given)
     return bad("--gpu-memory-utilization: applies to --device cuda only (the CPU engine sizes its KV cache by "
                "--max-num-seqs x --max-model-len)");
@@ -154,6 +157,20 @@ int run_serve(ServeOptions o) {
                     .max_num_batched_tokens = o.max_num_batched_tokens,
                     .max_model_len = o.max_model_len};
     ec.enable_prefix_caching = !o.no_prefix_caching;
+    // note: the CPU runner's block store grows with the blocks it touches and cached blocks are reused last,
+    // so the pool is sized by a memory budget (f32 K and V of every layer), as vLLM's CPU backend sizes its
+    // cache; each running sequence also holds a contiguous copy of its own K/V.
+    const ModelConfig& mc = model->config;
+    const int64_t block_bytes = int64_t{ec.block_size} * mc.num_hidden_layers * 2 * mc.num_key_value_heads *
+                                mc.head_dim * static_cast<int64_t>(sizeof(float));
+    const int64_t budget = o.kv_cache_memory_bytes > 0 ? o.kv_cache_memory_bytes : int64_t{2} << 30;
+    const int64_t len = o.max_model_len > 0 ? o.max_model_len : mc.max_position_embeddings;
+    const int64_t worst = int64_t{o.max_num_seqs} * ((len + ec.block_size - 1) / ec.block_size);
+    ec.num_blocks = std::min(worst, budget / std::max<int64_t>(block_bytes, 1));
+    if (ec.num_blocks < (len + ec.block_size - 1) / ec.block_size)
+      return bad(fmt::format("--kv-cache-memory-bytes {}: holds {} blocks of {} tokens, one sequence of "
+                             "--max-model-len {} needs {}",
+                             budget, ec.num_blocks, ec.block_size, len, (len + ec.block_size - 1) / ec.block_size));
     auto e = Engine::create(*qwen, tp, ec, make_per_sequence_runner(*qwen));
     if (!e) return bad(e.error().message);
     engine.emplace(std::move(*e));
@@ -236,6 +253,9 @@ void add_serve(CLI::App& app, int& exit_code) {
          "CUDA: fraction of GPU memory for weights, buffers and KV blocks (default 0.9)")
       ->check(CLI::Range(0.01, 1.0));
   cmd->add_flag("--enforce-eager", o->enforce_eager, "CUDA: no CUDA graphs");
+  cmd->add_option("--kv-cache-memory-bytes", o->kv_cache_memory_bytes,
+                  "CPU: bytes of KV blocks (0: 2 GiB; vLLM's flag name)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--generation-config", o->generation_config,
                   "auto: generation_config.json's eos ids and sampling defaults apply; none: ignore it")
       ->capture_default_str();
