@@ -192,7 +192,7 @@ int run_serve(ServeOptions o) {
   served.tokenizer = tp;
   served.vocab_size = model->config.vocab_size;
   served.max_model_len = eng.scheduler().config().max_model_len;
-  served.defaults = {gen.temperature, gen.top_p, gen.min_p, gen.top_k};
+  served.defaults = {gen.temperature, gen.top_p, gen.min_p, gen.top_k, gen.max_new_tokens};
   // note: generation_config.json's eos ids stop like config.json's (vLLM adds them to stop_token_ids).
   for (int64_t id : gen.eos_token_ids)
     if (std::find(model->config.eos_token_ids.begin(), model->config.eos_token_ids.end(), id) ==

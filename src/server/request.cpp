@@ -301,6 +301,10 @@ ApiResult<ParsedRequest> parse_chat_request(const nlohmann::json& body, const Pa
   TRY_GET(mt, f.integer("max_tokens", 1, INT32_MAX));
   TRY_GET(mct, f.integer("max_completion_tokens", 1, INT32_MAX));
   r.max_tokens = mct ? mct : mt;
+  if (!r.max_tokens && ctx.defaults.max_tokens) {
+    r.max_tokens = ctx.defaults.max_tokens;
+    r.max_tokens_is_default = true;
+  }
   TRY_GET(lp, f.boolean("logprobs"));
   TRY_GET(tlp, f.integer("top_logprobs", 0, ctx.limits.max_logprobs));
   if (tlp && !lp.value_or(false))
@@ -371,7 +375,8 @@ ApiResult<ParsedRequest> parse_chat_request(const nlohmann::json& body, const Pa
 
 ApiResult<int64_t> resolve_max_tokens(const ParsedRequest& r, const PromptInput& p, int64_t max_model_len) {
   const auto n = static_cast<int64_t>(p.ids.size());
-  const int64_t want = r.max_tokens.value_or(max_model_len - n);
+  int64_t want = r.max_tokens.value_or(max_model_len - n);
+  if (r.max_tokens_is_default) want = std::min(want, max_model_len - n);
   if (n >= max_model_len || n + want > max_model_len)
     return Unexpected(bad_request(
         r.chat ? "messages" : "prompt",

@@ -32,6 +32,7 @@ struct RequestLimits {
 struct SamplingDefaults {
   std::optional<float> temperature, top_p, min_p;
   std::optional<int64_t> top_k;
+  std::optional<int64_t> max_tokens;  // max_new_tokens: chat's default, clamped to the context (vLLM)
 };
 
 struct ParseContext {
@@ -53,6 +54,7 @@ struct ParsedRequest {
   std::vector<PromptInput> prompts;  // chat: exactly one
   GenerateParams params;             // max_new_tokens filled per prompt at submit (see max_tokens)
   std::optional<int64_t> max_tokens;  // nullopt: fill the context (chat), as vLLM
+  bool max_tokens_is_default = false;  // from generation_config.json: clamped to the context, not refused
   uint64_t seed = 0;                  // sample i of a prompt draws with seed + i
   int64_t n = 1;
   bool stream = false, include_usage = false, continuous_usage = false;

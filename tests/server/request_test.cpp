@@ -158,6 +158,22 @@ TEST(ServerRequest, GenerationConfigDefaultsApplyToMissingFieldsOnly) {
   EXPECT_EQ(r->params.sampling.top_k, 5);
 }
 
+TEST(ServerRequest, GenerationConfigMaxNewTokensIsChatsDefaultClampedToTheContext) {
+  ParseContext c = context();
+  c.defaults.max_tokens = 100000;
+  const nlohmann::json body = nlohmann::json::parse(R"({"messages": [{"role": "user", "content": "hi"}]})");
+  auto r = parse_chat_request(body, c);
+  ASSERT_TRUE(r);
+  auto mt = resolve_max_tokens(*r, r->prompts[0], 2048);
+  ASSERT_TRUE(mt) << mt.error().message;
+  EXPECT_EQ(*mt, 2048 - static_cast<int64_t>(r->prompts[0].ids.size()));
+  // a request's own max_tokens past the context is still refused
+  auto own = parse_chat_request(
+      nlohmann::json::parse(R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000})"), c);
+  ASSERT_TRUE(own);
+  EXPECT_FALSE(resolve_max_tokens(*own, own->prompts[0], 2048));
+}
+
 TEST(ServerRequest, PromptForms) {
   const ParseContext c = context();
   auto a = parse_completion_request(nlohmann::json{{"prompt", {"a", "b"}}}, c);
