@@ -13,7 +13,8 @@ import pytest
 
 from serve_fixtures import MXQ, Server
 
-__all__ = ["serve_binary", "serve_logs", "server", "serve_factory", "client", "model", "make_client"]
+__all__ = ["serve_binary", "serve_logs", "server", "serve_factory", "client", "model", "make_client",
+           "leave_server_idle", "small_server"]
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +80,26 @@ def client(server):
 @pytest.fixture(scope="session")
 def model(server):
     return server.model_id
+
+
+@pytest.fixture
+def leave_server_idle(server):
+    """A failed test must not leave work behind for the next ones: abort whatever still runs."""
+    yield
+    try:
+        m = server.metrics()
+        if (m.value("mxq:num_requests_running") or 0) + (m.value("mxq:num_requests_waiting") or 0) > 0:
+            server.post("/abort_request", {"abort_all": True}, timeout=10)
+            server.wait_idle(30, kv_zero=False)
+    except Exception:  # noqa: BLE001  (the test itself reports what went wrong)
+        pass
+
+
+@pytest.fixture(scope="session")
+def small_server(serve_binary, serve_logs):
+    """A context of 128 tokens and one sequence at a time: context limits and the waiting queue."""
+    s = Server(["--port", 0, "--device", "cpu", "--max-model-len", 128, "--max-num-seqs", 1], serve_logs,
+               name="small")
+    yield s
+    rc = s.stop(30)
+    assert rc == 0, f"exit {rc}:\n{s.log()}"

@@ -375,3 +375,56 @@ def assert_openai_error(status, data, expect_status=(400,), param=None, needle=N
     if param is not None:
         assert err["param"] == param or param in err["message"], f"error does not name {param!r}: {err}"
     return err
+
+
+# --- raw HTTP helpers of the server tests -----------------------------------------------------------------
+PROMPT = "def fibonacci(n):\n"
+MULTI = [
+    {"role": "system", "content": "You are a Python expert."},
+    {"role": "user", "content": "What does len() do?"},
+    {"role": "assistant", "content": "It returns the length."},
+    {"role": "user", "content": "And sorted()?"},
+]
+
+
+def still_serving(server):
+    assert server.alive(), server.log()
+    assert server.get("/health")[0] == 200
+    r = server.completion(prompt=PROMPT, max_tokens=2, temperature=0)
+    assert r["usage"]["completion_tokens"] >= 1
+
+
+def post_raw(server, path, body: bytes, content_type="application/json", headers=None):
+    h = {"Content-Type": content_type} if content_type else {}
+    h.update(headers or {})
+    return server.post(path, body, headers=h)
+
+
+def post_big(server, path, body, timeout=60.0):
+    """POSTs a large JSON body on a raw socket, so that a server that answers 413 early and closes is seen as
+    such; returns (status or None, body)."""
+    data = json.dumps(body).encode() if not isinstance(body, bytes) else body
+    head = (f"POST {path} HTTP/1.1\r\nHost: {server.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n").encode()
+    for k, v in server.headers().items():
+        head += f"{k}: {v}\r\n".encode()
+    return raw_exchange(server, head + b"\r\n" + data, timeout)
+
+
+def raw_exchange(server, data: bytes, timeout=30.0):
+    """Sends raw bytes on a fresh socket; returns (status or None, body) of the first response; None when the
+    server closed the connection without one."""
+    s = socket.create_connection((server.host, server.port), timeout=timeout)
+    try:
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        r = http.client.HTTPResponse(s)
+        try:
+            r.begin()
+        except (http.client.RemoteDisconnected, ConnectionResetError, http.client.BadStatusLine):
+            return None, b""
+        return r.status, r.read()
+    finally:
+        s.close()

@@ -19,17 +19,7 @@ except ImportError:  # the openai 3.x client ships httpx as `httpx2`
     import httpx2 as httpx
 
 
-@pytest.fixture(autouse=True)
-def _leave_the_server_idle(server):
-    """A failed test must not leave work behind for the next ones: abort whatever still runs."""
-    yield
-    try:
-        m = server.metrics()
-        if (m.value("mxq:num_requests_running") or 0) + (m.value("mxq:num_requests_waiting") or 0) > 0:
-            server.post("/abort_request", {"abort_all": True}, timeout=10)
-            server.wait_idle(30, kv_zero=False)
-    except Exception:  # noqa: BLE001  (the test itself reports what went wrong)
-        pass
+pytestmark = pytest.mark.usefixtures("leave_server_idle")
 
 
 def body_for(model, i, max_tokens=16, **kw):
