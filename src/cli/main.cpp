@@ -1,12 +1,20 @@
 // mxq: one binary, one file per subcommand (see commands.h).
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
+
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"mxq: inference and in-place refit for MXFP8 / MXFP4 / FP8-B128 language models"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("mxq ") + MXQ_VERSION);
   int exit_code = 0;
+  // `mxq help` is `mxq --help`, as git and cargo have it.
+  app.add_subcommand("help", "Print this help")->callback([&app] {
+    // note: App::help() would describe the selected subcommand (this one); the formatter describes the app.
+    std::fputs(app.get_formatter()->make_help(&app, app.get_name(), CLI::AppFormatMode::Normal).c_str(), stdout);
+  });
   mxq::cli::add_inspect(app, exit_code);
   mxq::cli::add_quantize(app, exit_code);
   mxq::cli::add_bench(app, exit_code);
