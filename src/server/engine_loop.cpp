@@ -106,8 +106,10 @@ void EngineLoop::admit(Submission& s) {
   s.channel->push({StreamEvent::Kind::kAccepted, 0, {}, {}, weight_version_});
 }
 
-// A sample ended (finished, aborted): its request leaves the in-flight count with its last sample.
-void EngineLoop::finish(uint64_t id, Live& live, FinishReason reason) {
+// A sample ended (finished, aborted, failed): it is counted, its request leaves the in-flight count with its
+// last sample, and only then is `last` pushed, so a client that has read its last event sees the metrics and
+// /abort_request already count it.
+void EngineLoop::finish(uint64_t id, Live& live, FinishReason reason, StreamEvent last) {
   const auto now = Clock::now();
   metrics_->success(reason).Increment();
   metrics_->e2e->Observe(seconds(now - live.arrival));
@@ -121,6 +123,7 @@ void EngineLoop::finish(uint64_t id, Live& live, FinishReason reason) {
     auto r = std::find(live_ids_.begin(), live_ids_.end(), live.request_id);
     if (r != live_ids_.end()) live_ids_.erase(r);
   }
+  live.channel->push(std::move(last));
   live_.erase(id);
 }
 
@@ -130,8 +133,7 @@ void EngineLoop::abort_live(uint64_t id, Live& live) {
   e.out.id = id;
   e.out.finished = true;
   e.out.finish = FinishReason::kAbort;
-  live.channel->push(std::move(e));
-  finish(id, live, FinishReason::kAbort);
+  finish(id, live, FinishReason::kAbort, std::move(e));
 }
 
 void EngineLoop::fail_all(const Error& err) {
@@ -142,10 +144,9 @@ void EngineLoop::fail_all(const Error& err) {
     Live& live = it->second;
     ++it;
     (void)engine_->abort(id);
-    live.channel->push({StreamEvent::Kind::kFailed, live.sample, {},
-                        ApiError{500, "the engine failed: " + err.message, "", "InternalServerError"},
-                        weight_version_});
-    finish(id, live, FinishReason::kAbort);
+    finish(id, live, FinishReason::kAbort,
+           {StreamEvent::Kind::kFailed, live.sample, {},
+            ApiError{500, "the engine failed: " + err.message, "", "InternalServerError"}, weight_version_});
   }
 }
 
@@ -235,8 +236,12 @@ void EngineLoop::run() {
       metrics_->generation_tokens->Increment(static_cast<double>(n));
       const bool finished = out.finished;
       const FinishReason reason = out.finish;
-      live.channel->push({StreamEvent::Kind::kOutput, live.sample, std::move(out), {}, weight_version_});
-      if (finished) finish(it->first, live, reason);
+      StreamEvent e{StreamEvent::Kind::kOutput, live.sample, std::move(out), {}, weight_version_};
+      if (finished) {
+        finish(it->first, live, reason, std::move(e));
+      } else {
+        live.channel->push(std::move(e));
+      }
     }
     update_gauges();
   }

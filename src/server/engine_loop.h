@@ -102,7 +102,7 @@ class EngineLoop {
 
   void run();
   void admit(Submission& s);
-  void finish(uint64_t id, Live& live, FinishReason reason);
+  void finish(uint64_t id, Live& live, FinishReason reason, StreamEvent last);
   void abort_live(uint64_t id, Live& live);
   void fail_all(const Error& e);
   void update_gauges();
