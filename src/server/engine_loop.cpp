@@ -47,7 +47,7 @@ EngineLoop::~EngineLoop() {
 void EngineLoop::start() { thread_ = std::thread([this] { run(); }); }
 
 std::shared_ptr<RequestChannel> EngineLoop::submit(std::string request_id, std::vector<SampleJob> samples) {
-  if (!accepting_ || !healthy_) return nullptr;
+  if (stopping_ || !healthy_) return nullptr;
   auto channel = std::make_shared<RequestChannel>();
   {
     std::lock_guard lock(mu_);
@@ -75,7 +75,6 @@ size_t EngineLoop::abort(const std::string& request_id) {
 }
 
 void EngineLoop::drain(std::chrono::milliseconds bound) {
-  accepting_ = false;
   drain_deadline_ns_ = (Clock::now() + bound).time_since_epoch().count();
   stopping_ = true;
   cv_.notify_one();

@@ -119,7 +119,7 @@ class EngineLoop {
   bool abort_all_ = false;
   std::vector<std::string> live_ids_;  // request ids admitted and not yet ended (for abort's count)
 
-  std::atomic<bool> stopping_{false}, accepting_{true}, healthy_{true};
+  std::atomic<bool> stopping_{false}, healthy_{true};
   std::atomic<size_t> in_flight_{0};
   std::atomic<int64_t> drain_deadline_ns_{0};
 

@@ -83,8 +83,19 @@ void handle(const httplib::Request& req, const std::string& raw, httplib::Respon
             std::chrono::duration_cast<std::chrono::seconds>(
                 std::chrono::system_clock::now().time_since_epoch())
                 .count()};
+  // note: counted before any sample is built (H-05): 1024 prompts x n = 256 would copy 262k prompts first.
+  const size_t count = r.prompts.size() * static_cast<size_t>(r.n);
+  if (count > static_cast<size_t>(ctx.options.limits.max_n) * 4)
+    return send_error(res, bad_request("n", fmt::format("{} prompts x n = {} samples, the limit is {}",
+                                                        r.prompts.size(), count, ctx.options.limits.max_n * 4)));
+  if (!r.params.ignore_eos)
+    for (int32_t id : ctx.model.extra_stop_ids)
+      if (std::find(r.params.stop_token_ids.begin(), r.params.stop_token_ids.end(), id) ==
+          r.params.stop_token_ids.end())
+        r.params.stop_token_ids.push_back(id);
   // Choices are ordered prompt by prompt, n samples each (vLLM's index = prompt * n + sample).
   std::vector<SampleJob> samples;
+  samples.reserve(count);
   for (size_t p = 0; p < r.prompts.size(); ++p) {
     auto max_tokens = resolve_max_tokens(r, r.prompts[p], ctx.model.max_model_len);
     if (!max_tokens) return send_error(res, max_tokens.error());
@@ -92,20 +103,12 @@ void handle(const httplib::Request& req, const std::string& raw, httplib::Respon
       GenerateParams params = r.params;
       params.max_new_tokens = *max_tokens;
       params.seed = r.seed + static_cast<uint64_t>(i);
-      if (!params.ignore_eos)
-        for (int32_t id : ctx.model.extra_stop_ids)
-          if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), id) == params.stop_token_ids.end())
-            params.stop_token_ids.push_back(id);
       samples.push_back({r.prompts[p].ids, std::move(params)});
       g->choices.emplace_back();
       g->choices.back().prompt = p;
       g->sample_choice.push_back(g->choices.size() - 1);
     }
   }
-  if (samples.size() > static_cast<size_t>(ctx.options.limits.max_n) * 4)
-    return send_error(res, bad_request("n", fmt::format("{} prompts x n = {} samples, the limit is {}",
-                                                        r.prompts.size(), samples.size(),
-                                                        ctx.options.limits.max_n * 4)));
   g->channel = ctx.loop->submit(rid, std::move(samples));
   if (!g->channel)
     return send_error(res, {503, "the server is not serving (shutting down or the engine failed)", "",

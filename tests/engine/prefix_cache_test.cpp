@@ -14,23 +14,13 @@
 
 #include "engine/block_pool.h"
 #include "engine/scheduler.h"
+#include "scheduler_test_util.h"
 
 namespace mxq {
 namespace {
 
-std::vector<int32_t> iota_prompt(int64_t n, int32_t first = 1) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  std::iota(p.begin(), p.end(), first);
-  return p;
-}
-
-// One step with token 1000 + id sampled by every sampling chunk; returns the sequences that finished.
-std::vector<uint64_t> run_step(Scheduler& s, const StepPlan& plan) {
-  std::vector<int32_t> sampled;
-  for (const auto& c : plan.chunks)
-    if (c.samples) sampled.push_back(static_cast<int32_t>(1000 + c.id));
-  return s.complete(plan, sampled);
-}
+using test::prompt_of;
+using test::run_step;
 
 // Prompt tokens (positions < prompt_len) that `plan` computes.
 int64_t prefill_tokens(const Scheduler& s, const StepPlan& plan) {
@@ -141,7 +131,7 @@ TEST_P(SchedulerPrefixHit, NeverCoversTheLastToken) {
   const HitCase& hc = GetParam();
   BlockPool pool(64, 16);
   Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 512, .max_model_len = 256}, pool);
-  const auto prompt = iota_prompt(hc.prompt_len);
+  const auto prompt = prompt_of(hc.prompt_len);
   ASSERT_TRUE(s.add(1, prompt, 2));
   drain(s);
   EXPECT_EQ(pool.free_blocks(), pool.num_blocks());
@@ -168,7 +158,7 @@ INSTANTIATE_TEST_SUITE_P(Scheduler, SchedulerPrefixHit,
 TEST(SchedulerPrefixCache, OffNeitherHashesNorShares) {
   BlockPool pool(16, 4);
   Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 64, .max_model_len = 64}, pool, false);
-  for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(s.add(id, iota_prompt(13), 3));
+  for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(s.add(id, prompt_of(13), 3));
   StepPlan p = s.schedule();
   ASSERT_EQ(p.chunks.size(), 3u);  // no deferral: each computes its whole prompt
   for (const auto& c : p.chunks) EXPECT_EQ(c.count, 13);
@@ -183,9 +173,9 @@ TEST(SchedulerPrefixCache, OffNeitherHashesNorShares) {
 TEST(SchedulerPrefixCache, DefersCopiesUntilThePromptIsPrefilled) {
   BlockPool pool(64, 4);
   Scheduler s({.max_num_seqs = 16, .max_num_batched_tokens = 64, .max_model_len = 64}, pool);
-  const auto prompt = iota_prompt(22);  // 5 full blocks + 2 tokens: copies hit 20 tokens and copy 1
+  const auto prompt = prompt_of(22);  // 5 full blocks + 2 tokens: copies hit 20 tokens and copy 1
   for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(s.add(id, prompt, 3));
-  ASSERT_TRUE(s.add(9, iota_prompt(6, 100), 3));
+  ASSERT_TRUE(s.add(9, prompt_of(6, 100), 3));
   StepPlan p1 = s.schedule();
   ASSERT_EQ(p1.chunks.size(), 2u);
   EXPECT_EQ(p1.chunks[0].id, 1u);
@@ -219,7 +209,7 @@ TEST(SchedulerPrefixCache, DefersCopiesUntilThePromptIsPrefilled) {
 TEST(SchedulerPrefixCache, DefersCopiesAcrossPrefillChunks) {
   BlockPool pool(64, 4);
   Scheduler s({.max_num_seqs = 16, .max_num_batched_tokens = 8, .max_model_len = 64}, pool);
-  const auto prompt = iota_prompt(30);
+  const auto prompt = prompt_of(30);
   for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(s.add(id, prompt, 2));
   std::vector<int64_t> starts;
   StepPlan p;
@@ -247,7 +237,7 @@ TEST(SchedulerPrefixCache, PreemptionReleasesSharedBlocksByReference) {
   // 2-slot blocks, 7 of them: two copies of a 5-token prompt share 2 blocks and hold 1 each (4 in use).
   BlockPool pool(7, 2);
   Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 64, .max_model_len = 16}, pool);
-  const auto prompt = iota_prompt(5);
+  const auto prompt = prompt_of(5);
   ASSERT_TRUE(s.add(1, prompt, 8));
   ASSERT_TRUE(s.add(2, prompt, 8));
   run_step(s, s.schedule());  // 1 prefills, 2 deferred
@@ -276,7 +266,7 @@ TEST(SchedulerPrefixCache, PreemptionReleasesSharedBlocksByReference) {
 TEST(SchedulerPrefixCache, CachesGeneratedBlocks) {
   BlockPool pool(32, 4);
   Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 64, .max_model_len = 64}, pool);
-  ASSERT_TRUE(s.add(1, iota_prompt(6), 7));  // tokens: 1..6, then 1001 x 7
+  ASSERT_TRUE(s.add(1, prompt_of(6), 7));  // tokens: 1..6, then 1001 x 7
   for (int step = 0; step < 20 && !s.find(1)->finished; ++step) run_step(s, s.schedule());
   std::vector<int32_t> turn2 = s.find(1)->tokens;  // 13 tokens, 12 computed: 3 full blocks cached
   ASSERT_TRUE(s.finish(1));
@@ -296,7 +286,7 @@ TEST(SchedulerPrefixCache, CachesGeneratedBlocks) {
 TEST(SchedulerPrefixCache, ResetStopsReuseOfOldBlocks) {
   BlockPool pool(32, 4);
   Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 64, .max_model_len = 64}, pool);
-  const auto prompt = iota_prompt(9);
+  const auto prompt = prompt_of(9);
   ASSERT_TRUE(s.add(1, prompt, 10));
   run_step(s, s.schedule());  // 1: prompt computed, 2 blocks registered
   s.reset_prefix_cache();
@@ -336,7 +326,7 @@ TEST_P(SchedulerPrefixCopy, CopiesThePartialBlockOfARunningSequence) {
   const int64_t bs = cc.block_size, want = cc.prompt_len - 1, hit = want / bs * bs;
   BlockPool pool(64, cc.block_size);
   Scheduler s({.max_num_seqs = 8, .max_num_batched_tokens = cc.budget, .max_model_len = 128}, pool);
-  const auto prompt = iota_prompt(cc.prompt_len);
+  const auto prompt = prompt_of(cc.prompt_len);
   for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(s.add(id, prompt, 3));
   std::vector<int64_t> chunks;
   int deferred = 0;
@@ -405,7 +395,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(SchedulerPrefixCopy, CopiesOnlyTheSameTokensOfTheCurrentEpoch) {
   BlockPool pool(64, 8);
   Scheduler s({.max_num_seqs = 8, .max_num_batched_tokens = 64, .max_model_len = 64}, pool);
-  const auto prompt = iota_prompt(30);
+  const auto prompt = prompt_of(30);
   ASSERT_TRUE(s.add(1, prompt, 20));
   run_step(s, s.schedule());
   auto other = prompt;
@@ -450,7 +440,7 @@ TEST_P(SchedulerPrefillCost, EightSamplesPrefillThePromptOnce) {
     BlockPool pool(512, kBlock);
     Scheduler s({.max_num_seqs = 64, .max_num_batched_tokens = nc.budget, .max_model_len = 1024}, pool,
                 caching);
-    const auto prompt = iota_prompt(nc.prompt_len);
+    const auto prompt = prompt_of(nc.prompt_len);
     for (int i = 0; i < n; ++i) EXPECT_TRUE(s.add(static_cast<uint64_t>(i), prompt, 16));
     const int64_t tokens = drain(s);
     EXPECT_EQ(pool.free_blocks(), pool.num_blocks());

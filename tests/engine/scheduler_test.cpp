@@ -3,25 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <numeric>
 #include <random>
+
+#include "scheduler_test_util.h"
 
 namespace mxq {
 namespace {
 
-std::vector<int32_t> prompt_of(int64_t n, int32_t first = 1) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  std::iota(p.begin(), p.end(), first);
-  return p;
-}
-
-// Runs one step with token id 1000 + id sampled for every sampling chunk.
-std::vector<uint64_t> run_step(Scheduler& s, const StepPlan& plan) {
-  std::vector<int32_t> sampled;
-  for (const auto& c : plan.chunks)
-    if (c.samples) sampled.push_back(static_cast<int32_t>(1000 + c.id));
-  return s.complete(plan, sampled);
-}
+using test::prompt_of;
+using test::run_step;
 
 TEST(BlockPool, AllocatesAllOrNothingAndReleases) {
   BlockPool pool(4, 16);
