@@ -64,6 +64,9 @@ def parse_args(argv=None):
     p.add_argument("--metric-percentiles", default="99", help="comma-separated percentiles, e.g. 50,90,99")
     p.add_argument("--timeout", type=float, default=6 * 3600, help="seconds per request")
     p.add_argument("--json", dest="json_out", default=None, help="write the results to this JSON file")
+    p.add_argument("--client-processes", type=int, default=1,
+                   help="client processes sharing the requests and the concurrency cap (one Python process "
+                        "streaming with httpx tops out at a few thousand chunks/s)")
     p.add_argument("--quiet", action="store_true", help="no table")
     return p.parse_args(argv)
 
@@ -276,14 +279,18 @@ def print_table(a, r):
     print("=" * 50)
 
 
-async def bench(a):
+def client(a, conc):
     import os
-    base = a.base_url or f"http://{a.host}:{a.port}"
     key = a.api_key or os.environ.get("MXQ_API_KEY") or os.environ.get("OPENAI_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    conc = a.max_concurrency or a.num_prompts
     limits = httpx.Limits(max_connections=max(conc, 1) + 2, max_keepalive_connections=max(conc, 1) + 2)
-    async with httpx.AsyncClient(base_url=base, headers=headers, limits=limits, timeout=a.timeout) as c:
+    return httpx.AsyncClient(base_url=a.base_url or f"http://{a.host}:{a.port}", headers=headers, limits=limits,
+                             timeout=a.timeout)
+
+
+async def prepare(a):
+    """The model, the dataset and the cache counters before the run."""
+    async with client(a, 1) as c:
         card = await first_model(c)
         model = a.model or card["id"]
         exclude = set()
@@ -299,36 +306,78 @@ async def bench(a):
             worst = max(len(p) + o for p, o in reqs)
             if worst > ctx:
                 raise SystemExit(f"bench_serve: input + output up to {worst} tokens exceeds max_model_len {ctx}")
-        sem = asyncio.Semaphore(conc)
-        rng = random.Random(a.seed + 1)
+        return model, vocab, reqs, await scrape(c)
 
-        async def limited(i, p, o):
-            async with sem:
-                return await one_request(c, a, model, p, o, i)
 
-        before = await scrape(c)
-        tasks = []
+async def scrape_once(a):
+    async with client(a, 1) as c:
+        return await scrape(c)
+
+
+async def drive(a, model, items, conc, start):
+    """Sends `items` (index, prompt, output length, arrival offset) from one event loop, at most `conc` at once,
+    each no earlier than start + its offset. Returns the results and when the last one ended."""
+    sem = asyncio.Semaphore(conc)
+
+    async def one(i, p, o, at):
+        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+        async with sem:
+            return await one_request(c, a, model, p, o, i)
+
+    async with client(a, conc) as c:
+        results = await asyncio.gather(*(one(*it) for it in items))
+    return list(results), time.perf_counter()
+
+
+def drive_process(args):
+    return asyncio.run(drive(*args))
+
+
+def bench(a):
+    model, vocab, reqs, before = asyncio.run(prepare(a))
+    conc = a.max_concurrency or a.num_prompts
+    # note: arrivals are drawn up front as offsets from the start (Poisson / gamma, as vLLM's), so several
+    # client processes keep one schedule; each process takes every P-th request and its share of the cap.
+    rng = random.Random(a.seed + 1)
+    offsets, t = [], 0.0
+    for _ in reqs:
+        offsets.append(t)
+        if math.isfinite(a.request_rate):
+            t += rng.gammavariate(a.burstiness, 1.0 / (a.request_rate * a.burstiness))
+    items = [(i, p, o, offsets[i]) for i, (p, o) in enumerate(reqs)]
+    procs = max(1, min(a.client_processes, conc, len(reqs)))
+    if procs == 1:
         start = time.perf_counter()
-        for i, (p, o) in enumerate(reqs):
-            tasks.append(asyncio.create_task(limited(i, p, o)))
-            if math.isfinite(a.request_rate) and i + 1 < len(reqs):
-                theta = 1.0 / (a.request_rate * a.burstiness)
-                await asyncio.sleep(rng.gammavariate(a.burstiness, theta))
-        results = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
-        after = await scrape(c)
+        results, end = asyncio.run(drive(a, model, items, conc, start))
+    else:
+        import multiprocessing
+        # note: perf_counter is CLOCK_MONOTONIC, one clock for every process; the start leaves them time to fork.
+        start = time.perf_counter() + 0.5
+        jobs = [(a, model, items[k::procs], conc // procs + (k < conc % procs), start) for k in range(procs)]
+        with multiprocessing.get_context("fork").Pool(procs) as pool:
+            parts = pool.map(drive_process, jobs)
+        by_index = {}
+        for k, (res, _) in enumerate(parts):
+            for it, r in zip(jobs[k][2], res):
+                by_index[it[0]] = r
+        results = [by_index[i] for i in range(len(reqs))]
+        end = max(e for _, e in parts)
+    duration = end - start
+    after = asyncio.run(scrape_once(a))
     cache = {}
     if "mxq:prefix_cache_queries_total" in after:
         cache = {"hits": after.get("mxq:prefix_cache_hits_total", 0) - before.get("mxq:prefix_cache_hits_total", 0),
                  "queries": after["mxq:prefix_cache_queries_total"] - before.get("mxq:prefix_cache_queries_total", 0)}
-    return summarize(a, results, duration, model, vocab, cache)
+    out = summarize(a, results, duration, model, vocab, cache)
+    out["client_processes"] = procs
+    return out
 
 
 def main(argv=None):
     a = parse_args(argv)
-    if a.n < 1 or a.num_prompts < 1:
-        raise SystemExit("bench_serve: --n and --num-prompts must be at least 1")
-    r = asyncio.run(bench(a))
+    if a.n < 1 or a.num_prompts < 1 or a.client_processes < 1:
+        raise SystemExit("bench_serve: --n, --num-prompts and --client-processes must be at least 1")
+    r = bench(a)
     if not a.quiet:
         print_table(a, r)
         for e in r["errors"][:5]:

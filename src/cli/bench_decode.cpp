@@ -1,5 +1,6 @@
 // mxq bench decode: prompt processing (pp: one forward over N prompt tokens) and token generation (tg: N
-// single-token forwards through the KV cache) of a whole model, in a llama-bench-style table.
+// single-token forwards through the KV cache) of a whole model, in a llama-bench-style table. --depth D
+// runs tg over a cache already holding D tokens, as llama-bench's -d ("tg128 @ d256").
 // note: speed of light. tg reads every active weight byte once per token, so its ceiling is memory bandwidth:
 // the table prints the weight bytes streamed per second beside a memcpy measured in the same run. pp is
 // compute-bound and prints GFLOP/s (2 x active params per token).
@@ -37,6 +38,7 @@ namespace {
 struct DecodeOptions {
   std::string device = "cpu", model, quantization, activation_quant = "none";
   int64_t pp = 128, tg = 32;
+  int64_t depth = 0;  // tg starts after this many cached tokens (llama-bench's -d: "tg128 @ d256")
   int reps = 3, threads = 0;
   std::vector<int32_t> batch = {1, 32};  // CUDA: sequences per step
   double gpu_memory_utilization = 0.9;
@@ -48,6 +50,10 @@ struct DecodeOptions {
 // The table's format column: the projections' format, "-a8" in the W8A8 mode (--activation-quant mxfp8).
 std::string format_column(Format linear_format, Format act) {
   return std::string(traits(linear_format).name) + (act == Format::kMXFP8 ? "-a8" : "");
+}
+
+std::string tg_label(const DecodeOptions& o) {
+  return o.depth > 0 ? fmt::format("tg{} @ d{}", o.tg, o.depth) : fmt::format("tg{}", o.tg);
 }
 
 double now_s() {
@@ -173,9 +179,9 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
   auto qwen = Qwen3Model::create(m->config, m->store, *backend);
   if (!qwen) return bad(qwen.error().message);
   const ModelConfig& c = m->config;
-  const int64_t len = o.pp + o.tg + 1;
+  const int64_t len = std::max(o.pp, o.depth + 1) + o.tg + 1;
   if (len > c.max_position_embeddings)
-    return bad(fmt::format("--pp + --tg beyond the context of {} positions", c.max_position_embeddings));
+    return bad(fmt::format("--pp / --depth + --tg beyond the context of {} positions", c.max_position_embeddings));
   auto bw = copy_gbps();
   if (!bw) return bad(bw.error().message);
   const Footprint f = footprint(*m);
@@ -192,7 +198,7 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
     if (batch < 1) return bad(fmt::format("--batch {}: expected >= 1", batch));
     cuda::CudaRunnerOptions ro;
     ro.model.max_num_seqs = batch;
-    ro.model.max_num_batched_tokens = std::max<int64_t>(o.pp * batch, 16);
+    ro.model.max_num_batched_tokens = std::max<int64_t>(std::max(o.pp, o.depth + 1) * batch, 16);
     ro.model.max_model_len = len;
     ro.model.gpu_memory_utilization = o.gpu_memory_utilization;
     ro.model.act_quant = *act;
@@ -220,8 +226,8 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
       if (r > 0) pp_s = std::min(pp_s, now_s() - t0);
       gp.max_new_tokens = o.tg + 1;
       for (int32_t i = 0; i < batch; ++i)
-        if (auto st = engine.add(id++, prompt(1), gp); !st) return bad(st.error().message);
-      if (auto st = engine.step(); !st) return bad(st.error().message);  // the prompts
+        if (auto st = engine.add(id++, prompt(o.depth + 1), gp); !st) return bad(st.error().message);
+      if (auto st = engine.step(); !st) return bad(st.error().message);  // the prompts (the depth)
       t0 = now_s();
       while (!engine.idle())
         if (auto st = engine.step(); !st) return bad(st.error().message);
@@ -235,7 +241,7 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
     fmt::print("| {:<16} | {:>8} | {:>8} | {:>9} | {:>5} | {:>6} | {:>10.1f} | {:>9} | {:>11} |\n", name,
                fmt_name, params, size, batch, fmt::format("pp{}", o.pp), pp_tps, "-", "-");
     fmt::print("| {:<16} | {:>8} | {:>8} | {:>9} | {:>5} | {:>6} | {:>10.1f} | {:>9.0f} | {:>10.1f}% |\n",
-               name, fmt_name, params, size, batch, fmt::format("tg{}", o.tg), steps_per_s * batch, gbps,
+               name, fmt_name, params, size, batch, tg_label(o), steps_per_s * batch, gbps,
                100 * gbps / *bw);
     fmt::print(stderr, "batch {}: {} decode graphs captured, {} replays; KV pool {} blocks\n", batch,
                e->runner->graphs_captured(), e->runner->graph_replays(), e->runner->model().num_blocks());
@@ -271,7 +277,8 @@ int run_decode(const DecodeOptions& o) {
 #if !MXQ_HAVE_CUDA
   if (o.device == "cuda") return bad("--device cuda: this build has no CUDA backend");
 #endif
-  if (o.pp < 1 || o.tg < 1 || o.reps < 1) return bad("--pp, --tg and --reps must be >= 1");
+  if (o.pp < 1 || o.tg < 1 || o.reps < 1 || o.depth < 0)
+    return bad("--pp, --tg and --reps must be >= 1, --depth >= 0");
   if (o.breakdown && o.device != "cuda")
     return bad(
         fmt::format("--breakdown: a per-op profile of the CUDA engine's decode step (--device cuda), not "
@@ -303,8 +310,8 @@ int run_decode(const DecodeOptions& o) {
   auto qwen = Qwen3Model::create(m->config, m->store, *backend);
   if (!qwen) return bad(qwen.error().message);
   const ModelConfig& c = m->config;
-  if (o.pp > c.max_position_embeddings || o.tg > c.max_position_embeddings)
-    return bad(fmt::format("--pp / --tg beyond the context of {} positions", c.max_position_embeddings));
+  if (o.pp > c.max_position_embeddings || o.depth + o.tg > c.max_position_embeddings)
+    return bad(fmt::format("--pp / --depth + --tg beyond the context of {} positions", c.max_position_embeddings));
 
   std::mt19937 rng(0);
   std::vector<int32_t> prompt(static_cast<size_t>(o.pp));
@@ -319,8 +326,13 @@ int run_decode(const DecodeOptions& o) {
     pp_s = std::min(pp_s, now_s() - t0);
   }
   for (int r = 0; r < o.reps; ++r) {
-    auto kv = KvCache::create(*backend, c, o.tg);
+    auto kv = KvCache::create(*backend, c, o.depth + o.tg);
     if (!kv) return bad(kv.error().message);
+    if (o.depth > 0) {
+      std::vector<int32_t> ctx(static_cast<size_t>(o.depth));
+      for (auto& t : ctx) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab_size));
+      if (auto st = qwen->forward(ctx, kv->sequence(), logits.data()); !st) return bad(st.error().message);
+    }
     int32_t id = prompt[0];
     const double t0 = now_s();
     for (int64_t i = 0; i < o.tg; ++i) {
@@ -345,7 +357,7 @@ int run_decode(const DecodeOptions& o) {
              fmt::format("{:.1f} GFLOP/s", 2 * f.active_params * pp_tps / 1e9));
   const double tg_gbps = f.active_bytes * tg_tps / 1e9;
   fmt::print("| {:<16} | {:>8} | {:>8} | {:>10} | {:>6} | {:>10.2f} | {:>34} |\n", name, fmt_name, params,
-             size, fmt::format("tg{}", o.tg), tg_tps,
+             size, tg_label(o), tg_tps,
              fmt::format("{:.2f} GB/s = {:.0f}% of memcpy {:.1f}", tg_gbps, 100 * tg_gbps / bw, bw));
   fmt::print("threads: {}, best of {} (wall time)\n",
              o.threads > 0 ? o.threads : static_cast<int>(default_pool().threads()), o.reps);
@@ -373,6 +385,8 @@ void add_bench_decode(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--pp", o->pp, "Prompt tokens")->capture_default_str();
   cmd->add_option("--tg", o->tg, "Generated tokens")->capture_default_str();
+  cmd->add_option("--depth", o->depth, "Tokens already in the KV cache when tg starts (llama-bench -d)")
+      ->capture_default_str();
   cmd->add_option("--reps", o->reps, "Repetitions (best is reported)")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all)");
   cmd->callback([o, &exit_code] { exit_code = run_decode(*o); });

@@ -66,6 +66,16 @@ int run_serve(ServeOptions o) {
     return bad(fmt::format("--device {}: expected cpu, cuda or auto", o.device));
   if (o.generation_config != "auto" && o.generation_config != "none")
     return bad(fmt::format("--generation-config {}: expected auto or none", o.generation_config));
+  // note: SIGINT / SIGTERM are blocked before any thread starts and taken by sigwait below, so the drain
+  // runs on a thread. Every thread inherits the mask: the CUDA runtime's own (its first call,
+  // cuda_device_visible, starts them; on the H200 a SIGTERM reached one and killed serve, exit 143), the CPU
+  // backend's pool, the engine thread and the HTTP workers.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
   const bool on_cuda = o.device == "cuda" || (o.device == "auto" && cuda_device_visible());
 #if MXQ_HAVE_CUDA
   if (on_cuda && !cuda_device_visible()) return bad("--device cuda: no CUDA device is visible (use --device cpu)");
@@ -77,14 +87,6 @@ int run_serve(ServeOptions o) {
   if (!on_cuda && o.gpu_memory_utilization_given)
     return bad("--gpu-memory-utilization: applies to --device cuda only (the CPU engine sizes its KV cache by "
                "--max-num-seqs x --max-model-len)");
-
-  // note: SIGINT / SIGTERM are blocked before any thread starts (the CPU backend's pool, the engine
-  // thread, the HTTP workers inherit the mask) and taken by sigwait below, so the drain runs on a thread.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   // note: a CPU step runs its chunks one after another, so its token budget bounds how long an abort or a
   // new request waits for the step in flight.

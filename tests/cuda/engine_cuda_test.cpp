@@ -533,9 +533,15 @@ TEST_P(EngineCuda, RefitThenReplayEqualsFreshLoad) {
 
 // Prefix caching with copy-on-write of the partial block (Qwen3Cuda::copy_kv_block): 4 greedy copies each
 // of a 100- and a 47-token prompt (3 and 14 slots copied per copy) give the tokens of caching off.
-// note: on, the copies compute their last prompt token in a decode step (GEMV) and off inside a prefill
-// (GEMM): ids compared whole, logprobs to BatchEqualsOneAtATime's tolerance. FP8-B128 is skipped: its
-// prefill is W8A8 above the GEMV's M range, so the two sides differ by E4M3 rounding (see above).
+// note: on, the copies compute their last prompt token in a decode step (GEMV) over the copied block and off
+// inside one prefill step (GEMM) with all 8 prompts (the budget holds them: no chunking), and the originals
+// share their step with other rows: other f32 summation orders, so on this random model a near tie between
+// the two best tokens can flip (the H200 showed flips at tokens 0-5 in 3 of 11 cases, the logprobs of the
+// two picks within 0.05). Each sequence is compared up to its first differing token, where the two picks
+// must be such a tie; a wrong copied block moves a copy's first logprobs far past 0.05. The "_a8" cases get
+// 0.1: their E4M3 activations move with those last bits (the H200 showed 0.053 at token 6). At least half of
+// all tokens must be compared, or the test says so.
+// FP8-B128 is skipped: its prefill is W8A8 above the GEMV's M range (E4M3 rounding, see above).
 TEST_P(EngineCuda, PrefixCopiesEqualCachingOff) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   if (m_->gpu.linear_format == Format::kFP8_B128) GTEST_SKIP() << "W8A8 prefill against GEMV decode";
@@ -551,6 +557,7 @@ TEST_P(EngineCuda, PrefixCopiesEqualCachingOff) {
   std::vector<std::vector<SampledToken>> got[2];
   for (bool caching : {false, true}) {
     CudaRunnerOptions o = small_options(false, m_->act);
+    o.model.max_num_batched_tokens = 1024;
     o.enable_prefix_caching = caching;
     auto e = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, o);
     ASSERT_TRUE(e) << e.error().message;
@@ -561,13 +568,18 @@ TEST_P(EngineCuda, PrefixCopiesEqualCachingOff) {
     EXPECT_EQ(e->engine.counters().prefix_hits, caching ? 3 * 99 + 3 * 46 : 0);
     EXPECT_EQ(e->engine.pool().free_blocks(), e->engine.pool().num_blocks());
   }
+  const double tol = m_->act == Format::kBF16 ? 5e-2 : 1e-1;
+  size_t compared = 0, total = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_EQ(got[1][i].size(), got[0][i].size()) << "request " << i;
+    total += got[0][i].size();
     for (size_t t = 0; t < got[0][i].size(); ++t) {
-      EXPECT_EQ(got[1][i][t].id, got[0][i][t].id) << "request " << i << " token " << t;
-      EXPECT_NEAR(got[1][i][t].logprob, got[0][i][t].logprob, 5e-2) << "request " << i << " token " << t;
+      EXPECT_NEAR(got[1][i][t].logprob, got[0][i][t].logprob, tol) << "request " << i << " token " << t;
+      if (got[1][i][t].id != got[0][i][t].id) break;
+      ++compared;
     }
   }
+  EXPECT_GE(2 * compared, total) << "only " << compared << " of " << total << " tokens agree before a tie";
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineCuda,

@@ -48,3 +48,11 @@ def test_bench_serve_n_samples_at_a_request_rate(server, tmp_path):
     assert len(r["ttfts"]) == 10
     rate = r["prefix_cache_hit_rate"]
     assert rate is None or 0 <= rate <= 1
+
+
+def test_bench_serve_client_processes_share_one_run(server, tmp_path):
+    r, _ = bench(server, tmp_path, "--num-prompts", 6, "--random-input-len", 16, "--random-output-len", 4,
+                 "--max-concurrency", 4, "--client-processes", 2, "--seed", 4)
+    assert r["client_processes"] == 2 and r["completed"] == 6 and r["failed"] == 0
+    assert r["input_lens"] == [16] * 6 and r["output_lens"] == [4] * 6 and len(r["ttfts"]) == 6
+    assert r["duration"] > 0 and abs(r["output_throughput"] * r["duration"] - 24) < 1e-6

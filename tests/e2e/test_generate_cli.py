@@ -114,6 +114,17 @@ def test_bench_decode_prints_pp_and_tg_rows():
     assert all(float(r.split("|")[6]) > 0 for r in rows)
 
 
+def test_bench_decode_depth_labels_tg_as_llama_bench():
+    args = ["bench", "decode", "--model", GOLDEN / "ckpt" / "qwen3-moe-bf16", "--pp", 8, "--tg", 4, "--reps", 1,
+            "--depth", 16]
+    p = subprocess.run([str(MXQ), *map(str, args)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    rows = [line for line in p.stdout.splitlines() if line.startswith("| qwen3-moe-bf16")]
+    assert [r.split("|")[5].strip() for r in rows] == ["pp8", "tg4 @ d16"]
+    big = subprocess.run([str(MXQ), *map(str, args[:-1]), "100000000"], capture_output=True, text=True, timeout=60)
+    assert big.returncode == 2 and "--depth" in big.stderr, big.stderr
+
+
 def test_bench_decode_breakdown_is_refused_on_cpu():
     # the per-op breakdown profiles the CUDA engine's decode step: on --device cpu it is refused by name
     args = ["bench", "decode", "--model", GOLDEN / "ckpt" / "qwen3-moe-bf16", "--pp", 8, "--tg", 4, "--reps", 1,
