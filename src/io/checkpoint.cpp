@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <string>
 #include <utility>
+
+#include "base/regular_file.h"
 
 namespace mxq {
 namespace {
@@ -25,6 +25,24 @@ bool is_file(const fs::path& p) {
   return fs::is_regular_file(p, ec);  // follows symlinks, as HF cache snapshots need
 }
 
+// Whether `p` is there; refuses something there that is not a regular file (a FIFO index or a directory
+// named model.safetensors was skipped in silence, and the checkpoint read another way).
+Result<bool> present_file(const fs::path& p) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);  // follows symlinks
+  if (st.type() == fs::file_type::not_found) return false;
+  if (ec) return fail("{}: cannot stat: {}", p.string(), ec.message());
+  if (st.type() != fs::file_type::regular) {
+    const char* kind = st.type() == fs::file_type::directory ? "a directory"
+                       : st.type() == fs::file_type::fifo    ? "a FIFO"
+                       : st.type() == fs::file_type::character || st.type() == fs::file_type::block
+                           ? "a device"
+                           : "not a regular file";
+    return fail("{}: expected a regular file, got {}", p.string(), kind);
+  }
+  return true;
+}
+
 // A shard name must be a plain file name in the checkpoint directory: no separators, no "." or "..".
 Status check_shard_name(std::string_view shard, std::string_view where) {
   const std::string shown = printable(shard);
@@ -39,17 +57,10 @@ Status check_shard_name(std::string_view shard, std::string_view where) {
 }
 
 Result<std::string> read_index(const std::string& path) {
-  std::error_code ec;
-  const uintmax_t size = fs::file_size(path, ec);
-  if (ec) return fail("{}: cannot stat: {}", path, ec.message());
-  if (size > kMaxIndexBytes) {
-    return fail("{}: index too large, expected at most {} bytes, got {}", path, kMaxIndexBytes, size);
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) return fail("{}: cannot read", path);
-  return text.str();
+  auto text = read_regular_file(path, kMaxIndexBytes);
+  if (!text) return fail("index too large or unreadable: {}", text.error().message);
+  if (!*text) return fail("{}: no such index file", path);
+  return std::move(**text);
 }
 
 // Collects weight_map entries from SAX events. Every object's keys are checked for duplicates (nlohmann's DOM
@@ -180,8 +191,12 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   const std::string index_path = (root / kIndexFileName).string();
   // note: transformers' precedence: model.safetensors wins over an index. With an index, files it does not
   // name (e.g. Mistral's consolidated.safetensors beside the HF shards) are never opened.
-  const bool single = is_file(root / kSingleFileName);
-  const bool sharded = !single && is_file(index_path);
+  auto single_present = present_file(root / kSingleFileName);
+  if (!single_present) return tl::unexpected(single_present.error());
+  const bool single = *single_present;
+  auto index_present = single ? Result<bool>(false) : present_file(index_path);
+  if (!index_present) return tl::unexpected(index_present.error());
+  const bool sharded = *index_present;
   if (single) {
     shards.emplace_back(kSingleFileName);
   } else if (sharded) {

@@ -6,10 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <span>
+
+#include "base/regular_file.h"
 
 namespace mxq {
 namespace {
@@ -356,22 +357,10 @@ Result<ModelConfig> parse_config(std::string_view json_text, std::string_view or
   return cfg;
 }
 
-// note: read in 64 KB chunks with a running size check, so a multi-GB "config.json" is refused without
-// being loaded.
+// note: regular files only, with a running size check, so a multi-GB "config.json", a FIFO or /dev/zero is
+// refused without being loaded (base/regular_file.h).
 static Result<std::optional<std::string>> read_small_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (!std::filesystem::exists(path)) return std::optional<std::string>();
-    return fail("{}: cannot open", path);
-  }
-  std::string text;
-  char buf[65536];
-  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
-    text.append(buf, static_cast<size_t>(in.gcount()));
-    if (text.size() > kMaxConfigBytes)
-      return fail("{}: expected at most {} bytes, the file is larger", path, kMaxConfigBytes);
-  }
-  return std::optional<std::string>(std::move(text));
+  return read_regular_file(path, kMaxConfigBytes);
 }
 
 Result<ModelConfig> read_config(const std::string& dir) {

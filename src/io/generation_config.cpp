@@ -1,9 +1,5 @@
 #include "io/generation_config.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -11,6 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "base/regular_file.h"
 #include "io/config.h"
 
 namespace mxq {
@@ -128,49 +125,6 @@ Result<GenerationConfig> parse_object(const json& obj) {
   return c;
 }
 
-const char* file_kind(mode_t m) {
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISSOCK(m)) return "a socket";
-  return "not a regular file";
-}
-
-// nullopt when the file does not exist. note: O_NONBLOCK makes open() of a FIFO return at once instead of
-// waiting for a writer; fstat on the open descriptor then refuses it (and /dev/zero) before any read.
-Result<std::optional<std::string>> read_regular_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return std::optional<std::string>();
-    return fail("{}: cannot open: {}", path, std::strerror(errno));
-  }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return fail("{}: cannot stat: {}", path, std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) return fail("{}: expected a regular file, got {}", path, file_kind(st.st_mode));
-  if (st.st_size > kMaxFileBytes)
-    return fail("{}: expected at most {} bytes, the file has {}", path, kMaxFileBytes,
-                static_cast<int64_t>(st.st_size));
-  // note: read until EOF, not st_size bytes: a file that grew after fstat is refused rather than cut, and
-  // procfs-like files that report size 0 are read whole.
-  std::string text;
-  char buf[65536];
-  while (true) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return fail("{}: read failed: {}", path, std::strerror(errno));
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-    if (text.size() > static_cast<size_t>(kMaxFileBytes))
-      return fail("{}: expected at most {} bytes, the file is larger", path, kMaxFileBytes);
-  }
-  return std::optional<std::string>(std::move(text));
-}
-
 }  // namespace
 
 bool GenerationConfig::empty() const {
@@ -198,7 +152,7 @@ Result<GenerationConfig> parse_generation_config(std::string_view json_text, std
 
 Result<GenerationConfig> load_generation_config(const std::string& dir) {
   const std::string path = dir + "/generation_config.json";
-  auto text = read_regular_file(path);
+  auto text = read_regular_file(path, kMaxFileBytes);
   if (!text) return tl::unexpected(text.error());
   if (!*text) return GenerationConfig{};
   return parse_generation_config(**text, path);

@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <array>
-#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "base/regular_file.h"
 #include "io/bpe.h"
 #include "io/pretokenize.h"
 #include "io/utf8_text.h"
@@ -129,18 +128,10 @@ struct Tokenizer::Impl {
 };
 
 Result<Tokenizer> Tokenizer::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return fail("{}: cannot open tokenizer file", path);
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  if (size < 0 || static_cast<uint64_t>(size) > kMaxFileBytes) {
-    return fail("{}: tokenizer file is {} bytes, expected at most {}", path, static_cast<int64_t>(size),
-                kMaxFileBytes);
-  }
-  in.seekg(0);
-  std::string text(static_cast<size_t>(size), '\0');
-  if (!in.read(text.data(), size)) return fail("{}: short read of the tokenizer file", path);
-  return from_json_text(text, path);
+  auto text = read_regular_file(path, kMaxFileBytes);
+  if (!text) return fail("tokenizer: {}", text.error().message);
+  if (!*text) return fail("{}: no such tokenizer file", path);
+  return from_json_text(**text, path);
 }
 
 Result<Tokenizer> Tokenizer::from_json_text(std::string_view json_text, std::string_view where) {

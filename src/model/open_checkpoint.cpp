@@ -1,18 +1,18 @@
 #include "model/open_checkpoint.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+
+#include "base/regular_file.h"
 
 namespace mxq {
 namespace {
 
+// note: config.json is a few KB; 16 MiB (io/config's cap) bounds a hostile one.
 Result<nlohmann::json> read_json_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return fail("{}: cannot open", path.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_json_text(ss.str(), path.string());
+  auto text = read_regular_file(path.string(), uint64_t{16} << 20);
+  if (!text) return tl::unexpected(text.error());
+  if (!*text) return fail("{}: missing", path.string());
+  return parse_json_text(**text, path.string());
 }
 
 }  // namespace

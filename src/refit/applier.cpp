@@ -8,7 +8,6 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
-#include <fstream>
 #include <iterator>
 #include <new>
 #include <string>
@@ -679,9 +678,9 @@ Status apply_delta(WeightStore& store, uint64_t& live_version, const DeltaView& 
 Status apply_delta_files(WeightStore& store, uint64_t& live_version, std::span<const std::string> paths,
                          const ApplyOptions& options) {
   for (const std::string& path : paths) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return fail("{}: cannot open", path);
-    const std::vector<uint8_t> file((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    auto bytes = read_delta_file_bytes(path);
+    if (!bytes) return tl::unexpected(bytes.error());
+    const std::span<const uint8_t> file(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size());
     auto size = body_size(file);
     if (!size) return fail_in(path, size.error());
     // note: a device store decompresses into its pinned staging, so the body uploads without a copy.

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/regular_file.h"
 #include "format/codec.h"
 #include "model/weight_store.h"
 #include "refit/index_codec.h"
@@ -515,11 +516,22 @@ Result<Delta> read_delta(std::span<const uint8_t> file, const ReadLimits& limits
   return decode_delta_body(body);
 }
 
+Result<std::string> read_delta_file_bytes(const std::filesystem::path& path, const ReadLimits& limits) {
+  auto head = read_regular_file_head(path.string(), sizeof kDeltaMagic);
+  if (!head) return tl::unexpected(head.error());
+  if (head->size() < sizeof kDeltaMagic || std::memcmp(head->data(), kDeltaMagic, sizeof kDeltaMagic) != 0)
+    return fail("{}: not an mxq delta (the file does not start with the magic MXQDELTA)", path.string());
+  const uint64_t cap = kFileHeaderBytes + ZSTD_compressBound(static_cast<size_t>(limits.max_body_bytes));
+  auto file = read_regular_file(path.string(), cap);
+  if (!file) return tl::unexpected(file.error());
+  if (!*file) return fail("{}: no such file", path.string());
+  return std::move(**file);
+}
+
 Result<Delta> read_delta_file(const std::filesystem::path& path, const ReadLimits& limits) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return fail("{}: cannot open", path.string());
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  auto d = read_delta(bytes, limits);
+  auto file = read_delta_file_bytes(path, limits);
+  if (!file) return tl::unexpected(file.error());
+  auto d = read_delta(std::span(reinterpret_cast<const uint8_t*>(file->data()), file->size()), limits);
   if (!d) return fail_in(path.string(), d.error());
   return d;
 }

@@ -79,6 +79,10 @@ struct ReadLimits {
 Result<Delta> decode_delta_body(std::span<const uint8_t> body);
 Result<Delta> read_delta(std::span<const uint8_t> file, const ReadLimits& limits = {});
 Result<Delta> read_delta_file(const std::filesystem::path& path, const ReadLimits& limits = {});
+// A delta file's bytes, unread past what the checks allow: a regular file (a FIFO, a directory or /dev/zero
+// is refused by kind), whose first 8 bytes are the magic (checked before the rest is read), of at most the
+// header plus a zstd frame of limits.max_body_bytes.
+Result<std::string> read_delta_file_bytes(const std::filesystem::path& path, const ReadLimits& limits = {});
 // The header checks of read_delta and the body decompressed into `body` (which must hold the header's body
 // bytes; body_size() says how many). read_delta is decompress_body + decode_delta_body.
 Result<uint64_t> body_size(std::span<const uint8_t> file, const ReadLimits& limits = {});
