@@ -6,12 +6,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <sstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,7 +50,7 @@ struct GenerateOptions {
   int64_t max_new_tokens = kDefaultMaxNewTokens;
   float temperature = kDefaultTemperature, top_p = 1.0f, min_p = 0.0f;
   int64_t top_k = 0, top_logprobs = 0;
-  uint64_t seed = 0;
+  std::string seed;  // decimal 0..2^64-1; empty: a random seed, reported in --json (vLLM's and llama.cpp's)
   std::vector<std::string> stop;
   std::vector<std::string> apply_delta;  // refit deltas applied in place after the load, in order
   bool ignore_eos = false, chat = false, json = false;
@@ -58,7 +61,17 @@ struct GenerateOptions {
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
+  std::set<std::string> given_cuda_flags;  // the CUDA sizing flags given on the command line
 };
+
+// --seed as given: every digit of a decimal in [0, 2^64) (CLI11 wraps "-1" and clamps 2^64 in silence).
+Result<uint64_t> parse_seed(const std::string& text) {
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
+    return fail("--seed {}: expected a decimal integer in [0, 18446744073709551615]", text);
+  return v;
+}
 
 Result<std::vector<int32_t>> parse_ids(const std::string& list) {
   std::vector<int32_t> ids;
@@ -102,6 +115,20 @@ int run_generate(const GenerateOptions& o) {
   if (o.device != "cpu" && o.device != "auto" && o.device != "cuda")
     return bad({fmt::format("--device {}: expected cpu, cuda or auto", o.device)});
   const bool on_cuda = o.device == "cuda" || (o.device == "auto" && cuda_device_visible());
+  // note: the CUDA engine's sizing flags have no CPU meaning here (one sequence, a cache of its own length).
+  if (!on_cuda)
+    for (const char* flag : {"--max-num-seqs", "--max-model-len", "--gpu-memory-utilization"})
+      if (o.given_cuda_flags.count(flag))
+        return bad({fmt::format("{}: applies to --device cuda only (this run is on the CPU)", flag)});
+  uint64_t seed = 0;
+  if (o.seed.empty()) {
+    std::random_device rd;
+    seed = (uint64_t{rd()} << 32) ^ rd();
+  } else {
+    auto s = parse_seed(o.seed);
+    if (!s) return bad(s.error());
+    seed = *s;
+  }
 #if !MXQ_HAVE_CUDA
   if (on_cuda) return bad({"--device cuda: this build has no CUDA backend (use --device cpu)"});
 #else
@@ -218,7 +245,7 @@ int run_generate(const GenerateOptions& o) {
   p.max_new_tokens = sampling.max_new_tokens;
   p.sampling =
       SamplingParams{sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, o.top_logprobs};
-  p.seed = o.seed;
+  p.seed = seed;
   p.stop = o.stop;
   p.ignore_eos = o.ignore_eos;
   // note: as vLLM's update_from_generation_config, --ignore-eos also drops generation_config.json's eos ids.
@@ -274,7 +301,8 @@ int run_generate(const GenerateOptions& o) {
                      {"top_p", sampling.top_p},
                      {"min_p", sampling.min_p},
                      {"max_new_tokens", sampling.max_new_tokens},
-                     {"seed", o.seed},
+                     {"seed", seed},
+                     {"seed_given", !o.seed.empty()},
                      {"stop_token_ids", p.stop_token_ids},
                      {"generation_config", o.generation_config},
                      {"from_generation_config", sampling.from_generation_config}};
@@ -332,12 +360,16 @@ void add_generate(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--device", o->device, "cpu, cuda or auto (auto = cuda when a GPU is present)")
       ->capture_default_str();
-  cmd->add_option("--max-num-seqs", o->max_num_seqs, "CUDA: sequences in one step")->capture_default_str();
+  cmd->add_option("--max-num-seqs", o->max_num_seqs, "CUDA: sequences in one step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-model-len", o->max_model_len, "CUDA: context of one sequence (0 = the model's)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "CUDA: fraction of GPU memory for weights, buffers and KV blocks")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_flag("--enforce-eager", o->enforce_eager, "CUDA: no CUDA graphs");
   cmd->add_option("--generation-config", o->generation_config,
                   "auto: the checkpoint's generation_config.json adds its eos_token_id as stop ids and gives "
@@ -348,16 +380,17 @@ void add_generate(CLI::App& app, int& exit_code) {
                   "Tokens to generate at most (default: generation_config.json's max_new_tokens, else 64)");
   cmd->add_option("--temperature", o->temperature,
                   "0 = greedy (default: generation_config.json's temperature, else 0, i.e. greedy)");
-  cmd->add_option("--top-k", o->top_k, "0 = off (default: generation_config.json's, else 0)");
+  cmd->add_option("--top-k", o->top_k, "0 = off (default: generation_config.json's, else 0)")
+      ->check(CLI::Range(int64_t{0}, int64_t{INT32_MAX}));
   cmd->add_option("--top-p", o->top_p, "1 = off (default: generation_config.json's, else 1)");
   cmd->add_option("--min-p", o->min_p, "0 = off (default: generation_config.json's, else 0)");
-  cmd->add_option("--seed", o->seed, "Sampling seed");
+  cmd->add_option("--seed", o->seed, "Sampling seed, 0..2^64-1 (default: random, reported in --json)");
   cmd->add_option("--stop", o->stop, "Stop string (repeatable)")->allow_extra_args(false);
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at EOS");
   cmd->add_option("--top-logprobs", o->top_logprobs, "Alternatives reported per token (with --json)");
   cmd->add_flag("--chat", o->chat, "Wrap the prompt in the Qwen3 chat template");
   cmd->add_flag("--json", o->json, "Print one JSON object: token_ids, text, logprobs");
-  cmd->add_option("--threads", o->threads, "CPU threads (0 = all)");
+  cmd->add_option("--threads", o->threads, "CPU threads (0 = all)")->check(CLI::Range(0, 4096));
   cmd->add_option("--apply-delta", o->apply_delta,
                   "Refit delta applied in place after the load (repeatable, in order; the load is version 0)")
       ->allow_extra_args(false);
@@ -368,6 +401,8 @@ void add_generate(CLI::App& app, int& exit_code) {
     if (cmd->count("--top-p") > 0) o->given.top_p = o->top_p;
     if (cmd->count("--min-p") > 0) o->given.min_p = o->min_p;
     if (cmd->count("--max-new-tokens") > 0) o->given.max_new_tokens = o->max_new_tokens;
+    for (const char* flag : {"--max-num-seqs", "--max-model-len", "--gpu-memory-utilization"})
+      if (cmd->count(flag) > 0) o->given_cuda_flags.insert(flag);
     exit_code = run_generate(*o);
   });
 }

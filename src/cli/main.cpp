@@ -1,4 +1,5 @@
 // mxq: one binary, one file per subcommand (see commands.h).
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -24,8 +25,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : mxq::cli::kExitBadInput;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // note: one line, as every other refusal (CLI11's own exit() adds a second "Run with --help" line).
+    std::string cmd = "mxq";
+    for (const CLI::App* sub : app.get_subcommands()) cmd += " " + sub->get_name();
+    fmt::print(stderr, "{}: {} (see {} --help)\n", cmd, e.what(), cmd);
+    return mxq::cli::kExitBadInput;
   }
   return exit_code;
 }

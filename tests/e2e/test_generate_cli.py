@@ -69,11 +69,31 @@ def test_device_auto_falls_back_to_cpu_without_a_gpu():
     (["--model", "/nonexistent", "--prompt-ids", "1"], "/nonexistent"),
     (["--activation-quant", "int8", "hi"], "--activation-quant int8"),
     (["--quantization", "fp8-b128", "--activation-quant", "mxfp8", "hi"], "run in fp8-b128"),
+    # issue 22: every numeric flag checked with its range, CLI11's parse errors on one line too
+    (["--threads", "100000", "hi"], "--threads: Value 100000 not in range 0 to 4096"),
+    (["--threads", "-1", "hi"], "not in range 0 to 4096"),
+    (["--seed", "-1", "hi"], "--seed -1: expected a decimal integer"),
+    (["--seed", "18446744073709551616", "hi"], "--seed 18446744073709551616: expected a decimal integer"),
+    (["--top-k", "1099511627776", "hi"], "--top-k: Value 1099511627776 not in range"),
+    (["--gpu-memory-utilization", "2", "hi"], "--gpu-memory-utilization: Value 2 not in range"),
+    (["--device", "cpu", "--max-num-seqs", "4", "hi"], "--max-num-seqs: applies to --device cuda only"),
+    (["--device", "cpu", "--max-model-len", "64", "hi"], "--max-model-len: applies to --device cuda only"),
+    (["--bogus-flag", "hi"], "--bogus-flag"),
 ])
 def test_bad_input_exits_2_with_one_line(args, needle):
     p = generate(*args)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert needle in p.stderr and p.stderr.count("\n") == 1, p.stderr
+
+
+def test_sampling_without_a_seed_is_seeded_randomly_and_reports_the_seed():
+    # issue 22: without --seed every run sampled with seed 0 (vLLM and llama.cpp seed randomly)
+    args = ("Once upon a time", "--max-new-tokens", 16, "--temperature", 1.0, "--ignore-eos", "--json")
+    runs = [json.loads(generate(*args).stdout) for _ in range(3)]
+    seeds = {r["sampling"]["seed"] for r in runs}
+    assert len(seeds) == 3 and not any(r["sampling"]["seed_given"] for r in runs)
+    again = json.loads(generate(*args, "--seed", runs[0]["sampling"]["seed"]).stdout)
+    assert again["sampling"]["seed_given"] and again["token_ids"] == runs[0]["token_ids"]
 
 
 def test_activation_quant_mxfp8_changes_the_numerics_not_the_interface():
