@@ -11,6 +11,7 @@
 #include <span>
 
 #include "base/regular_file.h"
+#include "io/safetensors.h"
 
 namespace mxq {
 namespace {
@@ -179,6 +180,37 @@ void record_remote_code(const json& obj, std::string_view prefix, std::vector<st
   }
 }
 
+// ModelConfig::unsupported. note: transformers 5's Qwen3Config writes layer_types for every model (all
+// "full_attention" unless use_sliding_window), and sliding_window alone does nothing without
+// use_sliding_window, as in the HF modelling code.
+Status record_unsupported(const json& obj, ModelConfig& cfg) {
+  auto act = get_string(obj, "hidden_act");
+  if (!act) return tl::unexpected(act.error());
+  if (!act->empty() && *act != "silu")
+    cfg.unsupported.push_back(
+        fmt::format("hidden_act \"{}\": the MLP runs SwiGLU with silu only", printable(act->substr(0, 64))));
+  auto sliding = get_bool(obj, "use_sliding_window", false);
+  if (!sliding) return tl::unexpected(sliding.error());
+  if (*sliding) cfg.unsupported.push_back("use_sliding_window true: sliding-window attention is not implemented");
+  if (auto it = obj.find("layer_types"); it != obj.end() && !it->is_null()) {
+    if (!it->is_array()) return fail("layer_types: expected a list of strings, got {}", type_name(*it));
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& t = (*it)[i];
+      if (!t.is_string()) return fail("layer_types[{}]: expected a string, got {}", i, type_name(t));
+      if (t.get<std::string>() != "full_attention") {
+        cfg.unsupported.push_back(fmt::format("layer_types[{}] \"{}\": only full_attention is implemented", i,
+                                              printable(t.get<std::string>().substr(0, 64))));
+        break;
+      }
+    }
+  }
+  if (cfg.quantization_config.is_object())
+    if (auto it = cfg.quantization_config.find("kv_cache_scheme");
+        it != cfg.quantization_config.end() && !it->is_null())
+      cfg.unsupported.push_back("quantization_config.kv_cache_scheme: a quantized KV cache is not implemented");
+  return {};
+}
+
 // Cross-field checks the modelling code relies on: GQA groups whole heads, RoPE rotates pairs, the router
 // picks at most every expert.
 Status check_shapes(const ModelConfig& c) {
@@ -215,6 +247,10 @@ Result<ModelConfig> parse_object(const json& obj) {
   cfg.model_type = *model_type;
   if (cfg.architecture.empty() && cfg.model_type.empty())
     return fail("missing both \"architectures\" and \"model_type\"");
+  // note: PretrainedConfig.save_pretrained writes no "architectures"; transformers' Auto classes resolve the
+  // class from model_type, and so does mxq for the two it runs.
+  if (cfg.architecture.empty() && cfg.model_type == "qwen3") cfg.architecture = "Qwen3ForCausalLM";
+  if (cfg.architecture.empty() && cfg.model_type == "qwen3_moe") cfg.architecture = "Qwen3MoeForCausalLM";
   cfg.architecture_known =
       cfg.architecture == "Qwen3ForCausalLM" || cfg.architecture == "Qwen3MoeForCausalLM";
 
@@ -307,6 +343,7 @@ Result<ModelConfig> parse_object(const json& obj) {
   }
   record_remote_code(obj, "", cfg.remote_code_refs);
   if (text_config != nullptr) record_remote_code(*text_config, "text_config.", cfg.remote_code_refs);
+  if (auto s = record_unsupported(obj, cfg); !s) return tl::unexpected(s.error());
   return cfg;
 }
 
@@ -319,6 +356,7 @@ bool ModelConfig::layer_is_sparse(int64_t layer) const {
 }
 
 Status check_architecture(const ModelConfig& config) {
+  if (config.architecture_known && !config.unsupported.empty()) return fail("{}", config.unsupported.front());
   if (config.architecture_known) return {};
   return fail(
       "architecture \"{}\" (model_type \"{}\") is not supported; mxq runs Qwen3ForCausalLM and "

@@ -55,6 +55,10 @@ struct ModelConfig {
   // auto_map / trust_remote_code / custom code entries, recorded as "key=value". mxq never executes
   // checkpoint code; parse_config logs one warning line when this is non-empty.
   std::vector<std::string> remote_code_refs;
+  // Features config.json asks for that the Qwen3 forward does not implement, one line each (a hidden_act
+  // other than silu, sliding-window attention, a quantized KV cache): parse_config records them, the loader
+  // refuses them (check_architecture), inspect shows them. Never run in silence.
+  std::vector<std::string> unsupported;
 
   bool is_moe() const { return num_experts > 0; }
   // Whether decoder layer `layer` uses the sparse MoE block (transformers' Qwen3MoeDecoderLayer rule).
@@ -69,7 +73,8 @@ Result<ModelConfig> read_config(const std::string& dir);
 // Reads <dir>/hf_quant_config.json (ModelOpt's file); nullopt when the checkpoint has none.
 Result<std::optional<nlohmann::json>> read_hf_quant_config(const std::string& dir);
 
-// The loader's refusal of an architecture mxq has no forward for, naming it and the ones it has.
+// The loader's refusal of an architecture mxq has no forward for, naming it and the ones it has, or of the
+// first of config.unsupported.
 Status check_architecture(const ModelConfig& config);
 
 // Parses JSON text with a nesting limit, naming `origin` on failure (shared with hf_quant_config.json).

@@ -40,7 +40,7 @@ Result<ModelCheckpoint> open_model_checkpoint(const std::string& dir, bool check
   if (!config_json) return tl::unexpected(config_json.error());
   auto config = read_config(dir);
   if (!config) return tl::unexpected(config.error());
-  if (auto st = check_architecture(*config); !st) return tl::unexpected(st.error());
+  if (auto st = check_architecture(*config); !st) return fail_in((fs::path(dir) / "config.json").string(), st.error());
 
   auto files = Checkpoint::open(dir);
   if (!files) return tl::unexpected(files.error());

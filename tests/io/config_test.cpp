@@ -126,6 +126,12 @@ const EditCase kEdits[] = {
     {"eos_list", R"({"eos_token_id": [2, 3]})", ""},
     {"bos_null", R"({"bos_token_id": null})", ""},
     {"unknown_arch_parses", R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})", ""},
+    // issue 22: recorded in ModelConfig::unsupported (refused by the loader, ConfigUnsupported below)
+    {"hidden_act_gelu_parses", R"({"hidden_act": "gelu"})", ""},
+    {"layer_types_not_a_list", R"({"layer_types": "full_attention"})", "layer_types: expected a list"},
+    {"layer_types_number", R"({"layer_types": [1]})", "layer_types[0]: expected a string"},
+    {"sliding_not_bool", R"({"use_sliding_window": "no"})", "use_sliding_window: expected true/false"},
+    {"hidden_act_number", R"({"hidden_act": 1})", "hidden_act: expected a string"},
     {"missing_hidden", R"({"hidden_size": null})", "missing required key \"hidden_size\""},
     {"hidden_string", R"({"hidden_size": "64"})", "hidden_size: expected an integer, got string"},
     {"hidden_float", R"({"hidden_size": 64.0})", "hidden_size: expected an integer, got number"},
@@ -233,6 +239,50 @@ TEST(ConfigArchitecture, UnknownIsRefusedByNameWhenTheLoaderAsks) {
       st.error().message.find("architecture \"LlamaForCausalLM\" (model_type \"llama\") is not supported"),
       std::string::npos)
       << st.error().message;
+}
+
+// issue 22: a config.json without "architectures" (PretrainedConfig.save_pretrained) resolves from model_type,
+// as transformers' Auto classes do.
+TEST(ConfigArchitecture, ResolvedFromModelTypeWhenAbsent) {
+  json cfg = load_json(kGolden + "/qwen3-dense-bf16/config.json");
+  cfg.erase("architectures");
+  auto dense = parse_config(cfg.dump(), "a/config.json");
+  ASSERT_TRUE(dense) << dense.error().message;
+  EXPECT_EQ(dense->architecture, "Qwen3ForCausalLM");
+  EXPECT_TRUE(check_architecture(*dense));
+  json moe = load_json(kGolden + "/qwen3-moe-bf16/config.json");
+  moe.erase("architectures");
+  auto m = parse_config(moe.dump(), "b/config.json");
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->architecture, "Qwen3MoeForCausalLM");
+}
+
+// issue 22: what the forward does not implement was ignored in silence; now the loader refuses it by name.
+TEST(ConfigUnsupported, RefusedByTheLoaderByName) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"hidden_act": "gelu"})", "hidden_act \"gelu\": the MLP runs SwiGLU with silu only"},
+      {R"({"use_sliding_window": true, "sliding_window": 4096})", "use_sliding_window true"},
+      {R"({"layer_types": ["full_attention", "sliding_attention"]})", "layer_types[1] \"sliding_attention\""},
+      {R"({"quantization_config": {"quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8}}})",
+       "quantization_config.kv_cache_scheme"},
+  };
+  for (const auto& [patch, want] : cases) {
+    json cfg = load_json(kGolden + "/qwen3-dense-bf16/config.json");
+    cfg.merge_patch(json::parse(patch));
+    auto parsed = parse_config(cfg.dump(), "a/config.json");
+    ASSERT_TRUE(parsed) << parsed.error().message;
+    auto st = check_architecture(*parsed);
+    ASSERT_FALSE(st) << patch;
+    EXPECT_NE(st.error().message.find(want), std::string::npos) << st.error().message;
+  }
+  // what transformers 5 writes for every Qwen3 model: accepted
+  json cfg = load_json(kGolden + "/qwen3-dense-bf16/config.json");
+  cfg.merge_patch(json::parse(
+      R"({"hidden_act": "silu", "use_sliding_window": false, "sliding_window": null,
+          "layer_types": ["full_attention", "full_attention"]})"));
+  auto ok = parse_config(cfg.dump(), "a/config.json");
+  ASSERT_TRUE(ok) << ok.error().message;
+  EXPECT_TRUE(check_architecture(*ok)) << check_architecture(*ok).error().message;
 }
 
 }  // namespace
