@@ -1,0 +1,386 @@
+"""mxq's quantizers, byte-exact with src/format (spec: formats.md), for numpy arrays and torch tensors.
+
+One algorithm, two array backends: every step is integer bit arithmetic on int32 views of f32 values, an f32
+multiply, an f32 add or an f32 division, written once against the small `_Ops` shim below, so the numpy path
+(tested in CI against the C++ codecs and `mxq quantize`) and the torch path (CUDA or CPU tensors, on the
+trainer's device) run the same operations. Outputs are the canonical planes as numpy uint8 arrays: values
+(E4M3 bytes, or packed E2M1 nibbles) and scales (E8M0 bytes, or little-endian f32 bytes for FP8-B128).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+QUANTIZED = ("mxfp8", "mxfp4", "fp8-b128")
+PLAIN = ("bf16", "f16", "f32")
+RULES = ("ceil", "ocp", "floor", "ct")
+DEFAULT_RULE = {"mxfp8": "ceil", "mxfp4": "ct"}
+
+_ABS = 0x7FFFFFFF
+_INF = 0x7F800000
+_FLT_MIN = np.float32(1.1754944e-38)
+_B128_MIN_AMAX = 1e-4  # note: DeepSeek clamps the f32 amax at 1e-4 rounded to f32 (as the C++ kB128MinAmax)
+
+
+class _NumpyOps:
+    name = "numpy"
+
+    @staticmethod
+    def i32(x):  # f32 -> int32 bit view
+        return x.view(np.int32)
+
+    @staticmethod
+    def f32(x):  # int32 -> f32 bit view
+        return x.view(np.float32)
+
+    minimum, maximum = staticmethod(np.minimum), staticmethod(np.maximum)
+
+    @staticmethod
+    def where(c, a, b):  # note: every select here picks int32 codes; np.where widens python ints to int64
+        return np.where(c, a, b).astype(np.int32, copy=False)
+
+    @staticmethod
+    def clamp(x, lo, hi):
+        return np.clip(x, lo, hi)
+
+    @staticmethod
+    def amax(x, axes):
+        return x.max(axis=axes)
+
+    @staticmethod
+    def div(num, den):  # f32 num / den, correctly rounded; either may be a python float
+        return np.divide(np.float32(num), np.float32(den), dtype=np.float32)
+
+    @staticmethod
+    def u8(x):
+        return x.astype(np.uint8)
+
+    @staticmethod
+    def pad(x, rows, cols):
+        return np.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, rows), (0, cols)])
+
+    @staticmethod
+    def to_numpy(x):
+        return np.ascontiguousarray(x)
+
+
+class _TorchOps:
+    """The same operations in torch. note: torch turns `tensor / python scalar` into a multiply by the
+    reciprocal on CUDA, and `scalar / tensor` into reciprocal() * scalar (formats.md), so every division here
+    is tensor / tensor of equal shape (IEEE division on CPU and CUDA, torch builds without fast-math)."""
+    name = "torch"
+
+    def __init__(self, torch):
+        self.t = torch
+
+    def i32(self, x):
+        return x.view(self.t.int32)
+
+    def f32(self, x):
+        return x.view(self.t.float32)
+
+    def where(self, c, a, b):
+        t = self.t
+        ref = c
+        a = a if isinstance(a, t.Tensor) else t.full_like(ref, a, dtype=t.int32)
+        b = b if isinstance(b, t.Tensor) else t.full_like(ref, b, dtype=t.int32)
+        return t.where(c, a, b)
+
+    def minimum(self, a, b):
+        return self.t.clamp(a, max=b) if not isinstance(b, self.t.Tensor) else self.t.minimum(a, b)
+
+    def maximum(self, a, b):
+        return self.t.clamp(a, min=b) if not isinstance(b, self.t.Tensor) else self.t.maximum(a, b)
+
+    def clamp(self, x, lo, hi):
+        return self.t.clamp(x, lo, hi)
+
+    def amax(self, x, axes):
+        return self.t.amax(x, dim=axes)
+
+    def div(self, num, den):
+        t = self.t
+        ref = num if isinstance(num, t.Tensor) else den
+        num = num if isinstance(num, t.Tensor) else t.full_like(ref, num, dtype=t.float32)
+        den = den if isinstance(den, t.Tensor) else t.full_like(ref, den, dtype=t.float32)
+        return t.div(num, den)
+
+    def u8(self, x):
+        return x.to(self.t.uint8)
+
+    def pad(self, x, rows, cols):
+        return self.t.nn.functional.pad(x, (0, cols, 0, rows))
+
+    def to_numpy(self, x):
+        return x.contiguous().cpu().numpy()
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _ops_for(x):
+    if _is_torch(x):
+        import torch  # noqa: PLC0415  (optional dependency, imported only for torch inputs)
+        return _TorchOps(torch)
+    return _NumpyOps()
+
+
+# ---- source widening ----------------------------------------------------------------------------------------
+def source_dtype(x) -> str:
+    """mxq's name of an input's element type: bf16, f16 or f32 (anything else is refused by the callers)."""
+    if _is_torch(x):
+        return {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}.get(str(x.dtype),
+                                                                                            str(x.dtype))
+    dt = np.asarray(x).dtype
+    if dt.name == "bfloat16":  # ml_dtypes' numpy bfloat16
+        return "bf16"
+    return {"float16": "f16", "float32": "f32"}.get(dt.name, dt.name)
+
+
+def widen_f32(x, name: str = "tensor"):
+    """bf16 / f16 / f32 -> f32, exact (numpy bf16 is ml_dtypes' bfloat16; a torch tensor stays on its device)."""
+    src = source_dtype(x)
+    if src not in PLAIN:
+        raise ValueError(f"{name}: dtype {src} cannot be quantized, expected bf16, f16 or f32")
+    if _is_torch(x):
+        return x.detach().float().contiguous()
+    a = np.ascontiguousarray(x)
+    if src == "bf16":
+        return (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32)
+
+
+# ---- element encoders (element_encode.h) ---------------------------------------------------------------------
+def _round_normal(a, shift: int, bias: int):
+    lsb = (a >> shift) & 1
+    return (a - ((127 - bias) << 23) + ((1 << (shift - 1)) - 1) + lsb) >> shift
+
+
+def _round_subnormal(ops, a, magic_bits: int):
+    # note: |x| + C with ulp(C) = the target's subnormal step rounds with the FPU's own RNE (one rounding)
+    magic = float(np.int32(magic_bits).view(np.float32))
+    return ops.i32(ops.f32(a) + magic) - magic_bits
+
+
+def _e4m3(ops, xf):
+    """E4M3 codes (int32) of f32 values: RNE, saturating to +-448, NaN -> 0x7F|sign, sign of zero kept."""
+    bits = ops.i32(xf)
+    a = bits & _ABS
+    sign = (bits >> 24) & 0x80
+    normal = ops.minimum(_round_normal(a, 20, 7), 0x7E)  # note: 0x7E = 448; past the 464 tie saturates
+    sub = _round_subnormal(ops, a, 0x46800000)  # note: 2^14, whose ulp is 2^-9
+    return ops.where(a < 0x3C800000, sub, ops.where(a > _INF, 0x7F, normal)) | sign
+
+
+def _e5m2(ops, xf):
+    bits = ops.i32(xf)
+    a = bits & _ABS
+    sign = (bits >> 24) & 0x80
+    normal = ops.minimum(_round_normal(a, 21, 15), 0x7B)  # note: 0x7B = 57344
+    sub = _round_subnormal(ops, a, 0x43000000)
+    return ops.where(a < 0x38800000, sub, ops.where(a > _INF, 0x7F, normal)) | sign
+
+
+def _e2m1(ops, scaled, sign_src):
+    """E2M1 codes: RNE to the nearest code (ties to the even code), saturating at 6; bit 3 from sign_src < 0."""
+    a = ops.f32(ops.i32(scaled) & _ABS)
+    # note: midpoints 0.25 .. 5; `>` where the lower code is even (it wins the tie), `>=` where the upper is
+    parts = [a > 0.25, a >= 0.75, a > 1.25, a >= 1.75, a > 2.5, a >= 3.5, a > 5.0]
+    mag = _sum_bool(ops, parts)
+    return mag | ops.where(sign_src < 0, 8, 0)
+
+
+def _sum_bool(ops, parts):
+    total = None
+    for p in parts:
+        v = ops.where(p, 1, 0)
+        total = v if total is None else total + v
+    return total
+
+
+def _e8m0_ceil(ops, abs_bits):
+    """E8M0 round-up of |x| from its bits (finite input): exponent, +1 when any mantissa bit is set, <= 254."""
+    e = abs_bits >> 23
+    man = abs_bits & 0x7FFFFF
+    b = ops.where(e != 0, e + ops.where(man != 0, 1, 0), ops.where(man > 0x400000, 1, 0))
+    return ops.minimum(b, 254)
+
+
+def encode_e4m3(x) -> np.ndarray:
+    ops = _ops_for(x)
+    return ops.to_numpy(ops.u8(_e4m3(ops, _as_f32(ops, x))))
+
+
+def encode_e5m2(x) -> np.ndarray:
+    ops = _ops_for(x)
+    return ops.to_numpy(ops.u8(_e5m2(ops, _as_f32(ops, x))))
+
+
+def encode_e2m1(x) -> np.ndarray:
+    """E2M1 codes of f32 values, one per byte (unpacked); see `pack_e2m1`."""
+    ops = _ops_for(x)
+    xf = _as_f32(ops, x)
+    return ops.to_numpy(ops.u8(_e2m1(ops, xf, xf)))
+
+
+def pack_e2m1(codes: np.ndarray) -> np.ndarray:
+    """Byte j = element 2j in bits 3:0, element 2j+1 in bits 7:4 (formats.md)."""
+    c = np.asarray(codes, np.uint8)
+    return (c[..., 0::2] | (c[..., 1::2] << 4)).astype(np.uint8)
+
+
+def encode_e8m0(x) -> np.ndarray:
+    ops = _ops_for(x)
+    a = ops.i32(_as_f32(ops, x)) & _ABS
+    return ops.to_numpy(ops.u8(ops.where(a > _INF, 0xFF, _e8m0_ceil(ops, a))))
+
+
+def encode_bf16(x) -> np.ndarray:
+    """f32 -> bf16 bits (uint16): RNE, overflow carries into inf, NaN stays NaN (codec.cpp f32_to_bf16)."""
+    xf = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    lsb = (xf >> 16) & 1
+    out = ((xf + 0x7FFF + lsb) >> 16).astype(np.uint16)
+    nan = (xf & _ABS) > _INF
+    return np.where(nan, ((xf >> 16) | 0x40).astype(np.uint16), out)
+
+
+def encode_f16(x) -> np.ndarray:
+    """f32 -> f16 bits (uint16): RNE, overflow -> inf (IEEE conversion, as codec.cpp f32_to_f16)."""
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(x, np.float32).astype(np.float16).view(np.uint16)
+
+
+def _as_f32(ops, x):
+    if ops.name == "numpy":
+        return np.ascontiguousarray(x, np.float32)
+    return x.float().contiguous()
+
+
+# ---- block quantizers (quantize.cpp) -------------------------------------------------------------------------
+def _refuse_nan_block(name, amax_i32, block_rows, block_cols, rows, cols, batch_shape, ops):
+    """NaN/Inf in a block: the first block (batch, block row, block col) in order, named as the C++ does."""
+    bad = np.asarray(ops.to_numpy(amax_i32 >= _INF))
+    if not bad.any():
+        return
+    pos = np.unravel_index(int(np.flatnonzero(bad.reshape(-1))[0]), bad.shape)
+    b, br, bc = (int(np.ravel_multi_index(pos[:-2], bad.shape[:-2])) if bad.ndim > 2 else 0), int(pos[-2]), \
+        int(pos[-1])
+    r0, c0 = br * block_rows, bc * block_cols
+    msg = (f"{name}: block ({br}, {bc}) holds NaN/Inf (rows {r0}..{min(rows, r0 + block_rows) - 1}, "
+           f"cols {c0}..{min(cols, c0 + block_cols) - 1})")
+    if len(batch_shape):
+        msg += f" (expert {b})"
+    raise ValueError(msg)
+
+
+def _mx_scale(ops, rule: str, fp4: bool, amax):
+    e = amax >> 23
+    man = amax & 0x7FFFFF
+    emax, elem_max = (2, 6.0) if fp4 else (8, 448.0)
+    if rule == "ceil":
+        # note: ceil(log2 q) + 127 from q's bits (never a float log2); q = max(amax, FLT_MIN) / elem_max in f32
+        q = ops.div(ops.maximum(ops.f32(amax), float(_FLT_MIN)), elem_max)
+        b = _e8m0_ceil(ops, ops.i32(q) & _ABS)
+    elif rule == "ocp":
+        b = ops.where(e == 0, 0, e - emax)
+    elif rule == "floor":
+        b = ops.where(e == 0, 1, e)  # note: the reference clamps amax to FLT_MIN (e = 1) before its log2
+    elif rule == "ct":
+        # note: m >= 1.75 <=> the top two mantissa bits are set; computed in integers, no overflow to inf
+        b = ops.where(e == 0, 0, e + ops.where(man >= 0x600000, 1, 0) - emax)
+    else:
+        raise ValueError(f"unknown scale rule {rule!r} (expected one of ceil, ocp, floor, ct)")
+    return ops.clamp(b, 0, 254)
+
+
+def _mx_inv_scale(ops, b):
+    # 2^(127-b) as f32; b = 254 gives the subnormal 2^-127
+    return ops.f32(ops.where(b == 254, 0x00400000, (254 - b) << 23))
+
+
+def _quantize_mx(ops, xf, fmt, rule, name, batch_shape):
+    rows, cols = xf.shape[-2], xf.shape[-1]
+    blocks = xf.reshape(*xf.shape[:-1], cols // 32, 32)
+    amax = ops.amax(ops.i32(blocks) & _ABS, -1)
+    _refuse_nan_block(name, amax, 1, 32, rows, cols, batch_shape, ops)
+    fp4 = fmt == "mxfp4"
+    b = _mx_scale(ops, rule, fp4, amax)
+    scaled = blocks * _mx_inv_scale(ops, b)[..., None]
+    if fp4:
+        codes = _e2m1(ops, scaled, blocks)
+        codes = codes.reshape(*xf.shape[:-1], cols // 2, 2)
+        values = codes[..., 0] | (codes[..., 1] << 4)
+    else:
+        if rule == "ct":
+            # note: compressed-tensors adds its (zero) zero-point after scaling, so an input of -0 becomes +0.
+            # The C++ `x * mul + 0.0f` is contracted to one FMA (-march=x86-64-v3, GCC's default
+            # -ffp-contract=fast), so a nonzero negative x whose product underflows keeps its sign (-0):
+            # only zero inputs lose it. Written so, it needs no FMA here.
+            zero = (ops.i32(blocks) & _ABS) == 0
+            scaled = ops.f32(ops.where(zero, 0, ops.i32(scaled)))
+        values = _e4m3(ops, scaled)
+    return ops.to_numpy(ops.u8(values)).reshape(-1), ops.to_numpy(ops.u8(b)).reshape(-1)
+
+
+def _quantize_b128(ops, xf, name, batch_shape):
+    rows, cols = xf.shape[-2], xf.shape[-1]
+    rb, cb = -(-rows // 128), -(-cols // 128)
+    # note: zero padding leaves every block amax as it is; a short final block is legal
+    xp = ops.pad(xf, rb * 128 - rows, cb * 128 - cols)
+    blocks = xp.reshape(*xf.shape[:-2], rb, 128, cb, 128)
+    nb = len(xf.shape) - 2
+    amax = ops.amax(ops.i32(blocks) & _ABS, (nb + 1, nb + 3))
+    _refuse_nan_block(name, amax, 128, 128, rows, cols, batch_shape, ops)
+    a = ops.maximum(ops.f32(amax), float(np.float32(_B128_MIN_AMAX)))
+    mul = ops.div(448.0, a)  # note: RN(448 / amax') in f32, as the C++ codec (quantize.cpp)
+    scale_inv = ops.div(a, 448.0)  # weight_scale_inv, a multiplier despite its name
+    mul_b = mul.reshape(*xf.shape[:-2], rb, 1, cb, 1)
+    values = _e4m3(ops, blocks * mul_b).reshape(*xf.shape[:-2], rb * 128, cb * 128)[..., :rows, :cols]
+    return (ops.to_numpy(ops.u8(values)).reshape(-1),
+            np.ascontiguousarray(ops.to_numpy(scale_inv), "<f4").reshape(-1).view(np.uint8))
+
+
+def quantize_tensor(fmt: str, x, name: str = "tensor", rule: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Canonical planes (values, scales) of x, a [..., N, K] bf16/f16/f32 numpy array or torch tensor (any
+    device; leading dims are a batch, e.g. stacked experts), as mxq's `quantize_tensor` makes them with the
+    format's default rule (MXFP8 ceil, MXFP4 ct) unless `rule` names another MXFP8 rule."""
+    if fmt not in QUANTIZED:
+        raise ValueError(f"{name}: cannot quantize to {fmt} (expected mxfp8, mxfp4 or fp8-b128)")
+    rule = rule or DEFAULT_RULE.get(fmt, "ceil")
+    if fmt == "mxfp4" and rule != "ct":
+        raise ValueError(f"{name}: mxfp4 supports scale rule ct only (got {rule})")
+    if rule not in RULES:
+        raise ValueError(f"{name}: unknown scale rule {rule!r} (expected one of ceil, ocp, floor, ct)")
+    shape = tuple(int(d) for d in x.shape)
+    if len(shape) < 2:
+        raise ValueError(f"{name}: rank {len(shape)} tensor cannot be quantized as a matrix")
+    if fmt != "fp8-b128" and shape[-1] % 32:
+        raise ValueError(f"{name}: {fmt} needs cols % 32 == 0 (got cols {shape[-1]})")
+    ops = _ops_for(x)
+    xf = widen_f32(x, name)
+    if 0 in shape:
+        return np.zeros(0, np.uint8), np.zeros(0, np.uint8)
+    if fmt == "fp8-b128":
+        return _quantize_b128(ops, xf, name, shape[:-2])
+    return _quantize_mx(ops, xf, fmt, rule, name, shape[:-2])
+
+
+def plain_bytes(fmt: str, x, name: str = "tensor") -> np.ndarray:
+    """The values plane (uint8) of a plain tensor in the engine's dtype `fmt` (bf16, f16 or f32), converted
+    from the input's dtype through f32 with mxq's encoders (RNE, codec.cpp); NaN/Inf, also from a narrowing
+    overflow, are refused by name, as the delta validator refuses them (W-05)."""
+    if fmt not in PLAIN:
+        raise ValueError(f"{name}: {fmt} is not a plain format (expected bf16, f16 or f32)")
+    xf = widen_f32(x, name)
+    if _is_torch(xf):
+        xf = xf.cpu().numpy()
+    xf = xf.reshape(-1)
+    bits = {"bf16": encode_bf16, "f16": encode_f16, "f32": lambda v: np.ascontiguousarray(v, "<f4")}[fmt](xf)
+    back = xf if fmt == "f32" else (
+        (bits.astype(np.uint32) << 16).view(np.float32) if fmt == "bf16" else bits.view(np.float16))
+    bad = ~(np.isfinite(xf) & np.isfinite(back))
+    if bad.any():
+        raise ValueError(f"{name}: element {int(np.flatnonzero(bad)[0])} is NaN or Inf as {fmt} "
+                         f"(source {source_dtype(x)}); mxq refuses non-finite weights")
+    return np.ascontiguousarray(bits).view(np.uint8)
