@@ -57,7 +57,8 @@ struct ModelConfig {
   std::vector<std::string> remote_code_refs;
   // Features config.json asks for that the Qwen3 forward does not implement, one line each (a hidden_act
   // other than silu, sliding-window attention, a quantized KV cache): parse_config records them, the loader
-  // refuses them (check_architecture), inspect shows them. Never run in silence.
+  // (and inspect, which validates as the load does) refuses them through check_architecture. Never run in
+  // silence.
   std::vector<std::string> unsupported;
 
   bool is_moe() const { return num_experts > 0; }
