@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -84,7 +85,16 @@ int inspect(const std::string& path, bool json) {
   return 0;
 }
 
+// note: as `mxq quantize`, never over an existing file (issue 22: `delta make -o` overwrote in silence).
+bool refuse_existing(const char* cmd, const std::string& out) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(out, ec))) return false;
+  fmt::print(stderr, "mxq delta {}: {}: output file exists (remove it first; mxq never overwrites)\n", cmd, out);
+  return true;
+}
+
 int recode(const std::string& in, const std::string& out, int level) {
+  if (refuse_existing("recode", out)) return kExitBadInput;
   auto d = refit::read_delta_file(in);
   if (!d) {
     fmt::print(stderr, "mxq delta recode: {}\n", d.error().message);
@@ -110,6 +120,7 @@ double percent(int64_t part, int64_t whole) {
 }
 
 int make(const MakeOptions& o) {
+  if (refuse_existing("make", o.out)) return kExitBadInput;
   auto q = parse_format(o.quantization);
   if (!q) {
     fmt::print(stderr, "mxq delta make: {}\n", q.error().message);

@@ -1,4 +1,5 @@
-"""The mxq binary itself: --version and `mxq help` (issue 22's new-user findings)."""
+"""The mxq binary itself: --version, `mxq help`, one-line parse errors, no silent overwrites (issue 22's new-user
+findings)."""
 import re
 
 
@@ -12,3 +13,20 @@ def test_help_lists_every_subcommand(mxq):
     for cmd in ["inspect", "quantize", "generate", "serve", "bench", "delta"]:
         assert cmd in p.stdout, p.stdout
     assert p.stdout == mxq("--help").stdout
+
+
+def test_a_parse_error_is_one_line_naming_the_command(mxq):
+    p = mxq("inspect", "models/default", "--no-such-flag", check=False)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("mxq inspect: ") and "--no-such-flag" in p.stderr, p.stderr
+
+
+def test_delta_make_and_recode_never_overwrite(mxq, tmp_path):
+    out = tmp_path / "old.mxqdelta"
+    out.write_bytes(b"keep me")
+    for args in (["delta", "make", "--base", tmp_path, "--target", tmp_path, "--quantization", "mxfp8", "-o", out],
+                 ["delta", "recode", tmp_path / "in.mxqdelta", "-o", out]):
+        p = mxq(*args, check=False)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert f"{out}: output file exists" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+        assert out.read_bytes() == b"keep me"
