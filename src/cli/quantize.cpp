@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "cli/progress_bar.h"
 #include "format/quantize_parallel.h"
+#include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "model/open_checkpoint.h"
 
@@ -119,8 +120,13 @@ Result<int> quantize_into(const ModelCheckpoint& m, Format fmt, ScaleRule rule, 
   if (auto hq = make_hf_quant_config(kind, ignored))
     if (auto st = write_json(tmp / "hf_quant_config.json", *hq); !st) return tl::unexpected(st.error());
   if (by_file.size() > 1 || fs::exists(fs::path(m.dir) / "model.safetensors.index.json")) {
+    // note: total_size is the tensors' bytes (transformers' save_pretrained), not the files' (headers included).
     int64_t size = 0;
-    for (const auto& [file, names] : by_file) size += static_cast<int64_t>(fs::file_size(tmp / file));
+    for (const auto& [file, names] : by_file) {
+      auto f = SafetensorsFile::open((tmp / file).string());
+      if (!f) return tl::unexpected(f.error());
+      for (const TensorEntry& t : f->tensors()) size += static_cast<int64_t>(t.nbytes());
+    }
     nlohmann::json index = {{"metadata", {{"total_size", size}}}, {"weight_map", weight_map}};
     if (auto st = write_json(tmp / "model.safetensors.index.json", index); !st) return tl::unexpected(st.error());
   }
@@ -142,8 +148,9 @@ int run_quantize(const Options& o) {
     fmt::print(stderr, "mxq quantize: {}\n", msg);
     return kExitBadInput;
   };
+  // note: parse_format's own message lists every format, the plain ones too; --to takes the quantized ones.
   auto fmt = parse_format(o.to);
-  if (!fmt) return bad(fmt.error().message);
+  if (!fmt) return bad(fmt::format("--to {}: expected mxfp8, mxfp4 or fp8-b128", o.to));
   auto kind = scheme_for(*fmt);
   if (!kind) return bad(kind.error().message);
   ScaleRule rule = default_scale_rule(*fmt);

@@ -14,7 +14,7 @@ import pytest
 np.float8_e4m3fn = ml_dtypes.float8_e4m3fn
 from safetensors.numpy import load_file  # noqa: E402
 
-from conftest import CKPT, MXQ
+from conftest import CKPT, MXQ, ROOT
 
 DENSE = CKPT / "qwen3-dense-bf16"
 MOE = CKPT / "qwen3-moe-bf16"
@@ -184,3 +184,25 @@ def test_bench_quantize_device_is_checked():
     assert p.returncode == 0, p.stderr
     rows = [r.split() for r in p.stdout.splitlines() if r.split() and r.split()[0] in ("mxfp8", "mxfp4", "fp8-b128")]
     assert len(rows) == 12 and all(float(r[4]) > 0 for r in rows)
+
+
+def test_index_total_size_is_the_tensor_bytes(mxq, tmp_path):
+    # issue 22: total_size was the sum of the shard files' sizes (headers included); transformers writes the
+    # tensors' bytes.
+    out = tmp_path / "q"
+    mxq("quantize", "--to", "mxfp8", ROOT / "models" / "default", out)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    tensor_bytes = 0
+    for shard in sorted(set(index["weight_map"].values())):
+        with open(out / shard, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        tensor_bytes += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items()
+                            if k != "__metadata__")
+    assert index["metadata"]["total_size"] == tensor_bytes
+
+
+def test_to_names_only_the_quantized_targets(mxq, tmp_path):
+    p = mxq("quantize", "--to", "nvfp4", CKPT / "qwen3-dense-bf16", tmp_path / "q", check=False)
+    assert p.returncode == 2 and "--to nvfp4: expected mxfp8, mxfp4 or fp8-b128" in p.stderr, p.stderr
+    assert "bf16" not in p.stderr
