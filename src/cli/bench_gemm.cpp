@@ -1,6 +1,5 @@
 // mxq bench gemm: large-M MXFP8 / MXFP4 weight-only GEMM (prefill) on Qwen3-8B shapes against cuBLAS bf16
 // (cublasGemmEx, bf16 in and out, f32 accumulation) on the same shape in the same run.
-#include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <memory>
@@ -126,24 +125,25 @@ void add_bench_gemm(CLI::App& bench, int& exit_code) {
     for (const std::string& name : *formats) {
       auto f = parse_format(name);
       if (!f || (*f != Format::kMXFP8 && *f != Format::kMXFP4)) {
-        spdlog::error("bench gemm: --formats {}: no GEMM kernel (expected mxfp8 or mxfp4)", name);
+        fmt::print(stderr, "mxq bench gemm: --formats {}: no GEMM kernel (expected mxfp8 or mxfp4)\n", name);
         exit_code = kExitBadInput;
         return;
       }
       fs.push_back(*f);
     }
     if (ms->empty() || std::any_of(ms->begin(), ms->end(), [](int64_t m) { return m < 1 || m > 65536; })) {
-      spdlog::error("bench gemm: --m takes 1..65536");
+      fmt::print(stderr, "mxq bench gemm: --m takes 1..65536\n");
       exit_code = kExitBadInput;
       return;
     }
     if (Status st = run_bench(fs, *ms); !st) {
-      spdlog::error("bench gemm: {}", st.error().message);
+      fmt::print(stderr, "mxq bench gemm: {}\n", st.error().message);
       exit_code = 1;
     }
 #else
-    spdlog::error("bench gemm: this mxq was built without CUDA (expected a build where nvcc was found)");
-    exit_code = 1;
+    fmt::print(stderr,
+               "mxq bench gemm: this mxq was built without CUDA (expected a build where nvcc was found)\n");
+    exit_code = kExitBadInput;
 #endif
   });
 }

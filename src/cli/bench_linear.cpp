@@ -1,7 +1,6 @@
 // mxq bench linear: the CUDA linear dispatch table (cuda/linear.h: MXFP8 / MXFP4 / FP8-B128 by M) and GPU
 // quantize on Qwen3 shapes, against the copy bandwidth, cuBLAS bf16 and cuBLASLt FP8-B128 measured in the
 // same run. Registered under `mxq bench` by add_bench_linear.
-#include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <memory>
@@ -434,8 +433,9 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
     for (const std::string& name : *formats) {
       auto f = parse_format(name);
       if (!f || (*f != Format::kMXFP8 && *f != Format::kMXFP4 && *f != Format::kFP8_B128)) {
-        spdlog::error("bench linear: --formats {}: not benchmarked (expected mxfp8, mxfp4 or fp8-b128)",
-                      name);
+        fmt::print(stderr,
+                   "mxq bench linear: --formats {}: not benchmarked (expected mxfp8, mxfp4 or fp8-b128)\n",
+                   name);
         exit_code = kExitBadInput;
         return;
       }
@@ -443,12 +443,12 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
     }
     for (int64_t m : *ms)
       if (m < 1 || m > 8192) {
-        spdlog::error("bench linear: --m {}: expected 1..8192", m);
+        fmt::print(stderr, "mxq bench linear: --m {}: expected 1..8192\n", m);
         exit_code = kExitBadInput;
         return;
       }
     if (ms->empty()) {
-      spdlog::error("bench linear: --m is empty");
+      fmt::print(stderr, "mxq bench linear: --m is empty\n");
       exit_code = kExitBadInput;
       return;
     }
@@ -460,12 +460,13 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
     run.w8a8 = *w8a8;
     run.shape = *shape;
     if (Status st = run_bench(run); !st) {
-      spdlog::error("bench linear: {}", st.error().message);
+      fmt::print(stderr, "mxq bench linear: {}\n", st.error().message);
       exit_code = 1;
     }
 #else
-    spdlog::error("bench linear: this mxq was built without CUDA (expected a build where nvcc was found)");
-    exit_code = 1;
+    fmt::print(stderr,
+               "mxq bench linear: this mxq was built without CUDA (expected a build where nvcc was found)\n");
+    exit_code = kExitBadInput;
 #endif
   });
 }

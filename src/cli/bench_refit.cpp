@@ -12,7 +12,6 @@
 // checked on the device) from a pinned and from a pageable body, with parse / validate / stage / upload /
 // decode / write / checksum times. Times are CUDA-event medians on the store's stream (the host-synchronous
 // steps in between show up as wall time). Deltas and their wire bodies are built outside the timing.
-#include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <memory>
@@ -413,19 +412,19 @@ void add_bench_refit(CLI::App& bench, int& exit_code) {
   auto layers = std::make_shared<int>(36);
   auto reps = std::make_shared<int>(5);
   auto fractions = std::make_shared<std::vector<double>>(std::vector<double>{0.001, 0.01, 0.05, 0.2});
-  cmd->add_option("--layers", *layers, "decoder layers (Qwen3-8B has 36)");
-  cmd->add_option("--reps", *reps, "timed repetitions per row (median)");
+  cmd->add_option("--layers", *layers, "decoder layers (Qwen3-8B has 36)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--reps", *reps, "timed repetitions per row (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--sparse", *fractions, "changed fractions of the bytes, comma-separated")->delimiter(',');
   cmd->callback([layers, reps, fractions, &exit_code] {
 #if defined(MXQ_HAVE_CUDA)
     if (Status st = run_bench(*layers, *fractions, std::max(1, *reps)); !st) {
-      spdlog::error("bench refit: {}", st.error().message);
+      fmt::print(stderr, "mxq bench refit: {}\n", st.error().message);
       exit_code = 1;
     }
 #else
     (void)layers, (void)reps, (void)fractions;
-    spdlog::error("bench refit: this build has no CUDA backend");
-    exit_code = 1;
+    fmt::print(stderr, "mxq bench refit: this build has no CUDA backend\n");
+    exit_code = kExitBadInput;
 #endif
   });
 }

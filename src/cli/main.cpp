@@ -28,7 +28,10 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     // note: one line, as every other refusal (CLI11's own exit() adds a second "Run with --help" line).
     std::string cmd = "mxq";
-    for (const CLI::App* sub : app.get_subcommands()) cmd += " " + sub->get_name();
+    for (const CLI::App* a = &app; !a->get_subcommands().empty();) {
+      a = a->get_subcommands().front();
+      cmd += " " + a->get_name();
+    }
     fmt::print(stderr, "{}: {} (see {} --help)\n", cmd, e.what(), cmd);
     return mxq::cli::kExitBadInput;
   }

@@ -2,6 +2,8 @@
 findings)."""
 import re
 
+import pytest
+
 
 def test_version(mxq):
     p = mxq("--version")
@@ -30,3 +32,13 @@ def test_delta_make_and_recode_never_overwrite(mxq, tmp_path):
         assert p.returncode == 2, p.stdout + p.stderr
         assert f"{out}: output file exists" in p.stderr and p.stderr.count("\n") == 1, p.stderr
         assert out.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("args", [["bench", "gemm", "--m", "0"], ["bench", "linear", "--m", "0"],
+                                  ["bench", "refit", "--layers", "0"]])
+def test_bench_refusals_are_one_line_with_exit_2(mxq, args):
+    # issue 22: bench linear / gemm / refit answered with spdlog lines and exit 1 (a CPU build says it has no
+    # CUDA the same way)
+    p = mxq(*args, check=False)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"mxq {args[0]} {args[1]}") and "[error]" not in p.stderr, p.stderr
