@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -62,7 +63,38 @@ struct GenerateOptions {
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
   std::set<std::string> given_cuda_flags;  // the CUDA sizing flags given on the command line
+  bool prompt_given = false;               // PROMPT or --prompt on the command line, even empty
 };
+
+// --model names a local checkpoint directory; the three mistakes a new user makes are named as such
+// (issue 22: each said "no tokenizer.json ... (use --prompt-ids)").
+Status check_model_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (st.type() == fs::file_type::regular)
+    return fail("--model {}: a file; --model takes the checkpoint directory that holds it ({})", dir,
+                fs::path(dir).parent_path().string());
+  if (st.type() == fs::file_type::not_found) {
+    const size_t slash = dir.find('/');
+    const bool hub_id = slash != std::string::npos && slash > 0 && slash + 1 < dir.size() &&
+                        dir.find('/', slash + 1) == std::string::npos && dir[0] != '.' &&
+                        std::all_of(dir.begin(), dir.end(), [](char c) {
+                          return std::isalnum(static_cast<unsigned char>(c)) || c == '/' || c == '-' ||
+                                 c == '_' || c == '.';
+                        });
+    if (hub_id)
+      return fail("--model {}: no such directory; mxq reads local checkpoints (a Hugging Face id? download it "
+                  "first: huggingface-cli download {} --local-dir DIR)",
+                  dir, dir);
+    return fail("--model {}: no such directory (expected a local Hugging Face checkpoint directory)", dir);
+  }
+  if (st.type() != fs::file_type::directory)
+    return fail("--model {}: not a directory (expected a local Hugging Face checkpoint directory)", dir);
+  if (!fs::exists(fs::path(dir) / "config.json", ec))
+    return fail("--model {}: no config.json (expected a Hugging Face checkpoint directory)", dir);
+  return {};
+}
 
 // --seed as given: every digit of a decimal in [0, 2^64) (CLI11 wraps "-1" and clamps 2^64 in silence).
 Result<uint64_t> parse_seed(const std::string& text) {
@@ -110,6 +142,8 @@ int run_generate(const GenerateOptions& o) {
     return kExitBadInput;
   };
   const std::string dir = o.model.empty() ? default_model_dir() : o.model;
+  if (!o.model.empty())
+    if (auto st = check_model_dir(o.model); !st) return bad(st.error());
   LoadOptions load;
   load.threads = o.threads;
   if (o.device != "cpu" && o.device != "auto" && o.device != "cuda")
@@ -163,6 +197,8 @@ int run_generate(const GenerateOptions& o) {
   const std::string text = o.prompt.empty() ? o.prompt_positional : o.prompt;
   if (!o.prompt.empty() && !o.prompt_positional.empty())
     return bad({"give the prompt once: PROMPT or --prompt"});
+  if (text.empty() && o.prompt_given && o.prompt_ids.empty())
+    return bad({"the prompt is empty: give text to continue (PROMPT or --prompt) or --prompt-ids"});
   if (text.empty() == o.prompt_ids.empty())
     return bad({"give exactly one of PROMPT / --prompt and --prompt-ids"});
   if (o.chat && !o.prompt_ids.empty()) return bad({"--chat needs a text prompt, not --prompt-ids"});
@@ -268,13 +304,18 @@ int run_generate(const GenerateOptions& o) {
   // Text streams as soon as it is final (the generator holds back possible stop strings and partial UTF-8);
   // --json prints one object at the end instead.
   const bool stream = !o.json;
-  // note: like llama.cpp, a plain text prompt is echoed before its continuation (not a chat prompt).
-  if (stream && o.prompt_ids.empty() && !o.chat) {
+  // note: like llama.cpp, a plain text prompt is echoed before its continuation (not a chat prompt), once
+  // the request has passed its checks: with the first text, or after the run when it made none.
+  bool echoed = !stream || !o.prompt_ids.empty() || o.chat;
+  auto echo = [&] {
+    if (echoed) return;
+    echoed = true;
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
-  }
+  };
   const TextCallback on_text = [&](std::string_view piece) {
     if (stream) {
+      echo();
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     }
@@ -287,6 +328,7 @@ int run_generate(const GenerateOptions& o) {
   auto g = gen.generate(prompt, p, on_text);
 #endif
   if (!g) return bad(g.error());
+  echo();
   if (o.json) {
     nlohmann::json j{{"token_ids", g->token_ids},
                      {"text", g->text},
@@ -403,6 +445,7 @@ void add_generate(CLI::App& app, int& exit_code) {
     if (cmd->count("--max-new-tokens") > 0) o->given.max_new_tokens = o->max_new_tokens;
     for (const char* flag : {"--max-num-seqs", "--max-model-len", "--gpu-memory-utilization"})
       if (cmd->count(flag) > 0) o->given_cuda_flags.insert(flag);
+    o->prompt_given = cmd->count("PROMPT") > 0 || cmd->count("--prompt") > 0;
     exit_code = run_generate(*o);
   });
 }

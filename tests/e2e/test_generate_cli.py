@@ -79,11 +79,25 @@ def test_device_auto_falls_back_to_cpu_without_a_gpu():
     (["--device", "cpu", "--max-num-seqs", "4", "hi"], "--max-num-seqs: applies to --device cuda only"),
     (["--device", "cpu", "--max-model-len", "64", "hi"], "--max-model-len: applies to --device cuda only"),
     (["--bogus-flag", "hi"], "--bogus-flag"),
+    # issue 22: the new user's misleading errors, each named for what it is
+    (["--model", "/nonexistent", "hi"], "--model /nonexistent: no such directory"),
+    (["--model", "Qwen/Qwen3-0.6B", "hi"], "huggingface-cli download Qwen/Qwen3-0.6B --local-dir DIR"),
+    (["--model", ROOT / "models" / "default" / "config.json", "hi"], "a file; --model takes the checkpoint"),
+    (["--model", ROOT / "tests", "hi"], "/tests: no config.json"),
+    ([""], "the prompt is empty"),
 ])
 def test_bad_input_exits_2_with_one_line(args, needle):
     p = generate(*args)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert needle in p.stderr and p.stderr.count("\n") == 1, p.stderr
+
+
+def test_a_refused_request_does_not_echo_its_prompt():
+    p = generate("hello there", "--max-new-tokens", 100000)
+    assert p.returncode == 2 and "exceed the context" in p.stderr, p.stderr
+    assert p.stdout == ""
+    ok = generate("hello there", "--max-new-tokens", 2)
+    assert ok.returncode == 0 and ok.stdout.startswith("hello there"), ok.stdout
 
 
 def test_sampling_without_a_seed_is_seeded_randomly_and_reports_the_seed():
