@@ -260,9 +260,14 @@ Result<Scheme> detect_scheme(const nlohmann::json& quantization_config, const nl
             wname, meta.dtype);
       continue;
     }
-    const bool listed = declared->ignore.matches(module);
-    const bool targeted = declared->kind != SchemeKind::kNone && !listed && declared->targets.matches(module);
     const auto& wmeta = (t.weight ? t.weight : t.weight_packed)->second;
+    // note: under FP8 block-128 vLLM never quantizes lm_head or a MoE router (mlp.gate), and transformers'
+    // FineGrainedFP8 save leaves them in 16 bits without listing them in modules_to_not_convert: a float one
+    // counts as listed. A decoder projection left in float still must be listed.
+    const bool fp8_unconverted = declared->kind == SchemeKind::kFp8Block128 && is_float_dtype(wmeta.dtype) &&
+                                 (module == "lm_head" || module.ends_with(".mlp.gate"));
+    const bool listed = declared->ignore.matches(module) || fp8_unconverted;
+    const bool targeted = declared->kind != SchemeKind::kNone && !listed && declared->targets.matches(module);
     if (targeted && !is_float_dtype(wmeta.dtype)) {
       auto q = check_quantized(declared->kind, module, t);
       if (!q) return tl::unexpected(q.error());

@@ -223,6 +223,11 @@ const RefusalCase kRefusals[] = {
      "activation_scheme: expected \"dynamic\""},
     {"FP8_fmt_e5m2", "fp8-b128", "fp8-b128", R"({"fmt": "e5m2"})", "", "fmt: expected \"e4m3\""},
     {"FP8_ignored_layers_exact", "fp8-b128", "fp8-b128", R"({"ignored_layers": ["lm_head"]})", "", ""},
+    // issue 22: transformers' FineGrainedFP8 save leaves lm_head (and a MoE router) in bf16 without listing it
+    {"FP8_lm_head_unlisted_stays_float", "fp8-b128", "fp8-b128", R"({"modules_to_not_convert": null})", "", ""},
+    {"FP8_projection_unlisted_float_refused", "fp8-b128", "fp8-b128", R"({"modules_to_not_convert": null})",
+     R"({")" + kQ + R"(.weight": {"dtype": "BF16"}, ")" + kQ + R"(.weight_scale_inv": null})",
+     "quantizes this module (not in its ignore list)"},
     // K must be a multiple of 32 for MX formats.
     {"MX_K_not_32", "ct-mxfp8", "ct-mxfp8", "",
      R"({")" + kQ + R"(.weight": {"shape": [64, 48]}, ")" + kQ + R"(.weight_scale": {"shape": [64, 1]}})",
