@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstring>
 #include <iterator>
+#include <memory>
 #include <new>
 #include <string>
 #include <thread>
@@ -684,10 +685,14 @@ Status apply_delta_files(WeightStore& store, uint64_t& live_version, std::span<c
     auto size = body_size(file);
     if (!size) return fail_in(path, size.error());
     // note: a device store decompresses into its pinned staging, so the body uploads without a copy.
-    std::vector<uint8_t> pageable;
+    std::unique_ptr<uint8_t[]> pageable;
     std::span<uint8_t> body;
     if (store.on_device()) body = store.memory().host_staging(static_cast<size_t>(*size));
-    if (body.size() < *size) pageable.resize(static_cast<size_t>(*size)), body = pageable;
+    if (body.size() < *size) {
+      pageable.reset(new (std::nothrow) uint8_t[std::max<size_t>(static_cast<size_t>(*size), 1)]);
+      if (!pageable) return fail("{}: cannot allocate {} bytes for the delta body", path, *size);
+      body = std::span(pageable.get(), static_cast<size_t>(*size));
+    }
     if (auto s = decompress_body(file, body); !s) return fail_in(path, s.error());
     auto view = parse_delta_view(body);
     if (!view) return fail_in(path, view.error());

@@ -9,6 +9,8 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <fstream>
 #include <set>
 #include <thread>
@@ -470,6 +472,8 @@ Result<Delta> decode_delta_view(const DeltaView& view) {
   return d;
 }
 
+constexpr uint64_t kMaxZstdRatio = 32768;  // content bytes per frame byte, at most (see body_size)
+
 Result<uint64_t> body_size(std::span<const uint8_t> file, const ReadLimits& limits) {
   if (file.size() < kFileHeaderBytes)
     return fail("{} bytes, shorter than the {}-byte delta header", file.size(), kFileHeaderBytes);
@@ -490,6 +494,12 @@ Result<uint64_t> body_size(std::span<const uint8_t> file, const ReadLimits& limi
   const unsigned long long content = ZSTD_getFrameContentSize(frame.data(), frame.size());
   if (content != body_bytes)
     return fail("zstd frame declares {} content bytes, header says {}", content, body_bytes);
+  // note: a zstd block regenerates at most 128 KiB and takes at least 4 bytes (an RLE block: 3 header bytes
+  // and its byte), so no frame holds more than 32768 content bytes per frame byte: a 48-byte file that
+  // declares 60 GiB is refused here, before anything is allocated (it aborted with std::bad_alloc).
+  if (body_bytes / kMaxZstdRatio > frame.size())
+    return fail("a zstd frame of {} bytes cannot hold the {} content bytes it declares", frame.size(),
+                body_bytes);
   return body_bytes;
 }
 
@@ -511,9 +521,13 @@ Status decompress_body(std::span<const uint8_t> file, std::span<uint8_t> body) {
 // before the body is allocated: a forged size costs nothing beyond `limits.max_body_bytes`.
 Result<Delta> read_delta(std::span<const uint8_t> file, const ReadLimits& limits) {
   MXQ_TRY_ASSIGN(body_bytes, body_size(file, limits));
-  std::vector<uint8_t> body(static_cast<size_t>(body_bytes));
-  if (auto s = decompress_body(file, body); !s) return tl::unexpected(s.error());
-  return decode_delta_body(body);
+  // note: not a std::vector: its zero fill would touch every page of a body the frame has not proven yet,
+  // and its allocation failure throws.
+  const size_t n = static_cast<size_t>(body_bytes);
+  std::unique_ptr<uint8_t[]> body(new (std::nothrow) uint8_t[std::max<size_t>(n, 1)]);
+  if (!body) return fail("cannot allocate {} bytes for the delta body", n);
+  if (auto s = decompress_body(file, std::span(body.get(), n)); !s) return tl::unexpected(s.error());
+  return decode_delta_body(std::span<const uint8_t>(body.get(), n));
 }
 
 Result<std::string> read_delta_file_bytes(const std::filesystem::path& path, const ReadLimits& limits) {

@@ -83,6 +83,30 @@ TEST(DeltaFile, RoundTripsEveryRecordKind) {
 
 // The undecoded view (refit's device path) holds the same delta: decoding it gives what the reader gives,
 // its spans point into the body, and validate_delta_view agrees with validate_delta on the record checks.
+// issue 22: a 49-byte file whose zstd frame declares 60 GiB of content aborted with std::bad_alloc (the body
+// was allocated from the declared size). Refused by the frame's own bound, before any allocation.
+TEST(DeltaFile, AForgedContentSizeIsRefusedBeforeAllocating) {
+  const uint64_t declared = uint64_t{60} << 30;
+  std::vector<uint8_t> f(kFileHeaderBytes);
+  std::memcpy(f.data(), kDeltaMagic, 8);
+  const uint32_t version = kWireVersion, flags = 0;
+  std::memcpy(f.data() + 8, &version, 4);
+  std::memcpy(f.data() + 12, &flags, 4);
+  std::memcpy(f.data() + 16, &declared, 8);
+  // zstd frame: magic, descriptor 0xE0 (8-byte content size, single segment), the size, one raw last block
+  // of one byte
+  for (uint8_t b : {0x28, 0xB5, 0x2F, 0xFD, 0xE0}) f.push_back(b);
+  for (int i = 0; i < 8; ++i) f.push_back(static_cast<uint8_t>(declared >> (8 * i)));
+  for (uint8_t b : {0x09, 0x00, 0x00, 0x41}) f.push_back(b);
+  ASSERT_EQ(ZSTD_getFrameContentSize(f.data() + kFileHeaderBytes, f.size() - kFileHeaderBytes), declared);
+  auto d = read_delta(f);
+  ASSERT_FALSE(d);
+  EXPECT_NE(d.error().message.find("cannot hold the 64424509440 content bytes it declares"), std::string::npos)
+      << d.error().message;
+  auto n = body_size(f);
+  ASSERT_FALSE(n);
+}
+
 TEST(DeltaView, DecodesToWhatTheReaderReads) {
   Model m = small_model();
   auto body = encode_delta_body(m.delta);
