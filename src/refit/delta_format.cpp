@@ -9,15 +9,16 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <new>
-#include <fstream>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "base/regular_file.h"
 #include "format/codec.h"
+#include "io/utf8_text.h"
 #include "model/weight_store.h"
 #include "refit/index_codec.h"
 
@@ -270,8 +271,8 @@ Result<std::vector<uint8_t>> encode_delta_body(const Delta& delta) {
   put<uint64_t>(out, delta.new_version);
   put<uint32_t>(out, static_cast<uint32_t>(delta.tensors.size()));
   for (const TensorDelta& t : delta.tensors) {
-    if (t.name.size() > kMaxNameBytes || !printable_name(t.name))
-      return fail("tensor name of {} bytes: expected 1..{} bytes without control bytes", t.name.size(),
+    if (t.name.size() > kMaxNameBytes || !printable_name(t.name) || !utf8::is_valid(t.name))
+      return fail("tensor name of {} bytes: expected 1..{} bytes of UTF-8 without control bytes", t.name.size(),
                   kMaxNameBytes);
     if (!names.insert(t.name).second) return fail("{}: two records for one tensor (W-07)", t.name);
     if (auto s = check_tensor_delta(t); !s) return tl::unexpected(s.error());
@@ -383,6 +384,14 @@ Result<TensorView> read_tensor_view(Cursor& c) {
   if (!printable_name(t.name))
     return fail("tensor name of {} bytes at body byte {} is empty or holds control bytes", t.name.size(),
                 c.pos() - name_len);
+  // note: names go into JSON (delta inspect --json, the server's answers), which takes UTF-8 only, and are
+  // HF tensor names: at most kMaxNameBytes as the writer enforces (issue 22: the reader took 65,535 and
+  // non-UTF-8 bytes, and `delta inspect --json` aborted on them).
+  if (t.name.size() > kMaxNameBytes)
+    return fail("tensor name of {} bytes at body byte {}: expected at most {}", t.name.size(),
+                c.pos() - name_len, kMaxNameBytes);
+  if (!utf8::is_valid(t.name))
+    return fail("tensor name of {} bytes at body byte {} is not UTF-8", t.name.size(), c.pos() - name_len);
   MXQ_TRY_ASSIGN(fmt_len, c.get<uint8_t>("format length"));
   MXQ_TRY_ASSIGN(fmt_bytes, c.take(fmt_len, "format"));
   const std::string_view fmt_name(reinterpret_cast<const char*>(fmt_bytes.data()), fmt_bytes.size());

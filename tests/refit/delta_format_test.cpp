@@ -231,6 +231,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "exceeds 2^48"},
         FileCase{"name_with_newline", nullptr, [](auto& b) { b[23] = '\n'; },
                  "control bytes"},  // covers L-17
+        // issue 22: `delta inspect --json` aborted on such a name
+        FileCase{"name_not_utf8", nullptr, [](auto& b) { b[23] = 0xFF; }, "is not UTF-8"},
         FileCase{"record_kind", nullptr, [](auto& b) { b[kRankAt + 17] = 2; }, "record kind 2"},
         FileCase{"encoding_code", nullptr, [](auto& b) { b[kRankAt + 26] = 3; }, "index encoding 3"},
         FileCase{"count_past_plane", nullptr,  // covers W-01 / W-03: more changes than entries
