@@ -117,11 +117,17 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, std::string_vi
   BpeModel m;
   m.ignore_merges_ = model.value("ignore_merges", false);
   m.vocab_.reserve(vocab.size());
+  // note: the tables are indexed by id, so ids must be about as dense as the entries that name them: one
+  // entry with id 2^24 - 1 built 16M-entry tables (1.1 GB) before any other check (issue 22).
+  const int64_t id_bound = std::min<int64_t>(kMaxVocabId, dense_id_bound(static_cast<int64_t>(vocab.size())));
   for (const auto& [tok, idj] : vocab.items()) {
     if (!idj.is_number_integer() || idj.get<int64_t>() < 0 || idj.get<int64_t>() >= kMaxVocabId) {
       return fail("{}: vocab token '{}' has id {}, expected an integer in [0, {})", where, tok, idj.dump(),
                   kMaxVocabId);
     }
+    if (idj.get<int64_t>() >= id_bound)
+      return fail("{}: vocab token '{}' has id {} among {} entries; ids must be dense (below {})", where, tok,
+                  idj.get<int64_t>(), vocab.size(), id_bound);
     const auto id = static_cast<int32_t>(idj.get<int64_t>());
     if (static_cast<size_t>(id) >= m.tokens_.size()) {
       m.tokens_.resize(static_cast<size_t>(id) + 1);

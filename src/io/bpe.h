@@ -23,6 +23,10 @@ std::string_view byte_symbol(uint8_t b);
 // Bytes of a byte-level token string; nullopt when a character is not one of the 256 byte symbols.
 std::optional<std::string> byte_level_to_bytes(std::string_view token);
 
+// Ids a tokenizer of `entries` tokens may use: tables are indexed by id, so an id far past the entry count
+// would size them without bound (real vocabularies are dense; a model may pad its vocab_size past them).
+inline int64_t dense_id_bound(int64_t entries) { return 2 * entries + 65536; }
+
 class BpeModel {
  public:
   static Result<BpeModel> from_json(const nlohmann::json& model, std::string_view where);
@@ -33,6 +37,7 @@ class BpeModel {
   std::optional<int32_t> token_id(std::string_view token) const;           // token as spelled in the vocab
   const std::string* token(int32_t id) const;                              // nullptr for ids not in the vocab
   int32_t id_end() const { return static_cast<int32_t>(tokens_.size()); }  // max id + 1
+  int64_t size() const { return static_cast<int64_t>(vocab_.size()); }       // vocab entries
 
  private:
   struct TransparentHash {

@@ -8,6 +8,7 @@
 #include "base/regular_file.h"
 #include "io/bpe.h"
 #include "io/pretokenize.h"
+#include "io/safetensors.h"
 #include "io/utf8_text.h"
 
 namespace mxq {
@@ -172,7 +173,14 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view json_text, std::str
     impl->added = std::move(*added);
 
     int32_t end = impl->bpe.id_end();
-    for (const auto& t : impl->added) end = std::max(end, t.id + 1);
+    const int64_t id_bound = dense_id_bound(impl->bpe.size() + static_cast<int64_t>(impl->added.size()));
+    for (const auto& t : impl->added) {
+      if (t.id >= id_bound)
+        return fail("{}: added token '{}' has id {} among {} tokens; ids must be dense (below {})", where,
+                    printable(t.content.substr(0, 64)), t.id,
+                    impl->bpe.size() + static_cast<int64_t>(impl->added.size()), id_bound);
+      end = std::max(end, t.id + 1);
+    }
     impl->bytes.assign(static_cast<size_t>(end), {});
     impl->kind.assign(static_cast<size_t>(end), Impl::kAbsent);
     for (int32_t id = 0; id < impl->bpe.id_end(); ++id) {

@@ -285,6 +285,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadFileCase{"vocab_id_duplicate", [](J& j) { j["model"]["vocab"]["zzzzqq"] = 0; },
                     "vocab id 0 is used"},
         BadFileCase{"added_id_huge", [](J& j) { j["added_tokens"][0]["id"] = int64_t{1} << 31; }, "has id"},
+        // issue 22: one id of 2^24 - 1 built 16M-entry tables (1.1 GB) before any refusal
+        BadFileCase{"vocab_id_sparse", [](J& j) { j["model"]["vocab"]["Ġ"] = (int64_t{1} << 24) - 1; },
+                    "ids must be dense"},
+        BadFileCase{"added_id_sparse", [](J& j) { j["added_tokens"][0]["id"] = (int64_t{1} << 24) - 1; },
+                    "ids must be dense"},
         BadFileCase{"post_processor_template",
                     [](J& j) {
                       j["post_processor"] = {{"type", "TemplateProcessing"}};
