@@ -349,6 +349,12 @@ Result<ModelConfig> parse_object(const json& obj) {
 
 }  // namespace
 
+int64_t ModelConfig::dense_intermediate_size() const {
+  for (int64_t l = 0; l < num_hidden_layers; ++l)
+    if (!layer_is_sparse(l)) return intermediate_size;
+  return 0;
+}
+
 bool ModelConfig::layer_is_sparse(int64_t layer) const {
   if (!is_moe()) return false;
   if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;

@@ -64,6 +64,9 @@ struct ModelConfig {
   bool is_moe() const { return num_experts > 0; }
   // Whether decoder layer `layer` uses the sparse MoE block (transformers' Qwen3MoeDecoderLayer rule).
   bool layer_is_sparse(int64_t layer) const;
+  // intermediate_size when some layer has a dense MLP, else 0: an all-sparse MoE config's intermediate_size
+  // names no tensor, so nothing may be sized by it (issue 22: 4,194,304 made a 60-token prompt take 3 GB).
+  int64_t dense_intermediate_size() const;
 };
 
 // Parses config.json text; `origin` names it in errors ("ckpt/config.json").

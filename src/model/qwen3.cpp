@@ -102,9 +102,10 @@ Status Qwen3Model::ensure_scratch(int64_t tokens) {
   s.k = b.alloc_f32(tokens * kv);
   s.v = b.alloc_f32(tokens * kv);
   s.logits = b.alloc_f32(c.vocab_size);
-  s.gate = b.alloc_f32(tokens * c.intermediate_size);
-  s.up = b.alloc_f32(tokens * c.intermediate_size);
-  s.act = b.alloc_f32(tokens * std::max(c.intermediate_size, c.moe_intermediate_size));
+  const int64_t dense_im = c.dense_intermediate_size();
+  s.gate = b.alloc_f32(tokens * dense_im);
+  s.up = b.alloc_f32(tokens * dense_im);
+  s.act = b.alloc_f32(tokens * std::max(dense_im, c.moe_intermediate_size));
   if (c.is_moe()) {
     s.router_logits = b.alloc_f32(tokens * c.num_experts);
     s.xe = b.alloc_f32(tokens * h);

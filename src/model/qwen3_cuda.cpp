@@ -311,7 +311,8 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
   };
   // --- activations at capacity ---
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  const int64_t I = c.intermediate_size, V = c.vocab_size, S = o.max_num_seqs;
+  // note: the dense MLP's buffers only (the MoE layers have their own below).
+  const int64_t I = c.dense_intermediate_size(), V = c.vocab_size, S = o.max_num_seqs;
   const int64_t qkv_w = (Hq + 2 * Hkv) * D;
   b.tokens = T;
   Status st;

@@ -2,8 +2,10 @@
 the read (issue 22: a FIFO as config.json hung forever, a directory as tokenizer.json reported 2^63 - 1 bytes,
 `--apply-delta /dev/zero` grew to 2.1 GB and aborted, a directory as the delta path threw, a 1 GiB garbage delta
 was read whole before its magic was checked). Each is refused by path and kind, at once, with exit status 2."""
+import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -67,3 +69,24 @@ def test_a_garbage_delta_is_refused_by_its_magic_before_it_is_read(tmp_path):
     assert p.returncode == 2, p.stdout + p.stderr
     assert "not an mxq delta" in p.stderr, p.stderr
     assert secs < 30
+
+
+def test_an_all_sparse_moe_configs_intermediate_size_sizes_nothing(tmp_path):
+    # issue 22: intermediate_size names no tensor when every layer is sparse, yet it sized the per-token MLP
+    # scratch: 4,194,304 made a 60-token prompt take 3 GB.
+    src = ROOT / "tests" / "golden" / "ckpt" / "qwen3-moe-bf16"
+    d = tmp_path / "moe"
+    d.mkdir()
+    (d / "model.safetensors").symlink_to(src / "model.safetensors")
+    cfg = json.loads((src / "config.json").read_text())
+    assert cfg["decoder_sparse_step"] == 1 and cfg["mlp_only_layers"] == []
+    cfg["intermediate_size"] = 4194304
+    (d / "config.json").write_text(json.dumps(cfg))
+    ids = ",".join(str(3 + i) for i in range(60))
+    probe = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True); "
+             "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", probe, str(MXQ), "generate", "--device", "cpu", "--model", str(d),
+                          "--prompt-ids", ids, "--max-new-tokens", "1"], capture_output=True, text=True, timeout=120)
+    rc, max_kib = map(int, out.stdout.split())
+    assert rc == 0, out.stderr
+    assert max_kib < 512 * 1024, f"{max_kib} KiB"
