@@ -24,6 +24,7 @@
 #include "server/engine_loop.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/weight_update.h"
 #if MXQ_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -190,6 +191,8 @@ int run_serve(ServeOptions o) {
   served.name = name;
   served.root = dir;
   served.format = std::string(traits(model->linear_format).name) + (*act == Format::kMXFP8 ? "-a8" : "");
+  served.quantization = std::string(traits(model->linear_format).name);
+  served.activation_quant = *act == Format::kMXFP8 ? "mxfp8" : "none";
   served.device = on_cuda ? "cuda" : "cpu";
   served.tokenizer = tp;
   served.vocab_size = model->config.vocab_size;
@@ -201,7 +204,10 @@ int run_serve(ServeOptions o) {
         model->config.eos_token_ids.end())
       served.extra_stop_ids.push_back(static_cast<int32_t>(id));
 
-  server::HttpServer http(o.server, served, loop, metrics);
+  // note: weight updates (docs/serve.md "Weight updates") write model->store in place, on the engine thread;
+  // a checkpoint update is quantized with the startup LoadOptions' rule.
+  server::WeightUpdater weights(model->store, load, o.server.max_update_bytes);
+  server::HttpServer http(o.server, served, loop, metrics, &weights);
   auto port = http.bind();
   if (!port) return bad(port.error().message);
   loop.start();
@@ -269,6 +275,9 @@ void add_serve(CLI::App& app, int& exit_code) {
       ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1024}));
   cmd->add_option("--max-body-bytes", o->server.max_body_bytes, "Largest request body (413 beyond)")
       ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 31));
+  cmd->add_option("--max-update-bytes", o->server.max_update_bytes,
+                  "Largest /update_weights_from_delta body or delta file (413 beyond)")
+      ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 50));
   cmd->add_option("--max-connections", o->server.max_connections, "Connections served at once (503 past twice)")
       ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{16384}));
   cmd->add_option("--timeout-keep-alive", o->server.keep_alive_timeout_s, "Idle keep-alive seconds")

@@ -74,6 +74,83 @@ size_t EngineLoop::abort(const std::string& request_id) {
   return found;
 }
 
+bool EngineLoop::run_task(EngineTask task) {
+  if (stopping_ || !healthy_) return false;
+  auto done = std::make_shared<std::promise<bool>>();
+  std::future<bool> ran = done->get_future();
+  {
+    std::lock_guard lock(mu_);
+    if (exited_) return false;
+    tasks_.push_back({std::move(task), done});
+  }
+  cv_.notify_one();
+  return ran.get();
+}
+
+void TaskScope::abort_all() { loop_->abort_everything(); }
+void TaskScope::reset_prefix_cache() { loop_->engine_->reset_prefix_cache(); }
+uint64_t TaskScope::version() const { return loop_->version_; }
+void TaskScope::set_version(uint64_t v) { loop_->version_ = v; }
+void TaskScope::fail(const Error& e) { loop_->fail_all(e); }
+
+void TaskScope::pause(PauseMode mode) {
+  if (mode == PauseMode::kAbort) abort_all();
+  loop_->admitting_ = false;
+  loop_->stepping_ = mode == PauseMode::kWait;
+  loop_->paused_ = true;
+}
+
+void TaskScope::resume() {
+  loop_->admitting_ = true;
+  loop_->stepping_ = true;
+  loop_->paused_ = false;
+}
+
+void EngineLoop::run_tasks(std::deque<Task>& tasks) {
+  for (Task& t : tasks) {
+    // note: a task queued behind one that failed the engine does not run (the loop no longer serves).
+    if (!healthy_) {
+      t.done->set_value(false);
+      continue;
+    }
+    TaskScope scope(*this);
+    t.fn(scope);
+    update_gauges();
+    t.done->set_value(true);
+  }
+  tasks.clear();
+}
+
+std::deque<EngineLoop::Submission> EngineLoop::take_aborted(const std::vector<std::string>& aborts,
+                                                             bool abort_all) {
+  std::deque<Submission> taken;
+  std::lock_guard lock(mu_);
+  for (auto it = inbox_.begin(); it != inbox_.end();) {
+    const bool named = std::any_of(aborts.begin(), aborts.end(),
+                                   [&](const std::string& a) { return names(a, it->request_id); });
+    if (abort_all || named || it->channel->cancelled()) {
+      taken.push_back(std::move(*it));
+      it = inbox_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return taken;
+}
+
+// note: a queued request is admitted and then aborted, so its client sees a normal end (finish_reason
+// "abort"), as a running one does.
+void EngineLoop::abort_everything() {
+  std::deque<Submission> queued = take_aborted({}, true);
+  for (Submission& s : queued) admit(s);
+  for (auto it = live_.begin(); it != live_.end();) {
+    const uint64_t id = it->first;
+    Live& live = it->second;
+    ++it;
+    abort_live(id, live);
+  }
+}
+
 void EngineLoop::drain(std::chrono::milliseconds bound) {
   drain_deadline_ns_ = (Clock::now() + bound).time_since_epoch().count();
   stopping_ = true;
@@ -87,7 +164,7 @@ void EngineLoop::admit(Submission& s) {
     const uint64_t id = next_id_++;
     if (auto st = engine_->add(id, s.samples[i].prompt, s.samples[i].params); !st) {
       for (uint64_t a : added) (void)engine_->abort(a);
-      StreamEvent e{StreamEvent::Kind::kRefused, i, {}, bad_request("", st.error().message), weight_version_};
+      StreamEvent e{StreamEvent::Kind::kRefused, i, {}, bad_request("", st.error().message), weight_version()};
       s.channel->push(std::move(e));
       --in_flight_;
       return;
@@ -102,7 +179,7 @@ void EngineLoop::admit(Submission& s) {
     std::lock_guard lock(mu_);
     live_ids_.push_back(s.request_id);
   }
-  s.channel->push({StreamEvent::Kind::kAccepted, 0, {}, {}, weight_version_});
+  s.channel->push({StreamEvent::Kind::kAccepted, 0, {}, {}, weight_version()});
 }
 
 // A sample ended (finished, aborted, failed): it is counted, its request leaves the in-flight count with its
@@ -128,7 +205,7 @@ void EngineLoop::finish(uint64_t id, Live& live, FinishReason reason, StreamEven
 
 void EngineLoop::abort_live(uint64_t id, Live& live) {
   (void)engine_->abort(id);
-  StreamEvent e{StreamEvent::Kind::kOutput, live.sample, {}, {}, weight_version_};
+  StreamEvent e{StreamEvent::Kind::kOutput, live.sample, {}, {}, weight_version()};
   e.out.id = id;
   e.out.finished = true;
   e.out.finish = FinishReason::kAbort;
@@ -145,7 +222,7 @@ void EngineLoop::fail_all(const Error& err) {
     (void)engine_->abort(id);
     finish(id, live, FinishReason::kAbort,
            {StreamEvent::Kind::kFailed, live.sample, {},
-            ApiError{500, "the engine failed: " + err.message, "", "InternalServerError"}, weight_version_});
+            ApiError{500, "the engine failed: " + err.message, "", "InternalServerError"}, weight_version()});
   }
 }
 
@@ -168,24 +245,36 @@ void EngineLoop::run() {
   for (;;) {
     std::deque<Submission> inbox;
     std::vector<std::string> aborts;
-    bool abort_all = false;
+    std::deque<Task> tasks;
+    bool abort_all = false, taking = true;
     {
       std::unique_lock lock(mu_);
-      // note: idle, the thread sleeps until a request, an abort or the drain arrives.
-      cv_.wait(lock, [&] {
-        return !inbox_.empty() || !aborts_.empty() || abort_all_ || stopping_ || !live_.empty();
-      });
-      inbox.swap(inbox_);
+      // note: idle, the thread sleeps until a request, an abort, a task or the drain arrives. Paused, it
+      // also wakes every 50 ms to notice queued requests whose client left.
+      auto ready = [&] {
+        return ((admitting_ || stopping_) && !inbox_.empty()) || !aborts_.empty() || abort_all_ ||
+               stopping_ || !tasks_.empty() || (!live_.empty() && (stepping_ || stopping_));
+      };
+      if (paused_ && (!inbox_.empty() || !live_.empty()))
+        cv_.wait_for(lock, std::chrono::milliseconds(50), ready);
+      else
+        cv_.wait(lock, ready);
+      taking = admitting_ || stopping_;
+      if (taking) inbox.swap(inbox_);
       aborts.swap(aborts_);
+      tasks.swap(tasks_);
       abort_all = std::exchange(abort_all_, false);
     }
+    // note: held in the inbox while paused; an abort or a client that left still ends them.
+    if (!taking)
+      for (Submission& s : take_aborted(aborts, abort_all)) inbox.push_back(std::move(s));
     const bool past_deadline =
         stopping_ && Clock::now().time_since_epoch().count() >= drain_deadline_ns_.load();
     for (Submission& s : inbox) {
       if (!healthy_ || stopping_) {
         s.channel->push({StreamEvent::Kind::kRefused, 0, {},
                          ApiError{503, "the server is shutting down", "", "ServiceUnavailableError"},
-                         weight_version_});
+                         weight_version()});
         --in_flight_;
         continue;
       }
@@ -199,9 +288,10 @@ void EngineLoop::run() {
           std::any_of(aborts.begin(), aborts.end(), [&](const std::string& a) { return names(a, live.request_id); });
       if (abort_all || named || past_deadline || live.channel->cancelled()) abort_live(id, live);
     }
+    if (!tasks.empty()) run_tasks(tasks);
     if (stopping_ && live_.empty()) break;
     update_gauges();
-    if (live_.empty()) continue;
+    if (live_.empty() || !(stepping_ || stopping_)) continue;
 
     const auto step_start = Clock::now();
     auto outs = engine_->step();
@@ -235,7 +325,7 @@ void EngineLoop::run() {
       metrics_->generation_tokens->Increment(static_cast<double>(n));
       const bool finished = out.finished;
       const FinishReason reason = out.finish;
-      StreamEvent e{StreamEvent::Kind::kOutput, live.sample, std::move(out), {}, weight_version_};
+      StreamEvent e{StreamEvent::Kind::kOutput, live.sample, std::move(out), {}, weight_version()};
       if (finished) {
         finish(it->first, live, reason, std::move(e));
       } else {
@@ -244,6 +334,13 @@ void EngineLoop::run() {
     }
     update_gauges();
   }
+  std::deque<Task> left;
+  {
+    std::lock_guard lock(mu_);
+    left.swap(tasks_);
+    exited_ = true;
+  }
+  for (Task& t : left) t.done->set_value(false);
   update_gauges();
 }
 

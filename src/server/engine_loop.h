@@ -1,7 +1,9 @@
 // The engine thread of `mxq serve` (DESIGN "Serving contract"): one thread owns the Engine and runs its
 // steps; HTTP handler threads only submit requests and read their events from a RequestChannel. Between two
 // steps the thread takes new requests, aborts (client gone, /abort_request, drain) and runs the step; each
-// output goes to its request's channel at once, so tokens stream as the step that made them ends.
+// output goes to its request's channel at once, so tokens stream as the step that made them ends. Work that
+// must not overlap a step (weight updates, cache flushes, pause and continue) is a task: the thread runs
+// tasks one at a time, in arrival order, between two steps.
 #pragma once
 
 #include <atomic>
@@ -9,6 +11,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -42,8 +45,35 @@ struct StreamEvent {
   size_t sample = 0;
   RequestOutput out;
   ApiError error;
-  std::string weight_version;
+  std::string weight_version;  // the weights version that produced this event's tokens
 };
+
+// SGLang's pause modes (/pause_generation): abort = abort every request, then pause; wait = running requests
+// finish, no new one is scheduled; in_place = no step at all, running requests keep their KV. While paused,
+// new requests queue (they are not refused) and tasks still run.
+enum class PauseMode { kAbort, kWait, kInPlace };
+
+class EngineLoop;
+
+// What a task may do, on the engine thread, between two steps.
+class TaskScope {
+ public:
+  explicit TaskScope(EngineLoop& loop) : loop_(&loop) {}
+  // Aborts every running and queued request (their streams end with finish_reason "abort").
+  void abort_all();
+  void reset_prefix_cache();
+  uint64_t version() const;
+  // The version every later event reports.
+  void set_version(uint64_t v);
+  void pause(PauseMode mode);
+  void resume();
+  // The weights can no longer serve (an update could not be undone): fails every request, /health turns 503.
+  void fail(const Error& e);
+
+ private:
+  EngineLoop* loop_;
+};
+using EngineTask = std::function<void(TaskScope&)>;
 
 // Events of one request, from the engine thread to its HTTP handler.
 class RequestChannel {
@@ -78,10 +108,18 @@ class EngineLoop {
   // Stops taking requests, lets running ones finish for up to `bound`, aborts the rest and joins the thread.
   void drain(std::chrono::milliseconds bound);
 
+  // Runs `task` on the engine thread between two steps and returns once it ran (a step in flight ends
+  // first; tasks queued before it run before it). Returns false, without running it, when the loop no
+  // longer serves (draining, stopped or failed).
+  bool run_task(EngineTask task);
+
   // /health: false once a step failed (the engine is dead) or after drain.
   bool healthy() const { return healthy_ && !stopping_; }
-  const std::string& weight_version() const { return weight_version_; }
+  // The live weights version as the API spells it (decimal; "0" at load).
+  std::string weight_version() const { return std::to_string(version_.load()); }
+  uint64_t version() const { return version_; }
   size_t in_flight() const { return in_flight_; }
+  bool paused() const { return paused_; }
 
  private:
   struct Submission {
@@ -100,7 +138,17 @@ class EngineLoop {
     int64_t generated = 0;
   };
 
+  friend class TaskScope;
+  struct Task {
+    EngineTask fn;
+    std::shared_ptr<std::promise<bool>> done;  // true: it ran
+  };
+
   void run();
+  void run_tasks(std::deque<Task>& tasks);
+  // Takes from the inbox (under mu_) the queued submissions an abort names or whose client left.
+  std::deque<Submission> take_aborted(const std::vector<std::string>& aborts, bool abort_all);
+  void abort_everything();
   void admit(Submission& s);
   void finish(uint64_t id, Live& live, FinishReason reason, StreamEvent last);
   void abort_live(uint64_t id, Live& live);
@@ -110,18 +158,22 @@ class EngineLoop {
   Engine* engine_;
   Metrics* metrics_;
   std::thread thread_;
-  std::string weight_version_ = "0";
+  std::atomic<uint64_t> version_{0};
 
-  std::mutex mu_;  // guards inbox_, aborts_
+  std::mutex mu_;  // guards inbox_, aborts_, tasks_
   std::condition_variable cv_;
   std::deque<Submission> inbox_;
   std::vector<std::string> aborts_;
   bool abort_all_ = false;
+  std::deque<Task> tasks_;
+  bool exited_ = false;  // the thread left its loop: no task will run
   std::vector<std::string> live_ids_;  // request ids admitted and not yet ended (for abort's count)
 
   std::atomic<bool> stopping_{false}, healthy_{true};
   std::atomic<size_t> in_flight_{0};
   std::atomic<int64_t> drain_deadline_ns_{0};
+  // Set by pause tasks: while !admitting_ submissions wait in the inbox; while !stepping_ no step runs.
+  std::atomic<bool> admitting_{true}, stepping_{true}, paused_{false};
 
   // engine thread only
   std::map<uint64_t, Live> live_;

@@ -30,6 +30,7 @@ struct Generation {
   std::vector<size_t> sample_choice;  // engine sample index -> choice index
   size_t finished = 0;
   std::optional<ApiError> failed;
+  std::vector<std::string> versions;  // distinct weights versions that produced tokens, in order
 };
 
 // Waits for the channel's next event while the client stays connected; nullopt when it left.
@@ -52,12 +53,16 @@ json apply(Generation& g, StreamEvent& e, std::string& weight_version) {
     g.finished = g.choices.size();
     return nullptr;
   }
+  // note: a weight update runs between two steps, so every token of one event comes from one version.
+  if (!e.out.tokens.empty() && (g.versions.empty() || g.versions.back() != e.weight_version))
+    g.versions.push_back(e.weight_version);
   const size_t ci = g.sample_choice[e.sample];
   ChoiceState& c = g.choices[ci];
   const std::string piece = add_output(g.ctx, c, e.out);
   if (c.finished) ++g.finished;
   if (!g.request.stream) return nullptr;
   json chunk = stream_chunk(g.ctx, ci, c, piece, weight_version);
+  if (g.finished == g.choices.size()) chunk["weight_versions"] = g.versions;
   if (g.request.continuous_usage) chunk["usage"] = usage_json(g.ctx, g.choices);
   return chunk;
 }
@@ -173,8 +178,9 @@ void handle(const httplib::Request& req, const std::string& raw, httplib::Respon
         }
         // note: the status line went out when the engine accepted the request; an engine failure after
         // that can only be reported in the body (and /health turns 503).
-        const std::string text =
-            dump_json(g->failed ? error_json(*g->failed) : completion_response(g->ctx, g->choices, version));
+        json out = g->failed ? error_json(*g->failed) : completion_response(g->ctx, g->choices, version);
+        if (!g->failed) out["weight_versions"] = g->versions;
+        const std::string text = dump_json(out);
         if (!sink.write(text.data(), text.size())) return false;
         sink.done();
         return true;

@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -139,19 +140,24 @@ struct HttpServer::Impl {
   std::unique_ptr<HeaderWatchdog> watchdog;  // made at bind(), once the port is known
 };
 
-HttpServer::HttpServer(ServerOptions options, ServedModel model, EngineLoop& loop, Metrics& metrics)
+HttpServer::HttpServer(ServerOptions options, ServedModel model, EngineLoop& loop, Metrics& metrics,
+                       WeightUpdater* weights)
     : impl_(std::make_unique<Impl>()) {
   RouteContext& c = impl_->ctx;
   c.options = std::move(options);
   c.model = std::move(model);
   c.loop = &loop;
   c.metrics = &metrics;
+  c.weights = weights;
   c.parse = {c.model.tokenizer, c.model.vocab_size, c.model.max_model_len, c.model.name, c.model.defaults,
              c.options.limits};
   httplib::Server& s = impl_->server;
   const size_t workers = c.options.max_connections;
   s.new_task_queue = [workers] { return new BoundedPool(workers); };
-  s.set_payload_max_length(c.options.max_body_bytes);
+  // note: the library's cap (on a Content-Length) is the largest route cap; each route's own reader (add_post)
+  // enforces its own, so generation routes still stop at --max-body-bytes.
+  s.set_payload_max_length(weights ? std::max(c.options.max_body_bytes, c.options.max_update_bytes)
+                                   : c.options.max_body_bytes);
   s.set_read_timeout(c.options.read_timeout_s, 0);
   s.set_write_timeout(c.options.write_timeout_s, 0);
   s.set_keep_alive_timeout(c.options.keep_alive_timeout_s);
@@ -297,6 +303,7 @@ HttpServer::HttpServer(ServerOptions options, ServedModel model, EngineLoop& loo
     send_json(res, {{"success", true}, {"aborted", n}});
   });
   add_generation_routes(s, c);
+  if (weights) add_weight_routes(s, c);
 }
 
 HttpServer::~HttpServer() = default;

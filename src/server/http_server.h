@@ -21,6 +21,7 @@ struct ServerOptions {
   int port = 8000;                 // 0: any free port (bind() says which)
   std::string api_key;             // "": no key; else every route but /health needs `Bearer KEY` (H-15)
   size_t max_body_bytes = size_t{16} << 20;  // larger bodies get 413 (H-02)
+  size_t max_update_bytes = size_t{64} << 30;  // the same for /update_weights_from_delta bodies and files
   int read_timeout_s = 10;    // a client that sends nothing for this long is dropped (H-02, H-13)
   int write_timeout_s = 10;   // a client that reads nothing for this long is dropped
   int keep_alive_timeout_s = 5;
@@ -33,7 +34,9 @@ struct ServerOptions {
 struct ServedModel {
   std::string name;  // --served-model-name, the id clients send as `model`
   std::string root;  // the checkpoint directory
-  std::string format;
+  std::string format;            // the linear format and activation mode ("mxfp8", "mxfp4-a8")
+  std::string quantization;      // the linear format ("bf16", "mxfp8", ...)
+  std::string activation_quant;  // "none" or "mxfp8"
   std::string device;
   const Tokenizer* tokenizer = nullptr;
   int64_t vocab_size = 0;
@@ -42,9 +45,14 @@ struct ServedModel {
   std::vector<int32_t> extra_stop_ids;  // generation_config.json's eos ids (stop unless ignore_eos)
 };
 
+class WeightUpdater;  // server/weight_update.h
+
 class HttpServer {
  public:
-  HttpServer(ServerOptions options, ServedModel model, EngineLoop& loop, Metrics& metrics);
+  // `weights` (may be null: no weight routes) must outlive the server; its store is touched only by tasks on
+  // the loop's engine thread.
+  HttpServer(ServerOptions options, ServedModel model, EngineLoop& loop, Metrics& metrics,
+             WeightUpdater* weights = nullptr);
   ~HttpServer();
 
   // Binds the listening socket; returns the port (the chosen one for port 0).

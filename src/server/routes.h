@@ -1,5 +1,5 @@
-// Route registration shared by http_server.cpp (setup, limits, utility routes) and generation_routes.cpp
-// (the two OpenAI generation routes and their streaming).
+// Route registration shared by http_server.cpp (setup, limits, utility routes), generation_routes.cpp
+// (the two OpenAI generation routes and their streaming) and weight_routes.cpp (weight updates).
 #pragma once
 
 #include <httplib.h>
@@ -7,6 +7,7 @@
 #include "server/api_error.h"
 #include "server/engine_loop.h"
 #include "server/http_server.h"
+#include "server/weight_update.h"
 
 namespace mxq::server {
 
@@ -15,6 +16,7 @@ struct RouteContext {
   ServedModel model;
   EngineLoop* loop;
   Metrics* metrics;
+  WeightUpdater* weights = nullptr;  // null: no weight routes
   ParseContext parse;  // built once from options and model
 };
 
@@ -30,5 +32,6 @@ using PostHandler = std::function<void(const httplib::Request&, const std::strin
 void add_post(httplib::Server& server, const std::string& path, size_t max_body, PostHandler handler);
 
 void add_generation_routes(httplib::Server& server, RouteContext& ctx);
+void add_weight_routes(httplib::Server& server, RouteContext& ctx);
 
 }  // namespace mxq::server

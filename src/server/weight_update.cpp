@@ -1,0 +1,149 @@
+#include "server/weight_update.h"
+
+#include <spdlog/spdlog.h>
+
+#include <charconv>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "model/open_checkpoint.h"
+#include "refit/applier.h"
+
+namespace mxq::server {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+double since(SteadyClock::time_point start) {
+  return std::chrono::duration<double>(SteadyClock::now() - start).count();
+}
+
+}  // namespace
+
+Result<uint64_t> parse_version(std::string_view field, std::string_view text) {
+  uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  // note: digits only: from_chars takes no sign or space, and "+1", "1.0", "" or a 21-digit number fail.
+  if (text.empty() || ec != std::errc() || ptr != end)
+    return fail(
+        "{} \"{}\": expected a decimal unsigned integer (weights versions are the delta format's "
+        "integers)",
+        field, text.substr(0, 64));
+  return v;
+}
+
+Result<std::vector<uint8_t>> read_update_file(const std::string& path, size_t max_bytes) {
+  namespace fs = std::filesystem;
+  if (path.empty() || !fs::path(path).is_absolute())
+    return fail("path \"{}\": expected an absolute path", path);
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return fail("path {}: not a regular file", path);
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec) return fail("path {}: cannot read its size ({})", path, ec.message());
+  if (size > max_bytes)
+    return fail("path {}: {} bytes, larger than --max-update-bytes {}", path, size, max_bytes);
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return fail("path {}: cannot open", path);
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  if (!f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size)))
+    return fail("path {}: short read", path);
+  return bytes;
+}
+
+WeightUpdater::WeightUpdater(WeightStore& store, const LoadOptions& load, size_t max_update_bytes)
+    : store_(&store), max_update_bytes_(max_update_bytes), table_(refit::tensor_table(store)) {
+  load_.quantization = load.quantization;
+  load_.threads = load.threads;
+}
+
+UpdateOutcome WeightUpdater::finish(Status applied, uint64_t version, uint64_t bytes, double seconds) const {
+  UpdateOutcome o;
+  o.version = version;
+  o.seconds = seconds;
+  if (applied) {
+    o.success = true;
+    o.applied_bytes = bytes;
+    o.message = fmt::format("weights at version {}", version);
+    return o;
+  }
+  o.message = applied.error().message;
+  o.lost = !store_->servable();
+  return o;
+}
+
+UpdateOutcome WeightUpdater::apply_delta_file(std::span<const uint8_t> file, uint64_t& version) {
+  const auto start = SteadyClock::now();
+  const refit::ReadLimits limits{max_update_bytes_};
+  auto size = refit::body_size(file, limits);
+  if (!size) return finish(fail_in("delta", size.error()), version, 0, since(start));
+  // note: a device store decompresses into its pinned staging, so the body uploads without a copy (as
+  // refit::apply_delta_files does).
+  std::vector<uint8_t> pageable;
+  std::span<uint8_t> body;
+  if (store_->on_device()) body = store_->memory().host_staging(static_cast<size_t>(*size));
+  if (body.size() < *size) pageable.resize(static_cast<size_t>(*size)), body = pageable;
+  body = body.first(static_cast<size_t>(*size));
+  if (auto s = refit::decompress_body(file, body); !s)
+    return finish(fail_in("delta", s.error()), version, 0, since(start));
+  auto view = refit::parse_delta_view(body);
+  if (!view) return finish(fail_in("delta", view.error()), version, 0, since(start));
+  uint64_t bytes = 0;
+  for (const refit::TensorView& t : view->tensors) bytes += t.values.bytes.size() + t.scales.bytes.size();
+  Status s = refit::apply_delta(*store_, version, *view);
+  return finish(std::move(s), version, bytes, since(start));
+}
+
+UpdateOutcome WeightUpdater::apply_checkpoint(const std::string& dir, std::optional<uint64_t> new_version,
+                                              uint64_t& version) {
+  const auto start = SteadyClock::now();
+  const uint64_t target = new_version.value_or(version + 1);
+  if (target <= version)
+    return finish(fail("weight_version {}: must exceed the live version {} (W-12)", target, version), version,
+                  0, since(start));
+  // note: a plain checkpoint is quantized by the startup rule (same bytes as a load with the same
+  // --quantization); a quantized one loads as it is, and a format other than the live one is refused by
+  // name (W-08) by the validator below.
+  auto ckpt = open_model_checkpoint(dir, /*check_bytes=*/false);
+  if (!ckpt) return finish(fail_in("model_path", ckpt.error()), version, 0, since(start));
+  LoadOptions options;
+  options.threads = load_.threads;
+  if (ckpt->scheme.kind == SchemeKind::kNone) options.quantization = load_.quantization;
+  auto model = load_model(dir, options);
+  if (!model) return finish(fail_in("model_path", model.error()), version, 0, since(start));
+
+  refit::Delta delta{version, target, {}};
+  uint64_t bytes = 0;
+  for (const auto& [name, t] : model->store.tensors()) {
+    auto planes = plane_bytes(t.format, t.shape, name);
+    if (!planes) return finish(fail_in("model_path", planes.error()), version, 0, since(start));
+    refit::TensorDelta& d = delta.tensors.emplace_back();
+    d.name = name;
+    d.format = t.format;
+    d.shape = t.shape;
+    d.anchor = true;
+    d.checksum = t.checksum;
+    d.values.bytes.resize(static_cast<size_t>(planes->values));
+    d.scales.bytes.resize(static_cast<size_t>(planes->scales));
+    if (auto s = model->store.read_canonical(name, Plane::kValues, d.values.bytes); !s)
+      return finish(fail_in("model_path", s.error()), version, 0, since(start));
+    if (planes->scales > 0)
+      if (auto s = model->store.read_canonical(name, Plane::kScales, d.scales.bytes); !s)
+        return finish(fail_in("model_path", s.error()), version, 0, since(start));
+    bytes += d.values.bytes.size() + d.scales.bytes.size();
+  }
+  // note: the loaded copy is freed before the write; the delta's planes and the applier's undo log (the old
+  // planes) are each one copy of the model in host memory while the update runs.
+  model->store = WeightStore();
+  Status s = refit::apply_delta(*store_, version, delta);
+  return finish(std::move(s), version, bytes, since(start));
+}
+
+std::map<std::string, uint64_t> WeightUpdater::checksums() const {
+  std::map<std::string, uint64_t> out;
+  for (const auto& [name, t] : store_->tensors()) out.emplace(name, t.checksum);
+  return out;
+}
+
+}  // namespace mxq::server
