@@ -86,7 +86,8 @@ def fp8_b128(x):
     pad[:rows, :k] = x
     blocks = pad.reshape(br, 128, bc, 128)
     amax = np.maximum(np.abs(blocks).max(axis=(1, 3)), np.float32(1e-4)).astype(np.float32)
-    mul = (np.float32(448) / amax).astype(np.float32)
+    # note: m = fl(fl(1 / amax') * 448), torch's evaluation of the reference's 448.0 / amax (formats.md)
+    mul = ((np.float32(1) / amax).astype(np.float32) * np.float32(448)).astype(np.float32)
     vals = _e4m3((blocks * mul[:, None, :, None]).astype(np.float32)).reshape(br * 128, bc * 128)[:rows, :k]
     return np.ascontiguousarray(vals), (amax / np.float32(448)).astype(np.float32)
 

@@ -313,11 +313,11 @@ def _quantize_mx(ops, xf, fmt, rule, name, batch_shape):
         values = codes[..., 0] | (codes[..., 1] << 4)
     else:
         if rule == "ct":
-            # note: compressed-tensors adds its (zero) zero-point after scaling, so an input of -0 becomes +0.
-            # The C++ `x * mul + 0.0f` is contracted to one FMA (-march=x86-64-v3, GCC's default
-            # -ffp-contract=fast), so a nonzero negative x whose product underflows keeps its sign (-0):
-            # only zero inputs lose it. Written so, it needs no FMA here.
-            zero = (ops.i32(blocks) & _ABS) == 0
+            # note: compressed-tensors computes fl(x / scale) + zero_point in two torch ops (zero_point = +0),
+            # so a product that is zero in f32 (a -0 input, or a negative product that underflows) becomes
+            # +0 (0x00); a nonzero negative product that rounds to zero in E4M3 keeps 0x80. As quantize.cpp
+            # (plus_zero_point), a select on the rounded product: no add that a backend could fuse.
+            zero = (ops.i32(scaled) & _ABS) == 0
             scaled = ops.f32(ops.where(zero, 0, ops.i32(scaled)))
         values = _e4m3(ops, scaled)
     return ops.to_numpy(ops.u8(values)).reshape(-1), ops.to_numpy(ops.u8(b)).reshape(-1)
@@ -333,7 +333,9 @@ def _quantize_b128(ops, xf, name, batch_shape):
     amax = ops.amax(ops.i32(blocks) & _ABS, (nb + 1, nb + 3))
     _refuse_nan_block(name, amax, 128, 128, rows, cols, batch_shape, ops)
     a = ops.maximum(ops.f32(amax), float(np.float32(_B128_MIN_AMAX)))
-    mul = ops.div(448.0, a)  # note: RN(448 / amax') in f32, as the C++ codec (quantize.cpp)
+    # note: m = fl(fl(1 / amax') * 448) in f32, as the C++ codec (quantize.cpp): the reference's
+    # `x * (448.0 / amax)` is torch's `amax.reciprocal() * 448`, one ulp off fl(448 / amax') for some amax
+    mul = ops.div(1.0, a) * 448.0
     scale_inv = ops.div(a, 448.0)  # weight_scale_inv, a multiplier despite its name
     mul_b = mul.reshape(*xf.shape[:-2], rb, 1, cb, 1)
     values = _e4m3(ops, blocks * mul_b).reshape(*xf.shape[:-2], rb * 128, cb * 128)[..., :rows, :cols]

@@ -2,8 +2,9 @@
 // bf16 x [m, k] row-major → E4M3 values [m, k] row-major + f32 scales, K-block-major: the scale of row r,
 // block b (columns 128b..128b+127) sits at scales[b · scale_ld + r], scale_ld >= m (cuBLASLt VEC128_32F
 // layout for a K-major operand; rows m..scale_ld-1 are left untouched).
-// Rule (byte-exact twin: src/cpu/quantize_act.cpp): amax' = max(amax, 1e-4), e4m3(x · RN(448 / amax')),
-// scale = amax' / 448; a short final block counts only its real elements. Any k >= 1.
+// Rule (byte-exact twin: src/cpu/quantize_act.cpp): amax' = max(amax, 1e-4), e4m3(x · m) with
+// m = fl(fl(1 / amax') · 448) (DeepGEMM's `x * (448.0 / amax)` as torch evaluates it), scale = amax' / 448;
+// a short final block counts only its real elements. Any k >= 1.
 // Layout: one warp per (row, block); lane l holds columns 128b + 4l .. +3 (one 8-byte load when k % 4 == 0);
 // k % 8 == 0 (every transformer width): one half-warp per (row, block), lane l of it holding columns
 // 128b + 8l .. +7 (one 16-byte load, one 8-byte store).
@@ -51,11 +52,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
   const float amax_c = fmaxf(amax, 1e-4f);  // note: DeepSeek's 1e-4 floor, as the weight quantizer
-  const float factor = 448.0f / amax_c;
-  if (lane == 0) scales[b * scale_ld + r] = amax_c / 448.0f;
+  const float factor = quant::fp8_b128_factor(amax_c);
+  if (lane == 0) scales[b * scale_ld + r] = __fdiv_rn(amax_c, 448.0f);
   uint32_t out = 0;
 #pragma unroll
-  for (int e = 0; e < 4; ++e) out |= quant::f32_to_e4m3(v[e] * factor) << (8 * e);
+  for (int e = 0; e < 4; ++e) out |= quant::f32_to_e4m3(__fmul_rn(v[e], factor)) << (8 * e);
   uint8_t* dst = values + r * k + c;
   if constexpr (kVec) {
     if (c < k) *reinterpret_cast<uint32_t*>(dst) = out;
@@ -91,11 +92,11 @@ __global__ void __launch_bounds__(kThreads)
   for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
   if (!live) return;
   const float amax_c = fmaxf(amax, 1e-4f);  // note: DeepSeek's 1e-4 floor, as the weight quantizer
-  const float factor = 448.0f / amax_c;
-  if (hl == 0) scales[b * scale_ld + r] = amax_c / 448.0f;
+  const float factor = quant::fp8_b128_factor(amax_c);
+  if (hl == 0) scales[b * scale_ld + r] = __fdiv_rn(amax_c, 448.0f);
   uint32_t out[2] = {0, 0};
 #pragma unroll
-  for (int e = 0; e < 8; ++e) out[e / 4] |= quant::f32_to_e4m3(v[e] * factor) << (8 * (e % 4));
+  for (int e = 0; e < 8; ++e) out[e / 4] |= quant::f32_to_e4m3(__fmul_rn(v[e], factor)) << (8 * (e % 4));
   if (c < k) *reinterpret_cast<uint2*>(values + r * k + c) = make_uint2(out[0], out[1]);
 }
 

@@ -116,7 +116,7 @@ __device__ __forceinline__ void split_f32(float x, int& k, uint32_t& mant) {
 
 // MXFP8 rule `ceil`: b = clamp(ceil(log2(max(amax, FLT_MIN) / 448)) + 127, 0, 254).
 __device__ __forceinline__ uint32_t mxfp8_ceil_scale(float amax) {
-  const float q = fmaxf(amax, 1.17549435e-38f) / 448.0f;
+  const float q = __fdiv_rn(fmaxf(amax, 1.17549435e-38f), 448.0f);  // note: IEEE division, as the CPU
   int k;
   uint32_t mant;
   split_f32(q, k, mant);
@@ -161,13 +161,21 @@ __device__ __forceinline__ float load_mx_block(const uint16_t* x, int64_t i, uin
   return amax;
 }
 
+// FP8-B128 multiplier of a block with amax' = amax_c: m = fl(fl(1 / amax') * 448), the reference's
+// `x * (448.0 / amax)` as torch evaluates it (reciprocal, then times 448; formats.md). Not fl(448 / amax'),
+// which is one ulp off for some amax and then moves products on E4M3 ties (issue 22).
+// note: the _rn intrinsics are exactly rounded and never fused or approximated (--use_fast_math, --fmad).
+__device__ __forceinline__ float fp8_b128_factor(float amax_c) {
+  return __fmul_rn(__frcp_rn(amax_c), 448.0f);
+}
+
 // The FP8-B128 tile epilogue shared by quantize_fp8_b128.cu (bf16) and quantize_src.cu (f16 / f32): the
 // thread's amax and finiteness are combined over the block (kThreads threads, one 128x128 tile: tile
 // (tile_row, tile_col) of the scales plane), the first tile with a non-finite input is recorded in bad_block,
-// thread 0 writes the tile's f32 scale, and every thread gets the factor 448 / amax its values are multiplied
-// by. parity (0 / 1) picks one of two shared buffers: a CTA that loops over tiles alternates it, so a fast
-// warp's next tile never overwrites a buffer a slow warp still reads (the barrier between is the next
-// call's).
+// thread 0 writes the tile's f32 scale, and every thread gets the factor m = fl(fl(1 / amax') * 448) its
+// values are multiplied by (fp8_b128_factor). parity (0 / 1) picks one of two shared buffers: a CTA that
+// loops over tiles alternates it, so a fast warp's next tile never overwrites a buffer a slow warp still
+// reads (the barrier between is the next call's).
 template <int kThreads>
 __device__ __forceinline__ float fp8_b128_tile_factor(float amax, bool finite, int64_t cols, int64_t tile_row,
                                                       int64_t tile_col, int parity,
@@ -184,8 +192,8 @@ __device__ __forceinline__ float fp8_b128_tile_factor(float amax, bool finite, i
   const int64_t block_index = tile_row * scale_cols + tile_col;
   if (any_bad && threadIdx.x == 0) atomicMin(bad_block, static_cast<unsigned long long>(block_index));
   const float amax_c = fmaxf(amax, 1e-4f);  // note: 1e-4 floor as DeepSeek's reference quantizer
-  if (threadIdx.x == 0) scales[block_index] = amax_c / 448.0f;
-  return 448.0f / amax_c;
+  if (threadIdx.x == 0) scales[block_index] = __fdiv_rn(amax_c, 448.0f);
+  return fp8_b128_factor(amax_c);
 }
 
 // One tile per CTA: the tile is (blockIdx.y, blockIdx.x).

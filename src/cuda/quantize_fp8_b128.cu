@@ -1,6 +1,7 @@
 // FP8-B128 (DeepSeek style) quantize kernel: bf16 [rows, cols] → E4M3 [rows, cols] + f32 weight_scale_inv
 // [cdiv(rows,128), cdiv(cols,128)], both row-major. Per block amax' = max(amax, 1e-4); elements
-// e4m3(x · (448 / amax')), scale = amax' / 448; short edge blocks count only their real elements.
+// e4m3(x · m), scale = amax' / 448; short edge blocks count only their real elements.
+// (the multiplier is m = fl(fl(1 / amax') · 448), torch's evaluation of 448 / amax': quantize_encode.cuh)
 // Layout: a CTA (256 threads) works on one 128x128 tile at a time, tiles numbered row-major over the scales
 // plane; thread t covers columns 8·(t%16)..+7 of rows t/16 + 16·p (p < 8) of the tile, held in registers
 // between the amax pass and the encode pass (one DRAM read). QuantLaunch::ctas_per_sm = 0: one CTA per tile;
@@ -10,7 +11,7 @@
 //
 // note: in the striding kernel the tile's amax is an integer max of the |x| bit patterns (as the MX kernels:
 // one compare also flags Inf / NaN), and two elements go to E4M3 in one cvt (sm_89+); in both kernels the
-// product x · (448 / amax') is f32, rounded once, as the CPU codec's.
+// product x · m is f32, rounded once (__fmul_rn: never contracted), as the CPU codec's.
 #include <algorithm>
 
 #include "cuda/pdl.cuh"
@@ -67,8 +68,8 @@ __device__ __forceinline__ void encode_tile(const Regs& w, int64_t rows, int64_t
     uint32_t q[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      q[e] = quant::f32x2_to_e4m3x2(__uint_as_float(w[p][e] << 16) * factor,
-                                    __uint_as_float(w[p][e] & 0xFFFF0000u) * factor);
+      q[e] = quant::f32x2_to_e4m3x2(__fmul_rn(__uint_as_float(w[p][e] << 16), factor),
+                                    __fmul_rn(__uint_as_float(w[p][e] & 0xFFFF0000u), factor));
     const uint32_t lo = __byte_perm(q[0], q[1], 0x5410), hi = __byte_perm(q[2], q[3], 0x5410);
     if constexpr (kVec) {
       if (c < cols) *reinterpret_cast<uint2*>(values + r * cols + c) = make_uint2(lo, hi);
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const float v = quant::bf16_bits_to_f32((w[p][e / 2] >> (16 * (e % 2))) & 0xFFFFu);
-      out[e / 4] |= quant::f32_to_e4m3(v * factor) << (8 * (e % 4));
+      out[e / 4] |= quant::f32_to_e4m3(__fmul_rn(v, factor)) << (8 * (e % 4));
     }
     if constexpr (kVec) {
       if (c < cols) *reinterpret_cast<uint2*>(values + r * cols + c) = make_uint2(out[0], out[1]);

@@ -2,7 +2,8 @@
 // ct): the cases the bf16 default kernels (quantize_mxfp8.cu, quantize_mxfp4.cu, quantize_fp8_b128.cu) do
 // not cover. Byte-exact twins of the CPU quantize (format/quantize.cpp, spec/formats.md):
 //   MXFP8: b from the block amax by the rule (scale_rule.h's bit formulas), elements e4m3(x · 2^(127-b)),
-//          saturating; rule ct adds +0 after scaling (compressed-tensors' zero point: -0 encodes as 0x00).
+//          saturating; rule ct adds +0 after the rounded product (compressed-tensors' zero point: a -0 input
+//          or a negative product that underflows f32 encodes as 0x00).
 //   MXFP4: rule ct only, elements e2m1(x · 2^(127-b)), sign from x.   FP8-B128: as quantize_fp8_b128.cu.
 // Layouts: input row-major [rows, cols]; MX: one thread per 1x32 block (cols % 32 == 0), block i at
 // elements i·32, scale byte i; FP8-B128: one CUDA block (256 threads) per 128x128 block, thread t holds
@@ -90,15 +91,19 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (kFp4) {
     uint32_t out[4] = {0, 0, 0, 0};
 #pragma unroll
-    for (int j = 0; j < 32; ++j) out[j / 8] |= quant::f32_to_e2m1(v[j] * mul, v[j]) << (4 * (j % 8));
+    for (int j = 0; j < 32; ++j)
+      out[j / 8] |= quant::f32_to_e2m1(__fmul_rn(v[j], mul), v[j]) << (4 * (j % 8));
     *reinterpret_cast<uint4*>(values + i * 16) = make_uint4(out[0], out[1], out[2], out[3]);
   } else {
-    // note: rule ct adds compressed-tensors' zero point (+0) after scaling, so -0 becomes +0 (0x00).
+    // note: rule ct adds compressed-tensors' zero point (+0) to the rounded product, so a product that is
+    // zero in f32 becomes +0 (0x00). __fmul_rn / __fadd_rn: nvcc's default --fmad=true would fuse
+    // `v * mul + 0.0f` into one FMA, which keeps the sign of an underflowing product (issue 22).
     constexpr bool kZeroPoint = R == QuantRule::kCt;
     uint32_t out[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
-      const float s = kZeroPoint ? v[j] * mul + 0.0f : v[j] * mul;
+      const float p = __fmul_rn(v[j], mul);
+      const float s = kZeroPoint ? __fadd_rn(p, 0.0f) : p;
       out[j / 4] |= quant::f32_to_e4m3(s) << (8 * (j % 4));
     }
     uint4* dst = reinterpret_cast<uint4*>(values + i * 32);
@@ -149,7 +154,8 @@ __global__ void __launch_bounds__(kThreads)
     if (r >= rows) continue;
 #pragma unroll
     for (int e = 0; e < 8; ++e)
-      if (c + e < cols) values[r * cols + c + e] = static_cast<uint8_t>(quant::f32_to_e4m3(v[p][e] * factor));
+      if (c + e < cols)
+        values[r * cols + c + e] = static_cast<uint8_t>(quant::f32_to_e4m3(__fmul_rn(v[p][e], factor)));
   }
 }
 

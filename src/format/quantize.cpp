@@ -91,6 +91,17 @@ inline void encode_e4m3_run(const uint8_t* p, int64_t n, float mul, uint8_t* out
   for (int64_t k = 0; k < n - i; ++k) out[i + k] = detail::encode_e4m3(chunk[k] * mul);
 }
 
+// fl(p) + 0 for a finite f32 p, as a select: a zero of either sign becomes +0, anything else stays.
+// note: rule ct follows compressed-tensors, fl(x / scale) + zero_point in two torch ops (zero_point = +0):
+// a product that is zero in f32 (a -0 input, or a negative product that underflows) encodes as 0x00, while
+// a nonzero negative product that rounds to zero in E4M3 keeps 0x80. Not written `p + 0.0f`: with
+// -march=x86-64-v3 GCC's default -ffp-contract=fast fuses x * mul + 0 into one FMA, which never rounds the
+// product to -0 first, so the bytes would depend on compiler flags (issue 22).
+inline float plus_zero_point(float p) {
+  const uint32_t b = std::bit_cast<uint32_t>(p);
+  return std::bit_cast<float>(detail::select((b & detail::kF32AbsMask) == 0, 0u, b));
+}
+
 template <Format Src, ScaleRule Rule, bool kFp4>
 Status quantize_mx(const uint8_t* x, int64_t rows, int64_t cols, uint8_t* values, uint8_t* scales,
                    std::string_view name) {
@@ -117,10 +128,10 @@ Status quantize_mx(const uint8_t* x, int64_t rows, int64_t cols, uint8_t* values
         // note: codes go to a local array first: a store through uint8_t* may alias `buf`, and the alias
         // check it would need keeps GCC's -O2 (very-cheap) vectorizer off the loop.
         uint8_t codes[kMxBlock];
-        // note: compressed-tensors adds its (zero) zero-point after scaling, so under rule ct an input of -0
-        // becomes +0 (0x00); negative values that round to zero still give 0x80.
-        constexpr float kZeroPoint = Rule == ScaleRule::kCt ? 0.0f : -0.0f;
-        for (int i = 0; i < kMxBlock; ++i) codes[i] = detail::encode_e4m3(buf[i] * mul + kZeroPoint);
+        for (int i = 0; i < kMxBlock; ++i) {
+          const float p = buf[i] * mul;  // exact unless it underflows f32 (mul is a power of two)
+          codes[i] = detail::encode_e4m3(Rule == ScaleRule::kCt ? plus_zero_point(p) : p);
+        }
         std::memcpy(values + first, codes, kMxBlock);
       }
     }
@@ -147,14 +158,16 @@ Status quantize_b128(const uint8_t* x, int64_t rows, int64_t cols, uint8_t* valu
       if (amax[cb] >= detail::kF32InfBits)
         return nan_block(name, stripe, cb, r0, r1, cb * kB128, std::min(cols, (cb + 1) * kB128));
       const float a = std::max(std::bit_cast<float>(amax[cb]), kB128MinAmax);
-      mul[cb] = kE4M3Max / a;
+      // note: the reference's `x * (448.0 / amax)` is torch's `amax.reciprocal() * 448`: two f32 roundings,
+      // fl(fl(1 / a) * 448), one ulp off fl(448 / a) for some a (formats.md, issue 22).
+      mul[cb] = (1.0f / a) * kE4M3Max;
       const float scale_inv = a / kE4M3Max;  // a multiplier despite its checkpoint name
       std::memcpy(scales + (stripe * col_blocks + cb) * 4, &scale_inv, 4);
     }
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t cb = 0; cb < col_blocks; ++cb) {
         const int64_t c0 = cb * kB128, n = std::min(cols - c0, int64_t{kB128});
-        // note: x * RN(448 / amax') rounded to f32, then to E4M3: the reference's own two roundings.
+        // note: x * m rounded to f32, then to E4M3: the reference's own two roundings.
         encode_e4m3_run<Src>(x + r * row_bytes + c0 * src_bytes<Src>(), n, mul[cb], values + r * cols + c0);
       }
     }

@@ -87,7 +87,9 @@ Planes ref_quantize(Format f, const std::vector<uint16_t>& x, int64_t rows, int6
         for (int64_t r = br * 128; r < std::min(rows, br * 128 + 128); ++r)
           for (int64_t c = bc * 128; c < std::min(cols, bc * 128 + 128); ++c)
             amax = std::max(amax, std::fabs(xf(r, c)));
-        const float amax_c = std::max(amax, 1e-4f), factor = 448.0f / amax_c, scale = amax_c / 448.0f;
+        // note: m = fl(fl(1 / amax') * 448), torch's evaluation of the reference's 448.0 / amax (formats.md)
+        const float amax_c = std::max(amax, 1e-4f), factor = (1.0f / amax_c) * 448.0f,
+                    scale = amax_c / 448.0f;
         std::memcpy(&p.scales[static_cast<size_t>((br * shape[1] + bc) * 4)], &scale, 4);
         for (int64_t r = br * 128; r < std::min(rows, br * 128 + 128); ++r)
           for (int64_t c = bc * 128; c < std::min(cols, bc * 128 + 128); ++c)

@@ -93,11 +93,13 @@ def test_random_tensor_matches_reference(fmt, rule):
     assert np.array_equal(values, load(f"random_{fmt}_{rule}_elems").reshape(-1))
 
 
-@pytest.mark.parametrize("tag", ["bf16_1x1", "bf16_3x300", "bf16_129x131", "bf16_130x7", "f32_40x140"])
+@pytest.mark.parametrize("tag", ["bf16_1x1", "bf16_3x300", "bf16_129x131", "bf16_130x7", "f32_40x140",
+                                 "ties_bf16_16x1448", "ties_f32_8x520"])
 def test_fp8_b128_matches_deepseek_cast(tag):
-    """Ragged shapes (short final blocks), a zero block and a tiny block (amax clamped at 1e-4)."""
+    """Ragged shapes (short final blocks), a zero block and a tiny block (amax clamped at 1e-4); ties_*: block
+    amaxes where torch's multiplier fl(fl(1/a)*448) != fl(448/a), elements on E4M3 ties (issue 22)."""
     raw = load(f"b128_{tag}_in")
-    x = bf16(raw) if tag.startswith("bf16") else raw.view(np.float32)
+    x = bf16(raw) if "bf16" in tag else raw.view(np.float32)
     values, scales = q.quantize_tensor("fp8-b128", x, tag)
     assert np.array_equal(values, load(f"b128_{tag}_values").reshape(-1))
     assert np.array_equal(scales, load(f"b128_{tag}_scales").reshape(-1).view(np.uint8))
@@ -116,8 +118,11 @@ BLOCKS = [
     ("ct_bump", "ct", [448.0], 128, [0x76]),
     ("ct_negative_zero", "ct", [1.0, -0.0, -1e-20], 119, [0x78, 0x00, 0x80]),
     ("ceil_448", "ceil", [448.0], 127, [0x7E]),
-    # ct, f32 max block: -1e-45·2^-120 underflows to -0 in f32 and keeps its sign (the C++ FMA), -0 -> +0
-    ("ct_underflow_keeps_sign", "ct", [3.4028235e38, -1e-45, -0.0], 247, [0x78, 0x80, 0x00]),
+    # issue 22, f32 max block: -2^-149·2^-120 underflows to -0 in f32, then ct's +0 zero point makes it +0
+    # (compressed-tensors: two torch ops; mxq: no FMA); -2^-140 stays nonzero in f32 and keeps 0x80
+    ("ct_underflow_to_plus_zero", "ct", [3.4028235e38, -(2.0**-149), -0.0, -(2.0**-20)], 247,
+     [0x78, 0x00, 0x00, 0x80]),
+    ("ceil_underflow_keeps_sign", "ceil", [3.4028235e38, -(2.0**-149)], 247, [0x78, 0x80]),
 ]
 
 

@@ -111,7 +111,8 @@ void PrintTo(const B128Case& c, std::ostream* os) { *os << c.tag; }
 
 class B128Golden : public ::testing::TestWithParam<B128Case> {};
 
-// DeepSeek per_block_cast_to_fp8 on ragged shapes (short final blocks, a zero and a tiny block).
+// DeepSeek per_block_cast_to_fp8 on ragged shapes (short final blocks, a zero and a tiny block), and on the
+// multiplier edge cases of issue 22 (ties_*: the torch rule m = fl(fl(1/amax')*448) against fl(448/amax')).
 // covers N-11 (zero / tiny blocks clamp amax at 1e-4), N-13 (odd block sizes)
 TEST_P(B128Golden, MatchesDeepSeekCast) {
   const B128Case& c = GetParam();
@@ -121,17 +122,25 @@ TEST_P(B128Golden, MatchesDeepSeekCast) {
   std::vector<uint8_t> scales(scales_bytes(Format::kFP8_B128, rows, cols));
   ASSERT_TRUE(quantize(Format::kFP8_B128, ScaleRule::kCeil, c.src, in.data.data(), rows, cols, values.data(),
                        scales.data(), c.tag));
-  EXPECT_EQ(values, load_npy(std::string("b128_") + c.tag + "_values").as<uint8_t>());
+  const auto want = load_npy(std::string("b128_") + c.tag + "_values").as<uint8_t>();
+  ASSERT_EQ(values.size(), want.size());
+  size_t differ = 0, first = 0;
+  for (size_t i = values.size(); i-- > 0;)
+    if (values[i] != want[i]) ++differ, first = i;
+  EXPECT_EQ(differ, 0u) << "value bytes differ from the golden; first at element " << first << ": 0x"
+                        << std::hex << int{values[first]} << " (golden 0x" << int{want[first]} << ")";
   EXPECT_EQ(scales, load_npy(std::string("b128_") + c.tag + "_scales").as<uint8_t>());
 }
 
-INSTANTIATE_TEST_SUITE_P(Quantize, B128Golden,
-                         ::testing::Values(B128Case{"bf16_1x1", Format::kBF16},
-                                           B128Case{"bf16_3x300", Format::kBF16},
-                                           B128Case{"bf16_129x131", Format::kBF16},
-                                           B128Case{"bf16_130x7", Format::kBF16},
-                                           B128Case{"f32_40x140", Format::kF32}),
-                         [](const auto& info) { return std::string(info.param.tag); });
+INSTANTIATE_TEST_SUITE_P(
+    Quantize, B128Golden,
+    ::testing::Values(B128Case{"bf16_1x1", Format::kBF16}, B128Case{"bf16_3x300", Format::kBF16},
+                      B128Case{"bf16_129x131", Format::kBF16}, B128Case{"bf16_130x7", Format::kBF16},
+                      B128Case{"f32_40x140", Format::kF32},
+                      // note: multiplier edge cases (make_b128_ties_golden.py): amaxes
+                      // where fl(fl(1/a)*448) != fl(448/a), elements on E4M3 ties
+                      B128Case{"ties_bf16_16x1448", Format::kBF16}, B128Case{"ties_f32_8x520", Format::kF32}),
+    [](const auto& info) { return std::string(info.param.tag); });
 
 // ---- hand cases from formats.md / reference_notes.md §1.6 ----------------------------------------------
 struct BlockCase {
@@ -178,7 +187,18 @@ INSTANTIATE_TEST_SUITE_P(
         BlockCase{"ct_bump", ScaleRule::kCt, {448.0f}, 128, {0x76}},
         // ct: -0 -> +0 (compressed-tensors adds its zero zero-point), a negative rounding to zero keeps 0x80
         BlockCase{"ct_negative_zero", ScaleRule::kCt, {1.0f, -0.0f, -1e-20f}, 119, {0x78, 0x00, 0x80}},
-        BlockCase{"ceil_448", ScaleRule::kCeil, {448.0f}, 127, {0x7E}}),
+        BlockCase{"ceil_448", ScaleRule::kCeil, {448.0f}, 127, {0x7E}},
+        // issue 22, f32 max block (b 247, x · 2^-120): -2^-149 · 2^-120 underflows to -0 in f32; ct adds its
+        // +0 zero point after that rounding (compressed-tensors: two torch ops), so 0x00, whatever the
+        // compiler's FMA contraction; -2^-140 stays a nonzero f32 and rounds to -0 in E4M3: 0x80. ceil keeps
+        // the sign of the underflowed product: 0x80.
+        BlockCase{"ct_underflow_to_plus_zero",
+                  ScaleRule::kCt,
+                  {3.4028235e38f, -0x1p-149f, -0.0f, -0x1p-20f},
+                  247,
+                  {0x78, 0x00, 0x00, 0x80}},
+        BlockCase{
+            "ceil_underflow_keeps_sign", ScaleRule::kCeil, {3.4028235e38f, -0x1p-149f}, 247, {0x78, 0x80}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Quantize, Mxfp4HugeAndZeroBlocks) {
