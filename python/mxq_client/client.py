@@ -195,6 +195,66 @@ class Client:
                             "sparse": len(records) - anchors, "client_seconds": quantize_s, **reply}
         return reply
 
+    def update_weights_from_tensor(self, state_dict, *, quantize_on_trainer: bool = False,
+                                   new_version: int | None = None, flush_cache: bool = True,
+                                   abort_all_requests: bool | None = None, checksums: bool = True,
+                                   fused: bool = False) -> dict:
+        """POST /update_weights_from_tensor: a colocated server (same GPU, or one CUDA IPC reaches) reads the new
+        weights straight from one flat CUDA buffer of this process, as one all-or-nothing update. `state_dict`:
+        torch CUDA tensors (HF names, as `update_weights`). By default quantized live tensors go as bf16 (f32
+        masters rounded on the device; f16 as it is) and the engine quantizes them with its startup rule;
+        `quantize_on_trainer=True` sends the canonical planes instead, quantized here by the torch quantizers
+        (byte-exact with the engine's, from the same bf16 source), with their XXH3-64 checksums when
+        `checksums` (the server verifies them; a host copy of the planes is hashed); `fused` quantizes through
+        torch.compile (same bytes; the first call per shape compiles). Plain live tensors go in
+        their live dtype. Returns the server's reply; a refusal raises MxqError with its reason and the old
+        weights keep serving.
+
+        Kept planes (the base of `update_weights`' sparse deltas): with `quantize_on_trainer` and `checksums`
+        the hashed host copies become the kept planes, so the next `update_weights` can be sparse; otherwise
+        they are dropped and its next delta is all anchors."""
+        from . import ipc  # noqa: PLC0415
+        ipc.check_cuda(state_dict)  # note: before torch is imported: a numpy state dict is refused by name
+        import torch  # noqa: PLC0415  (CUDA tensors: the caller has torch)
+        t0 = time.perf_counter()
+        table = self.tensor_table()
+        live = self.weight_version()
+        new_version = live + 1 if new_version is None else int(new_version)
+        if new_version <= live:
+            raise ValueError(f"new_version {new_version} must exceed the live version {live}")
+        buf, tensors, planes = ipc.pack_state_dict(state_dict, table, quantize_on_trainer=quantize_on_trainer,
+                                                   fused=fused)
+        kept = {}
+        if quantize_on_trainer and checksums:
+            for t in tensors:
+                v, s = planes[t["name"]]
+                kept[t["name"]] = (v.cpu().numpy(), s.cpu().numpy())
+                t["checksum"] = f"{canonical_checksum(*kept[t['name']]):016x}"
+        # note: the server reads the buffer on its own stream; every write to it must be done before the post
+        torch.cuda.synchronize(buf.device)
+        handle, offset, counter = ipc.ipc_handle(buf)
+        body = {"ipc_handle": ipc.encode_handle(handle), "ipc_offset": offset, "size": int(buf.numel()),
+                "tensors": tensors, "weight_version": str(new_version), "flush_cache": bool(flush_cache)}
+        if abort_all_requests is not None:
+            body["abort_all_requests"] = bool(abort_all_requests)
+        client_s = time.perf_counter() - t0
+        self._forget()  # note: whatever the answer, the kept planes no longer describe the live weights for sure
+        try:
+            # note: the buffer stays alive (and unchanged) until the answer: the server closes its mapping first
+            reply = self._request("POST", "/update_weights_from_tensor", body)
+        finally:
+            ipc.release_ipc_counter(counter)
+            del buf, planes
+        got = _version(reply.get("weight_version", new_version), "/update_weights_from_tensor")
+        if got != new_version:
+            raise MxqError(f"/update_weights_from_tensor: server reports version {got}, sent {new_version}")
+        if kept:
+            self._planes, self._planes_version = kept, new_version
+        self._updates += 1
+        self.last_update = {"version": new_version, "buffer_bytes": body["size"], "tensors": len(tensors),
+                            "quantize_on_trainer": quantize_on_trainer, "client_seconds": client_s, **reply}
+        return reply
+
     def update_weights_from_disk(self, model_path: str, weight_version: int | None = None, *,
                                  flush_cache: bool | None = None, abort_all_requests: bool | None = None) -> dict:
         """POST /update_weights_from_disk; the kept planes are dropped (the next delta is an anchor)."""

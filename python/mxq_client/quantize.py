@@ -60,8 +60,16 @@ class _NumpyOps:
         return np.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, rows), (0, cols)])
 
     @staticmethod
+    def any(x):
+        return bool(x.any())
+
+    @staticmethod
     def to_numpy(x):
         return np.ascontiguousarray(x)
+
+    @staticmethod
+    def flat_u8(x):
+        return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
 
 
 class _TorchOps:
@@ -111,8 +119,14 @@ class _TorchOps:
     def pad(self, x, rows, cols):
         return self.t.nn.functional.pad(x, (0, cols, 0, rows))
 
+    def any(self, x):
+        return bool(x.any())
+
     def to_numpy(self, x):
         return x.contiguous().cpu().numpy()
+
+    def flat_u8(self, x):
+        return x.contiguous().reshape(-1).view(self.t.uint8)
 
 
 def _is_torch(x) -> bool:
@@ -259,10 +273,11 @@ def _as_f32(ops, x):
 
 # ---- block quantizers (quantize.cpp) -------------------------------------------------------------------------
 def _refuse_nan_block(name, amax_i32, block_rows, block_cols, rows, cols, batch_shape, ops):
-    """NaN/Inf in a block: the first block (batch, block row, block col) in order, named as the C++ does."""
-    bad = np.asarray(ops.to_numpy(amax_i32 >= _INF))
-    if not bad.any():
+    """NaN/Inf in a block: the first block (batch, block row, block col) in order, named as the C++ does.
+    note: one scalar read on the device path (torch), the block map only once a block is bad."""
+    if not ops.any(amax_i32 >= _INF):
         return
+    bad = np.asarray(ops.to_numpy(amax_i32 >= _INF))
     pos = np.unravel_index(int(np.flatnonzero(bad.reshape(-1))[0]), bad.shape)
     b, br, bc = (int(np.ravel_multi_index(pos[:-2], bad.shape[:-2])) if bad.ndim > 2 else 0), int(pos[-2]), \
         int(pos[-1])
@@ -299,11 +314,13 @@ def _mx_inv_scale(ops, b):
     return ops.f32(ops.where(b == 254, 0x00400000, (254 - b) << 23))
 
 
-def _quantize_mx(ops, xf, fmt, rule, name, batch_shape):
-    rows, cols = xf.shape[-2], xf.shape[-1]
+def _mx_core(ops, x, fmt, rule):
+    """(values, scales, NaN flag) of an MX tensor, with no host synchronisation: the part `fused` compiles
+    (from the source dtype: the widening to f32 is fused too)."""
+    xf = _as_f32(ops, x)
+    cols = xf.shape[-1]
     blocks = xf.reshape(*xf.shape[:-1], cols // 32, 32)
     amax = ops.amax(ops.i32(blocks) & _ABS, -1)
-    _refuse_nan_block(name, amax, 1, 32, rows, cols, batch_shape, ops)
     fp4 = fmt == "mxfp4"
     b = _mx_scale(ops, rule, fp4, amax)
     scaled = blocks * _mx_inv_scale(ops, b)[..., None]
@@ -320,10 +337,22 @@ def _quantize_mx(ops, xf, fmt, rule, name, batch_shape):
             zero = (ops.i32(scaled) & _ABS) == 0
             scaled = ops.f32(ops.where(zero, 0, ops.i32(scaled)))
         values = _e4m3(ops, scaled)
-    return ops.to_numpy(ops.u8(values)).reshape(-1), ops.to_numpy(ops.u8(b)).reshape(-1)
+    return ops.flat_u8(ops.u8(values)), ops.flat_u8(ops.u8(b)), amax.max() >= _INF
 
 
-def _quantize_b128(ops, xf, name, batch_shape):
+def _quantize_mx(ops, x, fmt, rule, name, batch_shape, core=None):
+    values, scales, bad = (core or _mx_core)(ops, x, fmt, rule)
+    if ops.any(bad):
+        xf = _as_f32(ops, x)
+        blocks = xf.reshape(*xf.shape[:-1], xf.shape[-1] // 32, 32)
+        amax = ops.amax(ops.i32(blocks) & _ABS, -1)
+        _refuse_nan_block(name, amax, 1, 32, xf.shape[-2], xf.shape[-1], batch_shape, ops)
+    return values, scales
+
+
+def _b128_core(ops, x):
+    """(values, scales, NaN flag) of an FP8-B128 tensor, no host synchronisation (see `_mx_core`)."""
+    xf = _as_f32(ops, x)
     rows, cols = xf.shape[-2], xf.shape[-1]
     rb, cb = -(-rows // 128), -(-cols // 128)
     # note: zero padding leaves every block amax as it is; a short final block is legal
@@ -331,7 +360,6 @@ def _quantize_b128(ops, xf, name, batch_shape):
     blocks = xp.reshape(*xf.shape[:-2], rb, 128, cb, 128)
     nb = len(xf.shape) - 2
     amax = ops.amax(ops.i32(blocks) & _ABS, (nb + 1, nb + 3))
-    _refuse_nan_block(name, amax, 128, 128, rows, cols, batch_shape, ops)
     a = ops.maximum(ops.f32(amax), float(np.float32(_B128_MIN_AMAX)))
     # note: m = fl(fl(1 / amax') * 448) in f32, as the C++ codec (quantize.cpp): the reference's
     # `x * (448.0 / amax)` is torch's `amax.reciprocal() * 448`, one ulp off fl(448 / amax') for some amax
@@ -339,14 +367,40 @@ def _quantize_b128(ops, xf, name, batch_shape):
     scale_inv = ops.div(a, 448.0)  # weight_scale_inv, a multiplier despite its name
     mul_b = mul.reshape(*xf.shape[:-2], rb, 1, cb, 1)
     values = _e4m3(ops, blocks * mul_b).reshape(*xf.shape[:-2], rb * 128, cb * 128)[..., :rows, :cols]
-    return (ops.to_numpy(ops.u8(values)).reshape(-1),
-            np.ascontiguousarray(ops.to_numpy(scale_inv), "<f4").reshape(-1).view(np.uint8))
+    # note: the scales plane is the f32 multipliers' little-endian bytes (numpy and CUDA are little-endian)
+    return ops.flat_u8(ops.u8(values)), ops.flat_u8(scale_inv), amax.max() >= _INF
 
 
-def quantize_tensor(fmt: str, x, name: str = "tensor", rule: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Canonical planes (values, scales) of x, a [..., N, K] bf16/f16/f32 numpy array or torch tensor (any
-    device; leading dims are a batch, e.g. stacked experts), as mxq's `quantize_tensor` makes them with the
-    format's default rule (MXFP8 ceil, MXFP4 ct) unless `rule` names another MXFP8 rule."""
+def _quantize_b128(ops, x, name, batch_shape, core=None):
+    values, scales, bad = (core or _b128_core)(ops, x)
+    if ops.any(bad):
+        xf = _as_f32(ops, x)
+        rows, cols = xf.shape[-2], xf.shape[-1]
+        rb, cb = -(-rows // 128), -(-cols // 128)
+        blocks = ops.pad(xf, rb * 128 - rows, cb * 128 - cols).reshape(*xf.shape[:-2], rb, 128, cb, 128)
+        nb = len(xf.shape) - 2
+        amax = ops.amax(ops.i32(blocks) & _ABS, (nb + 1, nb + 3))
+        _refuse_nan_block(name, amax, 128, 128, rows, cols, batch_shape, ops)
+    return values, scales
+
+
+_COMPILED: dict = {}
+
+
+def _fused(torch, core):
+    """`core` through torch.compile (one kernel or two per shape instead of ~30 eager passes over f32 and int32
+    temporaries). note: divisions are tensor / tensor of equal shape in the traced graph as in eager; the test
+    (tests/e2e/test_client_torch.py) holds the compiled bytes to the eager ones and the goldens."""
+    if core not in _COMPILED:
+        _COMPILED[core] = torch.compile(core, dynamic=False, fullgraph=True)
+    return _COMPILED[core]
+
+
+def quantize_planes(fmt: str, x, name: str = "tensor", rule: str | None = None, *, fused: bool = False):
+    """As `quantize_tensor`, but the planes stay where x is: uint8 torch tensors on x's device for a torch input
+    (no copy to the host; the trainer-side diff and the IPC update read them there), numpy for numpy.
+    `fused` (torch inputs): the same algorithm through torch.compile, same bytes, several times faster on a GPU
+    once compiled (the first call per shape compiles, seconds)."""
     if fmt not in QUANTIZED:
         raise ValueError(f"{name}: cannot quantize to {fmt} (expected mxfp8, mxfp4 or fp8-b128)")
     rule = rule or DEFAULT_RULE.get(fmt, "ceil")
@@ -360,12 +414,29 @@ def quantize_tensor(fmt: str, x, name: str = "tensor", rule: str | None = None) 
     if fmt != "fp8-b128" and shape[-1] % 32:
         raise ValueError(f"{name}: {fmt} needs cols % 32 == 0 (got cols {shape[-1]})")
     ops = _ops_for(x)
-    xf = widen_f32(x, name)
+    fused = fused and ops.name == "torch"
+    if fused:  # note: the widening happens inside the compiled kernel
+        if source_dtype(x) not in PLAIN:
+            raise ValueError(f"{name}: dtype {source_dtype(x)} cannot be quantized, expected bf16, f16 or f32")
+        xf = x.detach().contiguous()
+    else:
+        xf = widen_f32(x, name)
     if 0 in shape:
-        return np.zeros(0, np.uint8), np.zeros(0, np.uint8)
+        empty = ops.flat_u8(ops.u8(xf.reshape(-1)[:0]))
+        return empty, empty
     if fmt == "fp8-b128":
-        return _quantize_b128(ops, xf, name, shape[:-2])
-    return _quantize_mx(ops, xf, fmt, rule, name, shape[:-2])
+        return _quantize_b128(ops, xf, name, shape[:-2], _fused(ops.t, _b128_core) if fused else None)
+    return _quantize_mx(ops, xf, fmt, rule, name, shape[:-2], _fused(ops.t, _mx_core) if fused else None)
+
+
+def quantize_tensor(fmt: str, x, name: str = "tensor", rule: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Canonical planes (values, scales) of x, a [..., N, K] bf16/f16/f32 numpy array or torch tensor (any
+    device; leading dims are a batch, e.g. stacked experts), as mxq's `quantize_tensor` makes them with the
+    format's default rule (MXFP8 ceil, MXFP4 ct) unless `rule` names another MXFP8 rule."""
+    v, s = quantize_planes(fmt, x, name, rule)
+    if _is_torch(v):
+        return v.cpu().numpy(), s.cpu().numpy()
+    return v, s
 
 
 def plain_bytes(fmt: str, x, name: str = "tensor") -> np.ndarray:

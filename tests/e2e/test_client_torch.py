@@ -54,7 +54,8 @@ def test_torch_equals_numpy(device, fmt):
     x[0, 0, :64] = 0
     x[1, 1, :32] = torch.tensor([1e-45, -1e-45, 3e-39, 448.0] * 8)
     x[2, 130:, 128:] = 0
-    for t in (x, x.bfloat16(), x.half().float()):
+    # note: f16 tops out at 65504; the clamp keeps its variant finite (an Inf block is refused, not quantized)
+    for t in (x, x.bfloat16(), x.clamp(-6e4, 6e4).half().float()):
         want = q.quantize_tensor(fmt, _np(t), "w")
         got = q.quantize_tensor(fmt, t.to(device), "w")
         assert same(got, want), (fmt, t.dtype, device)
@@ -86,3 +87,213 @@ def test_plain_and_state_dict_mapping_from_torch(device):
              for p in ("gate", "up")}
     m = mc.map_state_dict({"model.layers.0.mlp.experts.gate_up_proj": gu}, table)
     assert torch.equal(m["model.layers.0.mlp.experts.1.up_proj.weight"], gu[1, 32:])
+
+
+# ---- POST /update_weights_from_tensor: packing, diff, the IPC handle -----------------------------------------
+TABLE = {
+    "model.embed_tokens.weight": ("bf16", (96, 64)),
+    "model.layers.0.input_layernorm.weight": ("f32", (64,)),
+    "model.layers.0.self_attn.q_proj.weight": ("mxfp8", (64, 64)),
+    "model.layers.0.self_attn.k_proj.weight": ("mxfp4", (32, 64)),
+    "model.layers.0.mlp.down_proj.weight": ("fp8-b128", (130, 200)),
+}
+
+
+def state_dict(device, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return {n: (torch.randn(*shape, generator=g) * 0.02).to(dtype).to(device) for n, (_, shape) in TABLE.items()}
+
+
+def bf16_np(t):
+    return t.detach().cpu().to(torch.bfloat16).view(torch.int16).numpy().view(np.uint8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("on_trainer", [False, True])
+def test_pack_lays_out_the_manifest_and_the_bytes(device, on_trainer):
+    from mxq_client import ipc
+    sd = state_dict(device)
+    buf, tensors, planes = ipc.pack_state_dict(sd, TABLE, quantize_on_trainer=on_trainer)
+    assert buf.dtype == torch.uint8 and buf.device.type == device and buf.numel() % 16 == 0
+    raw = buf.cpu().numpy()
+    for t in tensors:
+        name, (fmt, shape) = t["name"], TABLE[t["name"]]
+        assert t["shape"] == list(shape) and t["offset"] % 16 == 0
+        got_v = raw[t["offset"]:t["offset"] + planes[name][0].numel()]
+        if fmt in ("bf16", "f32"):  # plain live tensors: their live dtype
+            assert t["dtype"] == fmt
+            want = bf16_np(sd[name]) if fmt == "bf16" else sd[name].cpu().numpy().view(np.uint8)
+            assert np.array_equal(got_v, want.reshape(-1)), name
+        elif on_trainer:  # canonical planes of the bf16 source
+            assert t["dtype"] == fmt and t["scales_offset"] % 16 == 0
+            v, s = mc.quantize_tensor(fmt, sd[name].to(torch.bfloat16).cpu(), name)
+            assert np.array_equal(got_v, v), name
+            assert np.array_equal(raw[t["scales_offset"]:t["scales_offset"] + s.size], s), name
+        else:  # the bf16 source (f32 masters rounded on the device)
+            assert t["dtype"] == "bf16" and "scales_offset" not in t
+            assert np.array_equal(got_v, bf16_np(sd[name]).reshape(-1)), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_diff_packed_finds_the_changed_entries_of_every_plane(device):
+    from mxq_client import ipc
+    a, b = state_dict(device, 1), state_dict(device, 1)
+    g = torch.Generator().manual_seed(2)
+    for n in b:
+        hit = torch.rand(b[n].shape, generator=g) < 0.02
+        b[n] = torch.where(hit.to(device), b[n] * 3.0, b[n])
+    old, tensors, pa = ipc.pack_state_dict(a, TABLE, quantize_on_trainer=True)
+    new, tensors_b, pb = ipc.pack_state_dict(b, TABLE, quantize_on_trainer=True)
+    assert tensors == tensors_b
+    got = ipc.diff_packed(old, new, tensors)
+    for t in tensors:
+        name, fmt = t["name"], t["dtype"]
+        for k, plane in enumerate(("values", "scales")):
+            o, n = pa[name][k].cpu().numpy(), pb[name][k].cpu().numpy()
+            if not o.size:
+                continue
+            width = mc.entry_bytes(fmt, plane) if fmt in mc.delta.FORMATS else 1
+            idx = mc.changed_entries(o, n, width)
+            have = got.get(name, {}).get(plane)
+            if not idx.size:
+                assert have is None, (name, plane)
+                continue
+            assert np.array_equal(have[0], idx), (name, plane)
+            assert np.array_equal(have[1], n.reshape(-1, width)[idx].reshape(-1)), (name, plane)
+    assert got, "the perturbation changed nothing"
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@CUDA
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "fp8-b128"])
+def test_fused_quantizers_equal_the_eager_ones(fmt):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 256, 384, generator=g) * torch.exp2(torch.randint(-40, 40, (2, 256, 1), generator=g).float())
+    x[0, 0, :64] = 0
+    x[1, 1, :32] = torch.tensor([1e-45, -1e-45, 3e-39, 448.0] * 8)
+    for t in (x.cuda(), x.bfloat16().cuda()):
+        want = q.quantize_planes(fmt, t, "w")
+        got = q.quantize_planes(fmt, t, "w", fused=True)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), (fmt, t.dtype)
+    # every positive finite bf16 as a block amax (the scale rules' whole domain for bf16 sources)
+    amax = torch.arange(1, 0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).cuda()
+    blocks = torch.zeros(amax.numel(), 128, dtype=torch.bfloat16, device="cuda")
+    blocks[:, 0] = amax
+    blocks[:, 1] = -amax * 0.3
+    blocks = blocks[: amax.numel() // 128 * 128]
+    want = q.quantize_planes(fmt, blocks, "w")
+    got = q.quantize_planes(fmt, blocks, "w", fused=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)), fmt
+    bad = x.cuda()
+    bad[1, 200, 300] = float("inf")
+    with pytest.raises(ValueError, match=r"holds NaN/Inf"):
+        q.quantize_planes(fmt, bad, "w", fused=True)
+
+
+@CUDA
+def test_ipc_handle_is_the_allocation_and_the_offset():
+    from mxq_client import ipc
+    big = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
+    view = big[4096:]
+    handle, offset, counter = ipc.ipc_handle(view)
+    assert len(handle) == 64 and offset == 4096 + ipc.ipc_handle(big)[1]
+    ipc.release_ipc_counter(counter)
+
+
+RECEIVER = r'''
+import base64, json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import cupy, numpy as np, xxhash
+table = json.loads(sys.argv[1])
+state = {"version": 0}
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def reply(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/get_model_info":
+            return self.reply(200, {"tensors": table})
+        if self.path == "/get_weight_version":
+            return self.reply(200, {"weight_version": str(state["version"])})
+        self.reply(404, {"success": False, "message": "no route"})
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        handle = base64.b64decode(req["ipc_handle"])
+        assert len(handle) == 64, len(handle)
+        ptr = cupy.cuda.runtime.ipcOpenMemHandle(handle)
+        host = np.empty(req["size"], np.uint8)
+        cupy.cuda.runtime.memcpy(host.ctypes.data, ptr + req["ipc_offset"], req["size"], 2)  # device to host
+        cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+        digests = {}
+        for t in req["tensors"]:
+            end = t.get("scales_offset", t["offset"])
+            digests[t["name"]] = [t["dtype"], xxhash.xxh3_64_hexdigest(host[t["offset"]:t["offset"] + t["_values"]]),
+                                  xxhash.xxh3_64_hexdigest(host[end:end + t.get("_scales", 0)])]
+        state["version"] = int(req["weight_version"])
+        self.reply(200, {"success": True, "message": "ok", "weight_version": req["weight_version"],
+                         "digests": digests, "flush_cache": req["flush_cache"]})
+
+s = ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+'''
+
+
+@CUDA
+@pytest.mark.parametrize("on_trainer", [False, True])
+def test_update_weights_from_tensor_through_a_receiving_process(on_trainer, monkeypatch):
+    """A second process opens the 64-byte handle (cupy: no torch framing), copies `size` bytes from
+    `ipc_offset` and hashes each plane where the manifest says it is: the client's bytes, exactly."""
+    pytest.importorskip("cupy")
+    import json
+    import subprocess
+    import sys
+    from mxq_client import ipc
+    table = [{"name": n, "format": f, "shape": list(s)} for n, (f, s) in TABLE.items()]
+    p = subprocess.Popen([sys.executable, "-c", RECEIVER, json.dumps(table)], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(p.stdout.readline())
+        c = mc.Client(f"http://127.0.0.1:{port}")
+        sd = state_dict("cuda", 3)
+        # note: the receiver needs each plane's size; the test passes it beside the manifest's fields
+        real = ipc.build_manifest
+
+        def sized(entries, align=ipc.ALIGN):
+            tensors, size = real(entries, align)
+            for t, e in zip(tensors, entries):
+                t["_values"], t["_scales"] = e[3], e[4]
+            return tensors, size
+        monkeypatch.setattr(ipc, "build_manifest", sized)
+        reply = c.update_weights_from_tensor(sd, quantize_on_trainer=on_trainer)
+        assert reply["weight_version"] == "1" and reply["flush_cache"] is True
+        assert c.weight_version() == 1 and c.last_update["tensors"] == len(TABLE)
+        for name, (fmt, _) in TABLE.items():
+            dtype, hv, hs = reply["digests"][name]
+            if fmt in ("bf16", "f32"):
+                want = bf16_np(sd[name]) if fmt == "bf16" else sd[name].cpu().numpy().view(np.uint8)
+                assert dtype == fmt and hv == f"{mc.canonical_checksum(want.reshape(-1)):016x}", name
+            elif on_trainer:
+                v, s = mc.quantize_tensor(fmt, sd[name].to(torch.bfloat16), name)
+                assert dtype == fmt and (hv, hs) == (f"{mc.canonical_checksum(v):016x}",
+                                                     f"{mc.canonical_checksum(s):016x}"), name
+            else:
+                assert dtype == "bf16" and hv == f"{mc.canonical_checksum(bf16_np(sd[name]).reshape(-1)):016x}"
+        # kept planes: the trainer's canonical planes after a checked on-trainer update, none otherwise
+        assert (c._planes_version == 1) == on_trainer
+        with pytest.raises(TypeError, match="expected a CUDA tensor"):
+            c.update_weights_from_tensor({k: v.cpu() for k, v in sd.items()})
+    finally:
+        p.kill()
+        p.wait()

@@ -1,0 +1,220 @@
+"""POST /update_weights_from_tensor, trainer side: every live tensor packed into one flat uint8 CUDA buffer, shared
+with a colocated `mxq serve` through a CUDA IPC handle (docs/serve.md, "Weight updates").
+
+The manifest names each tensor's planes by their byte offsets in that buffer. `build_manifest` lays them out
+(a pure function, tested without a GPU); `pack_state_dict` fills the buffer on the trainer's device; `ipc_handle`
+takes the 64-byte cudaIpcMemHandle_t and the buffer's offset inside its allocation from torch's own sharing call.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+
+from .names import map_state_dict
+from .delta import plane_geometry
+from .quantize import PLAIN, QUANTIZED, quantize_planes
+
+ALIGN = 16  # note: every plane starts on 16 bytes: the server reads planes with 16-byte vector loads
+SOURCE_DTYPES = ("bf16", "f16", "f32")
+IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
+# torch's shareable handle (c10 CUDACachingAllocator::shareIpcHandle): a version byte (2 up to torch 2.12, 3 in
+# 2.13), a type byte ('c': a cudaMalloc block, 'e': an expandable segment), then the payload; older torch
+# returned the bare 64-byte handle.
+_TORCH_HANDLE_MALLOC = ord("c")
+_TORCH_HANDLE_EXPANDABLE = ord("e")
+
+
+def _align(n: int, a: int = ALIGN) -> int:
+    return -(-n // a) * a
+
+
+def build_manifest(entries, align: int = ALIGN) -> tuple[list[dict], int]:
+    """Lays out planes back to back in one buffer. `entries`: (name, dtype, shape, values bytes, scales bytes)
+    in the order the buffer holds them (scales bytes 0 for a source or plain tensor). Returns the manifest's
+    `tensors` list ({name, dtype, shape, offset[, scales_offset]}) and the buffer's size; every offset is a
+    multiple of `align` and every plane lies inside [0, size). Refuses repeated names, unknown dtypes, a
+    scales plane on a source dtype or none on a quantized one."""
+    if align <= 0 or align & (align - 1):
+        raise ValueError(f"alignment {align} is not a power of two")
+    out, seen, pos = [], set(), 0
+    for name, dtype, shape, values, scales in entries:
+        if name in seen:
+            raise ValueError(f"{name}: named twice in the update")
+        seen.add(name)
+        if dtype not in SOURCE_DTYPES + QUANTIZED:
+            raise ValueError(f"{name}: dtype {dtype!r}, expected one of {', '.join(SOURCE_DTYPES + QUANTIZED)}")
+        if values < 0 or scales < 0:
+            raise ValueError(f"{name}: negative plane size ({values} + {scales} bytes)")
+        if (dtype in QUANTIZED) != (scales > 0):
+            raise ValueError(f"{name}: {dtype} with a scales plane of {scales} bytes"
+                             + (" (quantized dtypes carry one)" if dtype in QUANTIZED else
+                                " (source dtypes carry none)"))
+        t = {"name": name, "dtype": dtype, "shape": [int(d) for d in shape], "offset": _align(pos, align)}
+        pos = t["offset"] + values
+        if dtype in QUANTIZED:
+            t["scales_offset"] = _align(pos, align)
+            pos = t["scales_offset"] + scales
+        out.append(t)
+    return out, _align(pos, align)
+
+
+def _source_bytes(dtype: str, shape) -> int:
+    width = {"bf16": 2, "f16": 2, "f32": 4}[dtype]
+    return int(np.prod(shape, dtype=np.int64)) * width if len(shape) else width
+
+
+def ipc_handle(buf) -> tuple[bytes, int, tuple]:
+    """(the 64-byte cudaIpcMemHandle_t of the allocation holding `buf`, `buf`'s first byte's offset in it, the
+    ref counter torch attached). note: `_share_cuda_` returns (device, handle, storage bytes, storage offset in
+    the allocation, ref counter handle, ref counter offset, event handle, event sync required), as
+    torch.multiprocessing.reductions.reduce_tensor reads it; the tensor's own offset in its storage is added."""
+    storage = buf.untyped_storage()
+    shared = storage._share_cuda_()
+    _, handle, _, storage_offset, ref_handle, ref_offset = shared[:6]
+    handle = bytes(handle)
+    if len(handle) == IPC_HANDLE_BYTES + 2 and handle[1] == _TORCH_HANDLE_MALLOC:
+        handle = handle[2:]
+    elif len(handle) != IPC_HANDLE_BYTES:
+        if len(handle) > 1 and handle[1] == _TORCH_HANDLE_EXPANDABLE:
+            raise RuntimeError("update_weights_from_tensor: the buffer lives in an expandable segment of torch's "
+                               "allocator, which has no cudaIpcMemHandle_t; run the trainer with "
+                               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
+        raise RuntimeError(f"update_weights_from_tensor: torch returned a sharing handle of {len(handle)} bytes, "
+                           f"expected {IPC_HANDLE_BYTES} (or {IPC_HANDLE_BYTES + 2} with torch's version and "
+                           f"type bytes)")
+    offset = int(storage_offset) + buf.storage_offset() * buf.element_size()
+    return handle, offset, (ref_handle, ref_offset, buf.device)
+
+
+def release_ipc_counter(counter) -> None:
+    """Hands back the reference `_share_cuda_` counted for the receiver, as a torch receiver would once done.
+    note: torch keeps a shared block out of its allocator (its IPC limbo) until every receiver released it;
+    mxq's server is not a torch process, so without this every update would pin one buffer of device memory."""
+    import torch  # noqa: PLC0415
+    ref_handle, ref_offset, device = counter
+    if ref_handle:
+        torch.UntypedStorage._release_ipc_counter(ref_handle, ref_offset, device=device)
+
+
+def check_cuda(state_dict):
+    """The device of a state dict of torch CUDA float tensors, all on one device; anything else is refused."""
+    device = None
+    for k, v in state_dict.items():
+        if type(v).__module__.split(".")[0] != "torch" or not hasattr(v, "is_cuda"):
+            raise TypeError(f"update_weights_from_tensor: {k} is a {type(v).__name__}, expected a torch CUDA "
+                            f"tensor (use update_weights for numpy arrays or CPU tensors)")
+        if not v.is_cuda:
+            raise TypeError(f"update_weights_from_tensor: {k} is on {v.device}, expected a CUDA tensor "
+                            f"(use update_weights for CPU tensors)")
+        if str(v.dtype) not in ("torch.bfloat16", "torch.float16", "torch.float32"):
+            raise TypeError(f"update_weights_from_tensor: {k} is {v.dtype}, expected bfloat16, float16 or "
+                            f"float32")
+        if device is None:
+            device = v.device
+        elif v.device != device:
+            raise TypeError(f"update_weights_from_tensor: {k} is on {v.device}, the others on {device}; one "
+                            f"buffer on one device is shared")
+    if device is None:
+        raise ValueError("update_weights_from_tensor: the state dict is empty")
+    return device
+
+
+def _as_source(torch, t, name: str):
+    """The tensor the engine quantizes: bf16 and f16 as they are, f32 masters rounded to bf16 (RNE) on the device
+    (half the bytes; the weights a bf16 export would serve)."""
+    if t.dtype in (torch.bfloat16, torch.float16):
+        return t.detach().contiguous()
+    if t.dtype == torch.float32:
+        return t.detach().to(torch.bfloat16).contiguous()
+    raise TypeError(f"{name}: dtype {t.dtype}, expected bfloat16, float16 or float32")
+
+
+def _plain(torch, t, dtype: str):
+    want = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype]
+    return t.detach().to(want).contiguous()
+
+
+def pack_state_dict(state_dict, table, *, quantize_on_trainer: bool = False, fused: bool = False):
+    """The flat uint8 CUDA buffer and the manifest's `tensors` for `state_dict` mapped onto `table` ({name:
+    (format, shape)}, the engine's), in the table's order. Quantized live tensors go as their source (bf16 / f16,
+    f32 rounded to bf16) for the engine to quantize, or with `quantize_on_trainer` as their canonical planes in
+    the live format (the client's torch quantizers, byte-exact with the engine's, from the same source); plain
+    live tensors go in their live dtype. `fused`: the quantizers through torch.compile (`quantize_planes`). Returns (buffer, tensors, planes): planes {name: (values, scales)} are
+    uint8 views into the buffer (scales empty for a source or plain tensor). The buffer is on the tensors'
+    device (the client checks they are CUDA tensors; the layout is tested on CPU tensors too)."""
+    import torch  # noqa: PLC0415
+    mapped = map_state_dict(state_dict, table)
+    device = next(iter(mapped.values())).device
+    entries = []
+    for name, (fmt, shape) in table.items():
+        if fmt in QUANTIZED and quantize_on_trainer:
+            entries.append((name, fmt, shape, *plane_geometry(fmt, tuple(shape))))
+        else:
+            dtype = fmt if fmt in PLAIN else ("f16" if mapped[name].dtype == torch.float16 else "bf16")
+            entries.append((name, dtype, shape, _source_bytes(dtype, shape), 0))
+    tensors, size = build_manifest(entries)
+    # note: one allocation of its own (torch's allocator gives a block this large its own segment), so the IPC
+    # handle maps this buffer and nothing else of the trainer's memory; filled one tensor at a time, so the
+    # only copy of the model beside the trainer's is the buffer itself
+    buf = torch.empty(size, dtype=torch.uint8, device=device)
+    planes = {}
+    for t, (name, dtype, _, vb, sb) in zip(tensors, entries):
+        values = buf[t["offset"]:t["offset"] + vb]
+        scales = buf[t.get("scales_offset", 0):t.get("scales_offset", 0) + sb]
+        src = mapped[name]
+        if dtype in QUANTIZED:
+            v, s = quantize_planes(dtype, _as_source(torch, src, name), name, fused=fused)
+            values.copy_(v)
+            scales.copy_(s)
+        else:
+            values.copy_(_plain(torch, src, dtype).reshape(-1).view(torch.uint8))
+        planes[name] = (values, scales)
+    return buf, tensors, planes
+
+
+def diff_packed(old, new, tensors) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The changed entries between two packed buffers of one layout (`pack_state_dict` with the same manifest),
+    found on their device: {name: {"values" | "scales": (entry indices int64, their new bytes uint8)}} for the
+    planes that changed. note: one pass compares 8-byte words and one host copy brings back only the changed
+    words (16-byte aligned planes and entries of 1, 2 or 4 bytes: an entry never straddles two words)."""
+    import torch  # noqa: PLC0415
+    if old.numel() != new.numel() or old.numel() % 8:
+        raise ValueError(f"packed buffers of {old.numel()} and {new.numel()} bytes, expected one size, "
+                         f"a multiple of 8")
+    wo, wn = old.view(torch.int64), new.view(torch.int64)
+    words = torch.nonzero(wo != wn).squeeze(1)
+    nb = new.view(-1, 8)[words]
+    mask = (old.view(-1, 8)[words] != nb).cpu().numpy()
+    words, nb = words.cpu().numpy(), nb.cpu().numpy()
+    rows, cols = np.nonzero(mask)
+    pos = words[rows] * 8 + cols  # changed bytes, increasing
+    out: dict = {}
+    for t in tensors:
+        dtype, shape = t["dtype"], tuple(t["shape"])
+        if dtype in QUANTIZED:
+            vb, sb = plane_geometry(dtype, shape)
+            planes = [("values", t["offset"], vb, 1), ("scales", t["scales_offset"], sb, 4 if dtype == "fp8-b128"
+                                                                                    else 1)]
+        else:
+            planes = [("values", t["offset"], _source_bytes(dtype, shape), 4 if dtype == "f32" else 2)]
+        for plane, start, size, width in planes:
+            lo, hi = np.searchsorted(pos, [start, start + size])
+            if lo == hi:
+                continue
+            entries = np.unique((pos[lo:hi] - start) // width)
+            first = start + entries * width  # every byte of a changed entry, from its changed word
+            cells = first[:, None] + np.arange(width)
+            at = np.searchsorted(words, cells // 8)
+            data = nb[at, cells % 8].reshape(-1).astype(np.uint8)
+            out.setdefault(t["name"], {})[plane] = (entries.astype(np.int64), data)
+    return out
+
+
+def encode_handle(handle: bytes) -> str:
+    return base64.b64encode(handle).decode()
+
+
+__all__ = ["ALIGN", "build_manifest", "check_cuda", "diff_packed", "encode_handle", "ipc_handle", "pack_state_dict",
+           "release_ipc_counter"]
