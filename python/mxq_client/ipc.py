@@ -14,7 +14,7 @@ import numpy as np
 
 from .names import map_state_dict
 from .delta import plane_geometry
-from .quantize import PLAIN, QUANTIZED, quantize_planes
+from .quantize import PLAIN, QUANTIZED, quantize_planes, raise_nan_flags
 
 ALIGN = 16  # note: every plane starts on 16 bytes: the server reads planes with 16-byte vector loads
 SOURCE_DTYPES = ("bf16", "f16", "f32")
@@ -159,18 +159,19 @@ def pack_state_dict(state_dict, table, *, quantize_on_trainer: bool = False, fus
     # handle maps this buffer and nothing else of the trainer's memory; filled one tensor at a time, so the
     # only copy of the model beside the trainer's is the buffer itself
     buf = torch.empty(size, dtype=torch.uint8, device=device)
-    planes = {}
+    planes, flags = {}, []
     for t, (name, dtype, _, vb, sb) in zip(tensors, entries):
         values = buf[t["offset"]:t["offset"] + vb]
         scales = buf[t.get("scales_offset", 0):t.get("scales_offset", 0) + sb]
         src = mapped[name]
         if dtype in QUANTIZED:
-            v, s = quantize_planes(dtype, _as_source(torch, src, name), name, fused=fused)
+            v, s = quantize_planes(dtype, _as_source(torch, src, name), name, fused=fused, nan_flags=flags)
             values.copy_(v)
             scales.copy_(s)
         else:
             values.copy_(_plain(torch, src, dtype).reshape(-1).view(torch.uint8))
         planes[name] = (values, scales)
+    raise_nan_flags(flags)  # note: one host read for the whole state dict
     return buf, tensors, planes
 
 

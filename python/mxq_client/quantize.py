@@ -289,13 +289,13 @@ def _refuse_nan_block(name, amax_i32, block_rows, block_cols, rows, cols, batch_
     raise ValueError(msg)
 
 
-def _mx_scale(ops, rule: str, fp4: bool, amax):
+def _mx_scale(ops, rule: str, fp4: bool, amax, q=None):
+    """E8M0 scale codes of the blocks; `q` = fl(max(amax, FLT_MIN) / elem_max), needed by the ceil rule alone."""
     e = amax >> 23
     man = amax & 0x7FFFFF
-    emax, elem_max = (2, 6.0) if fp4 else (8, 448.0)
+    emax = 2 if fp4 else 8
     if rule == "ceil":
-        # note: ceil(log2 q) + 127 from q's bits (never a float log2); q = max(amax, FLT_MIN) / elem_max in f32
-        q = ops.div(ops.maximum(ops.f32(amax), float(_FLT_MIN)), elem_max)
+        # note: ceil(log2 q) + 127 from q's bits (never a float log2)
         b = _e8m0_ceil(ops, ops.i32(q) & _ABS)
     elif rule == "ocp":
         b = ops.where(e == 0, 0, e - emax)
@@ -314,15 +314,21 @@ def _mx_inv_scale(ops, b):
     return ops.f32(ops.where(b == 254, 0x00400000, (254 - b) << 23))
 
 
-def _mx_core(ops, x, fmt, rule):
-    """(values, scales, NaN flag) of an MX tensor, with no host synchronisation: the part `fused` compiles
-    (from the source dtype: the widening to f32 is fused too)."""
+# Each quantizer is three steps: the block amax (a reduction over the source), the divisions on the per-block
+# values, and the element encoding. note: the divisions stay out of the compiled steps: Triton's f32 `/` is
+# an approximate division (Inductor emits div_rn only behind a version-dependent switch), and they touch
+# 1/32 (MX) or 1/16384 (B128) of the elements.
+def _mx_amax(ops, x):
+    xf = _as_f32(ops, x)
+    return ops.amax(ops.i32(xf.reshape(*xf.shape[:-1], xf.shape[-1] // 32, 32)) & _ABS, -1)
+
+
+def _mx_encode(ops, x, amax, q, fmt, rule):
     xf = _as_f32(ops, x)
     cols = xf.shape[-1]
     blocks = xf.reshape(*xf.shape[:-1], cols // 32, 32)
-    amax = ops.amax(ops.i32(blocks) & _ABS, -1)
     fp4 = fmt == "mxfp4"
-    b = _mx_scale(ops, rule, fp4, amax)
+    b = _mx_scale(ops, rule, fp4, amax, q)
     scaled = blocks * _mx_inv_scale(ops, b)[..., None]
     if fp4:
         codes = _e2m1(ops, scaled, blocks)
@@ -337,70 +343,106 @@ def _mx_core(ops, x, fmt, rule):
             zero = (ops.i32(scaled) & _ABS) == 0
             scaled = ops.f32(ops.where(zero, 0, ops.i32(scaled)))
         values = _e4m3(ops, scaled)
-    return ops.flat_u8(ops.u8(values)), ops.flat_u8(ops.u8(b)), amax.max() >= _INF
+    return ops.flat_u8(ops.u8(values)), ops.flat_u8(ops.u8(b))
 
 
-def _quantize_mx(ops, x, fmt, rule, name, batch_shape, core=None):
-    values, scales, bad = (core or _mx_core)(ops, x, fmt, rule)
-    if ops.any(bad):
-        xf = _as_f32(ops, x)
-        blocks = xf.reshape(*xf.shape[:-1], xf.shape[-1] // 32, 32)
-        amax = ops.amax(ops.i32(blocks) & _ABS, -1)
-        _refuse_nan_block(name, amax, 1, 32, xf.shape[-2], xf.shape[-1], batch_shape, ops)
-    return values, scales
+def _quantize_mx(ops, x, fmt, rule, name, batch_shape, steps, nan_flags):
+    amax_step, encode_step = steps
+    amax = amax_step(ops, x)
+    _check_finite(ops, name, amax, 1, 32, x, batch_shape, nan_flags)
+    q = None
+    if rule == "ceil":  # q = max(amax, FLT_MIN) / elem_max in f32
+        q = ops.div(ops.maximum(ops.f32(amax), float(_FLT_MIN)), 6.0 if fmt == "mxfp4" else 448.0)
+    return encode_step(ops, x, amax, q, fmt, rule)
 
 
-def _b128_core(ops, x):
-    """(values, scales, NaN flag) of an FP8-B128 tensor, no host synchronisation (see `_mx_core`)."""
-    xf = _as_f32(ops, x)
+def _b128_blocks(ops, xf):
     rows, cols = xf.shape[-2], xf.shape[-1]
     rb, cb = -(-rows // 128), -(-cols // 128)
     # note: zero padding leaves every block amax as it is; a short final block is legal
-    xp = ops.pad(xf, rb * 128 - rows, cb * 128 - cols)
-    blocks = xp.reshape(*xf.shape[:-2], rb, 128, cb, 128)
+    return ops.pad(xf, rb * 128 - rows, cb * 128 - cols).reshape(*xf.shape[:-2], rb, 128, cb, 128)
+
+
+def _b128_amax(ops, x):
+    xf = _as_f32(ops, x)
     nb = len(xf.shape) - 2
-    amax = ops.amax(ops.i32(blocks) & _ABS, (nb + 1, nb + 3))
+    return ops.amax(ops.i32(_b128_blocks(ops, xf)) & _ABS, (nb + 1, nb + 3))
+
+
+def _b128_encode(ops, x, mul):
+    xf = _as_f32(ops, x)
+    rows, cols = xf.shape[-2], xf.shape[-1]
+    blocks = _b128_blocks(ops, xf)
+    rb, cb = blocks.shape[-4], blocks.shape[-2]
+    mul_b = mul.reshape(*xf.shape[:-2], rb, 1, cb, 1)
+    values = _e4m3(ops, blocks * mul_b).reshape(*xf.shape[:-2], rb * 128, cb * 128)[..., :rows, :cols]
+    return ops.flat_u8(ops.u8(values))
+
+
+def _quantize_b128(ops, x, name, batch_shape, steps, nan_flags):
+    amax_step, encode_step = steps
+    amax = amax_step(ops, x)
+    _check_finite(ops, name, amax, 128, 128, x, batch_shape, nan_flags)
     a = ops.maximum(ops.f32(amax), float(np.float32(_B128_MIN_AMAX)))
     # note: m = fl(fl(1 / amax') * 448) in f32, as the C++ codec (quantize.cpp): the reference's
     # `x * (448.0 / amax)` is torch's `amax.reciprocal() * 448`, one ulp off fl(448 / amax') for some amax
     mul = ops.div(1.0, a) * 448.0
     scale_inv = ops.div(a, 448.0)  # weight_scale_inv, a multiplier despite its name
-    mul_b = mul.reshape(*xf.shape[:-2], rb, 1, cb, 1)
-    values = _e4m3(ops, blocks * mul_b).reshape(*xf.shape[:-2], rb * 128, cb * 128)[..., :rows, :cols]
     # note: the scales plane is the f32 multipliers' little-endian bytes (numpy and CUDA are little-endian)
-    return ops.flat_u8(ops.u8(values)), ops.flat_u8(scale_inv), amax.max() >= _INF
+    return encode_step(ops, x, mul), ops.flat_u8(scale_inv)
 
 
-def _quantize_b128(ops, x, name, batch_shape, core=None):
-    values, scales, bad = (core or _b128_core)(ops, x)
+def _check_finite(ops, name, amax, block_rows, block_cols, x, batch_shape, nan_flags):
+    """Refuses a NaN/Inf block now, or (nan_flags, a list) leaves a device flag there for `raise_nan_flags`:
+    no host synchronisation per tensor."""
+    bad = amax.max() >= _INF
+    if nan_flags is not None and ops.name == "torch":
+        nan_flags.append((name, bad, amax, block_rows, block_cols, tuple(x.shape)))
+        return
     if ops.any(bad):
-        xf = _as_f32(ops, x)
-        rows, cols = xf.shape[-2], xf.shape[-1]
-        rb, cb = -(-rows // 128), -(-cols // 128)
-        blocks = ops.pad(xf, rb * 128 - rows, cb * 128 - cols).reshape(*xf.shape[:-2], rb, 128, cb, 128)
-        nb = len(xf.shape) - 2
-        amax = ops.amax(ops.i32(blocks) & _ABS, (nb + 1, nb + 3))
-        _refuse_nan_block(name, amax, 128, 128, rows, cols, batch_shape, ops)
-    return values, scales
+        _refuse_nan_block(name, amax, block_rows, block_cols, x.shape[-2], x.shape[-1], batch_shape, ops)
 
 
+def raise_nan_flags(nan_flags) -> None:
+    """One host read for every tensor quantized with `nan_flags`; raises for the first with a NaN/Inf block."""
+    if not nan_flags:
+        return
+    torch = _torch()
+    if not bool(torch.stack([f[1] for f in nan_flags]).any()):
+        return
+    for name, bad, amax, br, bc, shape in nan_flags:
+        if bool(bad):
+            _refuse_nan_block(name, amax, br, bc, shape[-2], shape[-1], shape[:-2], _TorchOps(torch))
+
+
+def _torch():
+    import torch  # noqa: PLC0415
+    return torch
+
+
+_EAGER = {"mx": (_mx_amax, _mx_encode), "b128": (_b128_amax, _b128_encode)}
 _COMPILED: dict = {}
 
 
-def _fused(torch, core):
-    """`core` through torch.compile (one kernel or two per shape instead of ~30 eager passes over f32 and int32
-    temporaries). note: divisions are tensor / tensor of equal shape in the traced graph as in eager; the test
-    (tests/e2e/test_client_torch.py) holds the compiled bytes to the eager ones and the goldens."""
-    if core not in _COMPILED:
-        _COMPILED[core] = torch.compile(core, dynamic=False, fullgraph=True)
-    return _COMPILED[core]
+def _steps(kind: str, fused: bool):
+    """The amax and encoding steps, eager or through torch.compile (one kernel each per shape instead of ~30
+    eager passes over f32 and int32 temporaries); tests/e2e/test_client_torch.py holds both to the same bytes."""
+    if not fused:
+        return _EAGER[kind]
+    if kind not in _COMPILED:
+        torch = _torch()
+        _COMPILED[kind] = tuple(torch.compile(f, dynamic=False, fullgraph=True) for f in _EAGER[kind])
+    return _COMPILED[kind]
 
 
-def quantize_planes(fmt: str, x, name: str = "tensor", rule: str | None = None, *, fused: bool = False):
+def quantize_planes(fmt: str, x, name: str = "tensor", rule: str | None = None, *, fused: bool = False,
+                    nan_flags: list | None = None):
     """As `quantize_tensor`, but the planes stay where x is: uint8 torch tensors on x's device for a torch input
     (no copy to the host; the trainer-side diff and the IPC update read them there), numpy for numpy.
-    `fused` (torch inputs): the same algorithm through torch.compile, same bytes, several times faster on a GPU
-    once compiled (the first call per shape compiles, seconds)."""
+    `fused` (torch inputs): the amax and encoding steps through torch.compile, same bytes, several times faster
+    on a GPU (the first call per shape compiles, seconds). `nan_flags` (torch): a list that collects each
+    tensor's NaN/Inf flag on the device instead of a host read per tensor; `raise_nan_flags(nan_flags)` checks
+    them all at once (the planes of a refused tensor are garbage until then)."""
     if fmt not in QUANTIZED:
         raise ValueError(f"{name}: cannot quantize to {fmt} (expected mxfp8, mxfp4 or fp8-b128)")
     rule = rule or DEFAULT_RULE.get(fmt, "ceil")
@@ -415,7 +457,7 @@ def quantize_planes(fmt: str, x, name: str = "tensor", rule: str | None = None, 
         raise ValueError(f"{name}: {fmt} needs cols % 32 == 0 (got cols {shape[-1]})")
     ops = _ops_for(x)
     fused = fused and ops.name == "torch"
-    if fused:  # note: the widening happens inside the compiled kernel
+    if ops.name == "torch":  # note: widened inside the steps (inside the compiled kernels when fused)
         if source_dtype(x) not in PLAIN:
             raise ValueError(f"{name}: dtype {source_dtype(x)} cannot be quantized, expected bf16, f16 or f32")
         xf = x.detach().contiguous()
@@ -425,8 +467,8 @@ def quantize_planes(fmt: str, x, name: str = "tensor", rule: str | None = None, 
         empty = ops.flat_u8(ops.u8(xf.reshape(-1)[:0]))
         return empty, empty
     if fmt == "fp8-b128":
-        return _quantize_b128(ops, xf, name, shape[:-2], _fused(ops.t, _b128_core) if fused else None)
-    return _quantize_mx(ops, xf, fmt, rule, name, shape[:-2], _fused(ops.t, _mx_core) if fused else None)
+        return _quantize_b128(ops, xf, name, shape[:-2], _steps("b128", fused), nan_flags)
+    return _quantize_mx(ops, xf, fmt, rule, name, shape[:-2], _steps("mx", fused), nan_flags)
 
 
 def quantize_tensor(fmt: str, x, name: str = "tensor", rule: str | None = None) -> tuple[np.ndarray, np.ndarray]:
