@@ -90,6 +90,22 @@ def _varint(v: int) -> bytes:
     return bytes(out)
 
 
+def _varints(v: np.ndarray) -> bytes:
+    """The varints of every value of v (non-negative int64), back to back; vectorized: one pass per byte
+    position, not a Python loop per index (a 1% delta of an 8B model has ~70 M indices)."""
+    v = np.asarray(v, np.int64).reshape(-1)
+    if v.size == 0:
+        return b""
+    sizes = _varint_sizes(v)
+    starts = np.cumsum(sizes) - sizes
+    out = np.empty(int(sizes.sum()), np.uint8)
+    for k in range(int(sizes.max())):
+        sel = np.flatnonzero(sizes > k)
+        group = (v[sel] >> (7 * k)) & 0x7F
+        out[starts[sel] + k] = group | np.where(sizes[sel] > k + 1, 0x80, 0)
+    return out.tobytes()
+
+
 def _varint_sizes(v: np.ndarray) -> np.ndarray:
     size = np.ones(v.shape, np.int64)
     for k in range(1, 10):
@@ -131,13 +147,13 @@ def choose_encoding(idx: np.ndarray, entries: int) -> int:
 
 def encode_indices(enc: int, idx: np.ndarray, entries: int) -> bytes:
     if enc == GAPS:
-        return b"".join(_varint(int(v)) for v in np.diff(idx, prepend=0))
+        return _varints(np.diff(idx, prepend=0))
     if enc == BITMAP:
         bits = np.zeros(-(-entries // 8) * 8, np.uint8)
         bits[idx] = 1
         return np.packbits(bits, bitorder="little").tobytes()
     starts, lengths = _runs(idx)
-    return b"".join(_varint(int(s)) + _varint(int(n)) for s, n in zip(_run_skips(starts, lengths), lengths))
+    return _varints(np.stack([_run_skips(starts, lengths), lengths], 1))  # note: skip, length, skip, ...
 
 
 def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
