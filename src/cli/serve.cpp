@@ -28,6 +28,7 @@
 #if MXQ_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "cuda/tensor_update.h"
 #include "engine/cuda_runner.h"
 #include "model/qwen3_cuda.h"
 #endif
@@ -207,6 +208,10 @@ int run_serve(ServeOptions o) {
   // note: weight updates (docs/serve.md "Weight updates") write model->store in place, on the engine thread;
   // a checkpoint update is quantized with the startup LoadOptions' rule.
   server::WeightUpdater weights(model->store, load, o.server.max_update_bytes);
+#if MXQ_HAVE_CUDA
+  // note: a colocated trainer's CUDA IPC buffer (/update_weights_from_tensor) is read by the CUDA engine only.
+  if (on_cuda) weights.set_device_update(cuda::apply_ipc_manifest);
+#endif
   server::HttpServer http(o.server, served, loop, metrics, &weights);
   auto port = http.bind();
   if (!port) return bad(port.error().message);

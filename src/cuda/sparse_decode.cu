@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
 
+#include "cuda/new_byte_policy.cuh"
 #include "cuda/refit_plane.cuh"
 #include "cuda/sparse_decode_launch.h"
 
@@ -140,34 +141,6 @@ __global__ void __launch_bounds__(kScanThreads)
       if (threadIdx.x == 0) carry += tile_total;
       __syncthreads();
     }
-  }
-}
-
-__device__ __forceinline__ uint32_t load_le(const uint8_t* p, int bytes) {
-  uint32_t w = 0;
-  for (int b = 0; b < bytes; ++b) w |= uint32_t{p[b]} << (8 * b);
-  return w;
-}
-
-// The W-05 policy of model/weight_memory.h NewBytePolicy, in its order.
-__device__ __forceinline__ bool refused_entry(uint8_t policy, const uint8_t* e) {
-  switch (policy) {
-    case 1:  // E4M3
-      return (e[0] & 0x7F) == 0x7F;
-    case 2:  // E8M0
-      return e[0] == 0xFF;
-    case 3: {  // f32 scale: finite and > 0
-      const float f = __uint_as_float(load_le(e, 4));
-      return !(f > 0.0f && f <= 3.402823466e38f);
-    }
-    case 4:  // bf16: exponent all ones is NaN or Inf
-      return (load_le(e, 2) >> 7 & 0xFF) == 0xFF;
-    case 5:  // f16
-      return (load_le(e, 2) >> 10 & 0x1F) == 0x1F;
-    case 6:  // f32
-      return (load_le(e, 4) >> 23 & 0xFF) == 0xFF;
-    default:
-      return false;
   }
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/check_planes_launch.h"
 #include "cuda/device_ranges.h"
 #include "cuda/kept_sums.h"
 #include "cuda/plane_tables.h"
@@ -75,6 +76,7 @@ class CudaWeightMemory final : public WeightMemory {
 
   cudaStream_t stream() const { return stream_; }
   void set_reread(bool r) { reread_ = r, last_write_.reset(); }
+  bool reread() const { return reread_; }
   void set_staged(bool on) { staged_ = on, last_write_.reset(); }
   void set_warp(bool on) { warp_ = on, last_write_.reset(); }
   void set_incremental(bool on) {
@@ -287,6 +289,60 @@ class CudaWeightMemory final : public WeightMemory {
     MXQ_CUDA_CHECK(
         launch_sparse_scatter_batch(table->jobs, table->first_entry, n, table->entries, pos, stream_));
     return {};
+  }
+
+  Result<std::optional<SparseRefusal>> check_planes(std::span<const PlaneCheckJob> jobs) override {
+    std::vector<PlaneCheckDevice> dev;
+    std::vector<size_t> job_index;
+    uint64_t chunks = 0;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (jobs[j].policy == NewBytePolicy::kNone || jobs[j].bytes.empty()) continue;
+      if (!is_device(jobs[j].bytes.data()))
+        return fail("check_planes: job {} is not in device memory", j);
+      dev.push_back({jobs[j].bytes.data(), jobs[j].bytes.size(), chunks, static_cast<uint8_t>(jobs[j].policy)});
+      job_index.push_back(j);
+      chunks += (jobs[j].bytes.size() + 15) / 16;
+    }
+    if (dev.empty()) return std::optional<SparseRefusal>{};
+    const size_t table_bytes = dev.size() * sizeof(PlaneCheckDevice);
+    auto st = stage(table_bytes);
+    if (!st) return tl::unexpected(st.error());
+    MXQ_CUDA_CHECK(cudaMemcpyAsync(*st, dev.data(), table_bytes, cudaMemcpyHostToDevice, stream_));
+    auto* error = decode_error_.as<unsigned long long>();
+    MXQ_CUDA_CHECK(launch_check_planes(reinterpret_cast<const PlaneCheckDevice*>(*st),
+                                       static_cast<int>(dev.size()), chunks, error, stream_));
+    unsigned long long key = 0;
+    MXQ_CUDA_CHECK(cudaMemcpyAsync(&key, error, sizeof key, cudaMemcpyDeviceToHost, stream_));
+    MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (key == ~0ull) return std::optional<SparseRefusal>{};
+    MXQ_CUDA_CHECK(cudaMemsetAsync(error, 0xFF, sizeof key, stream_));
+    MXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const uint64_t mask = (uint64_t{1} << kCheckPositionBits) - 1;
+    return std::optional<SparseRefusal>{SparseRefusal{job_index[static_cast<size_t>(key >> kCheckPositionBits)],
+                                                      static_cast<int64_t>(key & mask)}};
+  }
+
+  // XXH3-64 of canonical planes in device memory this memory did not allocate (cuda::canonical_checksums).
+  Status canonical_sums(std::span<const CanonicalSumJob> jobs) {
+    std::vector<ChecksumJobDevice> dev;
+    uint64_t blocks = 0;
+    for (const CanonicalSumJob& j : jobs) {
+      for (auto span : {j.values, j.scales})
+        if (!span.empty() && !is_device(span.data()))
+          return fail("canonical_checksums: a plane at {} is not device memory", fmt::ptr(span.data()));
+      ChecksumJobDevice d;
+      d.values.native = const_cast<uint8_t*>(j.values.data());
+      d.values.rows = 1, d.values.row_bytes = static_cast<int64_t>(j.values.size()), d.values.run = 16;
+      d.scales.native = const_cast<uint8_t*>(j.scales.data());
+      d.scales.rows = 1, d.scales.row_bytes = static_cast<int64_t>(j.scales.size()), d.scales.run = 16;
+      d.len = j.values.size() + j.scales.size();
+      d.first_block = blocks;
+      blocks += xxh3_job_blocks(d.len);
+      dev.push_back(d);
+    }
+    std::vector<uint64_t*> outs;
+    for (const CanonicalSumJob& j : jobs) outs.push_back(j.out);
+    return run_two_pass(dev, blocks, outs);
   }
 
   bool host_pinned(std::span<const uint8_t> bytes) const override {
@@ -507,6 +563,14 @@ class CudaWeightMemory final : public WeightMemory {
       blocks += xxh3_job_blocks(d.len);
       dev.push_back(d);
     }
+    std::vector<uint64_t*> outs;
+    for (const ChecksumJob& j : jobs) outs.push_back(j.out);
+    return run_two_pass(dev, blocks, outs);
+  }
+
+  // The two-kernel hash of jobs already described for the device (block sums, then the finish).
+  Status run_two_pass(const std::vector<ChecksumJobDevice>& dev, uint64_t blocks, std::span<uint64_t* const> outs) {
+    if (dev.empty()) return sync();
     const size_t job_bytes = dev.size() * sizeof(ChecksumJobDevice), out_bytes = dev.size() * 8;
     const size_t sum_bytes = static_cast<size_t>(blocks) * 64;
     auto st = stage(sum_bytes + job_bytes + out_bytes + 32);
@@ -520,7 +584,7 @@ class CudaWeightMemory final : public WeightMemory {
     std::vector<uint64_t> out(dev.size());
     MXQ_CUDA_CHECK(cudaMemcpyAsync(out.data(), d_out, out_bytes, cudaMemcpyDeviceToHost, stream_));
     if (auto s = sync(); !s) return s;
-    for (size_t k = 0; k < jobs.size(); ++k) *jobs[k].out = out[k];
+    for (size_t k = 0; k < outs.size(); ++k) *outs[k] = out[k];
     return {};
   }
 
@@ -757,8 +821,19 @@ cudaStream_t weight_memory_stream(const WeightMemory& memory) {
   return m ? m->stream() : nullptr;
 }
 
+Status canonical_checksums(WeightMemory& memory, std::span<const CanonicalSumJob> jobs) {
+  auto* m = dynamic_cast<CudaWeightMemory*>(&memory);
+  if (!m) return fail("canonical_checksums: {} memory is not a CUDA weight memory", memory.name());
+  return m->canonical_sums(jobs);
+}
+
 void set_checksum_from_live(WeightMemory& memory, bool reread) {
   if (auto* m = dynamic_cast<CudaWeightMemory*>(&memory)) m->set_reread(reread);
+}
+
+bool checksum_from_live(const WeightMemory& memory) {
+  const auto* m = dynamic_cast<const CudaWeightMemory*>(&memory);
+  return m && m->reread();
 }
 
 void set_incremental_checksums(WeightMemory& memory, bool on) {

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "model/weight_memory.h"
 
@@ -58,8 +59,16 @@ Result<std::unique_ptr<WeightMemory>> cuda_weight_memory(const CudaMemoryOptions
 
 // The stream a CUDA weight memory runs on (null for any other memory).
 cudaStream_t weight_memory_stream(const WeightMemory& memory);
+// XXH3-64 (docs/refit-format.md) of canonical planes in device memory that `memory` (a CUDA weight memory)
+// need not have allocated, e.g. a trainer's buffer or scratch: the checksum a tensor with these planes has.
+struct CanonicalSumJob {
+  std::span<const uint8_t> values, scales;
+  uint64_t* out = nullptr;  // host memory
+};
+Status canonical_checksums(WeightMemory& memory, std::span<const CanonicalSumJob> jobs);
 // CudaMemoryOptions::checksum_from_live of a live CUDA weight memory (no effect on any other memory).
 void set_checksum_from_live(WeightMemory& memory, bool reread);
+bool checksum_from_live(const WeightMemory& memory);
 // CudaMemoryOptions::incremental_checksums of a live CUDA weight memory (off frees the kept sums).
 void set_incremental_checksums(WeightMemory& memory, bool on);
 // CudaMemoryOptions::staged_full_write of a live CUDA weight memory (no effect on any other memory).

@@ -57,6 +57,16 @@ enum class NewBytePolicy : uint8_t {
   kF32,
 };
 
+// Whether one entry's bytes break `policy` (host; the CUDA kernels' twin, src/cuda/new_byte_policy.cuh).
+bool new_entry_refused(NewBytePolicy policy, const uint8_t* entry);
+
+// A whole new plane (an anchor written from this memory's spans) for check_planes.
+struct PlaneCheckJob {
+  std::span<const uint8_t> bytes;
+  int entry_bytes = 1;
+  NewBytePolicy policy = NewBytePolicy::kNone;
+};
+
 // One sparse plane of a refit delta with its index set still in the wire encoding (refit's device path,
 // docs/refit-format.md "Device path"). `index` and `bytes` are this memory's spans (uploaded); `undo` is
 // scratch of bytes.size(). `encoding` is the wire code: 0 gaps (LEB128 varints), 1 bitmap; 2 runs, given
@@ -133,6 +143,9 @@ class WeightMemory {
   // Step 2, after a decode that refused nothing: every job's entries written through its layout, the old
   // bytes saved to its undo first (and kept checksum sums updated), all jobs in one pass. Asynchronous.
   virtual Status scatter_sparse(std::span<const SparsePlaneJob> jobs, std::span<const uint8_t> positions);
+  // Every job's entries against its policy, writing nothing: the first refused (job, entry) in job order, or
+  // nullopt. The default reads the bytes on the host (the CUDA memory checks device spans on the device).
+  virtual Result<std::optional<SparseRefusal>> check_planes(std::span<const PlaneCheckJob> jobs);
   // Whether `bytes` lies in page-locked host memory this memory can upload from without staging.
   virtual bool host_pinned(std::span<const uint8_t> bytes) const;
   // Every job's checksum, in one batch (the CUDA memory hashes all tensors at once).

@@ -11,6 +11,7 @@
 #include <iterator>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -110,6 +111,7 @@ class Applier {
     if constexpr (!kDecoded) {
       if (auto s = validate_delta_view(delta_, tensor_table(store_), live_version); !s) return s;
       if (options_.timings) *options_.timings = {ms_since(t0), 0, 0, 0};
+      if (delta_.resident) return run_resident(live_version);
       return run_encoded_on_device(live_version);
     } else {
       if (auto s = validate_delta(delta_, tensor_table(store_), live_version); !s) return s;
@@ -477,6 +479,76 @@ class Applier {
     return verify_on_device(live_version, sparse);
   }
 
+  // Anchors whose planes already sit in the store's memory (DeltaView::resident; src/cuda/tensor_update.h):
+  // their new bytes are checked where they are (check_planes: the device for a CUDA store), the old planes go
+  // to the undo log, then one batched write and the checksums, as on the device path.
+  Status run_resident(uint64_t& live_version) {
+    if constexpr (!kDecoded) {
+      if (delta_.tensors.empty()) {
+        live_version = delta_.new_version;
+        return {};
+      }
+      WeightMemory& mem = store_.memory();
+      std::vector<PlaneCheckJob> checks;
+      std::vector<std::pair<size_t, Plane>> check_of;
+      for (size_t k = 0; k < delta_.tensors.size(); ++k) {
+        const auto& t = delta_.tensors[k];
+        if (!t.anchor) return fail("{}: a resident delta carries anchors only", t.name);
+        auto g = tensor_geometry(t.format, t.shape, t.name);
+        if (!g) return tl::unexpected(g.error());
+        for (Plane p : {Plane::kValues, Plane::kScales}) {
+          const PlaneView& v = p == Plane::kValues ? t.values : t.scales;
+          const int i = p == Plane::kValues ? 0 : 1;
+          if (static_cast<int64_t>(v.bytes.size()) != (*g)[static_cast<size_t>(i)].bytes)
+            return fail("{}: anchor {} plane of {} bytes, expected {} (W-08)", t.name,
+                        i == 0 ? "values" : "scales", v.bytes.size(), (*g)[static_cast<size_t>(i)].bytes);
+          if (v.bytes.empty()) continue;
+          checks.push_back({v.bytes, entry_bytes(t.format, p), policy_of(t.format, p)});
+          check_of.emplace_back(k, p);
+        }
+      }
+      auto refused = mem.check_planes(checks);
+      if (!refused) return tl::unexpected(refused.error());
+      if (*refused) {
+        const auto [k, p] = check_of[(*refused)->job];
+        return fail("{} {}: entry {} is not a valid new value for {} (W-05); nothing written",
+                    delta_.tensors[k].name, p == Plane::kValues ? "values" : "scales", (*refused)->position,
+                    traits(delta_.tensors[k].format).name);
+      }
+      std::optional<Scratch> log_guard;
+      if (store_.on_device()) {
+        auto undo_scratch = allocate_device_log(mem);
+        if (!undo_scratch) return tl::unexpected(undo_scratch.error());
+        log_guard.emplace(mem, *undo_scratch);
+      } else {
+        const size_t log_bytes = offsets_.back();
+        log_ = options_.allocate_undo ? options_.allocate_undo(log_bytes)
+                                      : std::unique_ptr<uint8_t[]>(new (std::nothrow) uint8_t[log_bytes]);
+        if (!log_ && log_bytes > 0)
+          return fail("delta {} -> {}: undo log of {} bytes could not be allocated; nothing written (W-26)",
+                      from(), to(), log_bytes);
+      }
+      if (auto s = hook({ApplyStage::kValidated, 0, {}}); !s) return s;  // nothing written yet
+      const auto t_write = Clock::now();
+      for (const auto& t : delta_.tensors) old_checksums_.push_back(store_.at(t.name).checksum);
+      const size_t last = delta_.tensors.size() - 1;
+      std::vector<TensorWrite> anchors;
+      for (size_t k = 0; k < delta_.tensors.size(); ++k) {
+        const auto& t = delta_.tensors[k];
+        if (auto s = log_anchor(k); !s) return roll_back(k, last, s.error().message);
+        steps_.push_back({k, true, Plane::kValues, offsets_[k], {}});
+        anchors.push_back({t.name, t.values.bytes, t.scales.bytes});
+      }
+      if (auto s = store_.apply_tensors(anchors); !s) return roll_back(0, last, s.error().message);
+      if (options_.timings) {
+        if (auto s = store_.sync(); !s) return roll_back(0, last, s.error().message);
+        options_.timings->write = ms_since(t_write);
+      }
+      return verify_on_device(live_version, {});
+    }
+    return fail("a resident delta is a DeltaView");
+  }
+
   // Every touched tensor's checksum in one device batch, then the comparisons and hooks in record order.
   Status verify_on_device(uint64_t& live_version, std::span<const std::string_view> sparse) {
     const size_t last = delta_.tensors.size() - 1;
@@ -667,6 +739,7 @@ Status apply_delta(WeightStore& store, uint64_t& live_version, const Delta& delt
 // every index set, then applies as above).
 Status apply_delta(WeightStore& store, uint64_t& live_version, const DeltaView& delta,
                    const ApplyOptions& options) {
+  if (delta.resident) return Applier<DeltaView>(store, delta, options).run(live_version);
   bool encoded = store.on_device();
   for (const TensorView& t : delta.tensors)
     for (int p = 0; p < 2 && encoded; ++p) encoded = plane_entries(t, p) <= INT32_MAX;

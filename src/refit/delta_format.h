@@ -111,6 +111,10 @@ struct DeltaView {
   uint64_t new_version = 0;
   std::vector<TensorView> tensors;
   std::span<const uint8_t> body;
+  // Every record an anchor whose planes already sit in the store's memory (a full update from a device
+  // buffer, src/cuda/tensor_update.h): apply_delta writes them from there, nothing is uploaded; `body` is
+  // unused.
+  bool resident = false;
 };
 Result<DeltaView> parse_delta_view(std::span<const uint8_t> body);
 // One record decoded (its index sets through decode_indices) / the whole view: what decode_delta_body reads.

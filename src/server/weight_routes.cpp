@@ -1,11 +1,15 @@
 // SGLang's weight-update routes (and vLLM's /reset_prefix_cache) on `mxq serve`: /update_weights_from_delta,
-// /update_weights_from_disk, /get_weight_version, /update_weight_version, /weights_checker,
+// /update_weights_from_disk, /update_weights_from_tensor, /get_weight_version, /update_weight_version, /weights_checker,
 // /pause_generation, /continue_generation, /flush_cache, /reset_prefix_cache and /get_model_info
 // (docs/serve.md "Weight updates"). Handlers parse and validate; every read or write of the weights, the
 // version and the prefix cache is a task on the engine thread (EngineLoop::run_task), so updates run one at a
 // time between two steps (W-15) and requests in flight keep running across them.
-// note: /update_weights_from_tensor (CUDA IPC handles) is not served: it answers 404.
+// /update_weights_from_tensor takes mxq's own manifest of a CUDA IPC buffer (not SGLang's pickled torch
+// objects, W-25); its device half is the CUDA build's (cuda/tensor_update.h), a CPU engine refuses it by name.
 #include <spdlog/spdlog.h>
+
+#include <charconv>
+#include <span>
 
 #include "server/routes.h"
 #include "server/weight_update.h"
@@ -159,6 +163,123 @@ void update_from_disk(const httplib::Request& req, const std::string& raw, httpl
              [&](uint64_t& live) { return ctx.weights->apply_checkpoint(**path, *target, live); });
 }
 
+// Standard base64 (RFC 4648, '=' padding) of exactly out.size() bytes; false on any other text.
+bool decode_base64(std::string_view text, std::span<uint8_t> out) {
+  auto sextet = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+  };
+  if (text.size() != (out.size() + 2) / 3 * 4) return false;
+  size_t n = 0;
+  for (size_t i = 0; i < text.size(); i += 4) {
+    uint32_t word = 0;
+    int pad = 0;
+    for (size_t k = 0; k < 4; ++k) {
+      const char c = text[i + k];
+      // note: '=' only at the very end (at most two), as the encoder writes it.
+      if (c == '=' && i + 4 == text.size() && k >= 2 && (k == 3 || text[i + 3] == '=')) {
+        ++pad, word <<= 6;
+        continue;
+      }
+      const int v = pad ? -1 : sextet(c);
+      if (v < 0) return false;
+      word = word << 6 | static_cast<uint32_t>(v);
+    }
+    for (int b = 0; b < 3 - pad; ++b) {
+      if (n == out.size()) return false;
+      out[n++] = static_cast<uint8_t>(word >> (16 - 8 * b));
+    }
+  }
+  return n == out.size();
+}
+
+// One entry of the manifest's "tensors" array (refit/tensor_manifest.h).
+ApiResult<refit::ManifestTensor> manifest_tensor(const json& item, size_t i) {
+  const std::string where = fmt::format("tensors[{}].", i);
+  if (!item.is_object()) return tl::unexpected(bad_request("tensors", where + " expected an object"));
+  Fields f(item, where);
+  constexpr int64_t kMaxOffset = int64_t{1} << 50;
+  auto name = f.string("name", 4096);
+  auto dtype = f.string("dtype", 64);
+  auto offset = f.integer("offset", 0, kMaxOffset);
+  auto scales_offset = f.integer("scales_offset", 0, kMaxOffset);
+  auto checksum = f.string("checksum", 64);
+  const json* shape = f.raw("shape");
+  if (!name) return tl::unexpected(name.error());
+  if (!dtype) return tl::unexpected(dtype.error());
+  if (!offset) return tl::unexpected(offset.error());
+  if (!scales_offset) return tl::unexpected(scales_offset.error());
+  if (!checksum) return tl::unexpected(checksum.error());
+  if (auto e = f.unknown()) return tl::unexpected(*e);
+  for (auto [field, present] : {std::pair{"name", name->has_value()}, {"dtype", dtype->has_value()},
+                                {"offset", offset->has_value()}, {"shape", shape != nullptr}})
+    if (!present) return tl::unexpected(bad_request(f.name(field), f.name(field) + ": required"));
+  refit::ManifestTensor t;
+  t.name = **name;
+  auto d = refit::parse_manifest_dtype(**dtype);
+  if (!d) return tl::unexpected(bad_request(f.name("dtype"), f.name("") + d.error().message));
+  t.dtype = *d;
+  if (!shape->is_array() || shape->size() > 8)
+    return tl::unexpected(bad_request(f.name("shape"), f.name("shape") + ": expected an array of at most 8 sizes"));
+  for (const json& dim : *shape) {
+    if (!dim.is_number_integer() || dim.get<int64_t>() < 0)
+      return tl::unexpected(bad_request(f.name("shape"), f.name("shape") + ": expected non-negative integers"));
+    t.shape.push_back(dim.get<int64_t>());
+  }
+  t.offset = static_cast<uint64_t>(**offset);
+  t.scales_offset = static_cast<uint64_t>(scales_offset->value_or(0));
+  if (*checksum) {
+    uint64_t v = 0;
+    const std::string& hex = **checksum;
+    auto [ptr, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), v, 16);
+    if (hex.size() != 16 || ec != std::errc() || ptr != hex.data() + hex.size())
+      return tl::unexpected(bad_request(f.name("checksum"), f.name("checksum") + ": expected 16 hex digits"));
+    t.checksum = v;
+  }
+  return t;
+}
+
+void update_from_tensor(const httplib::Request& req, const std::string& raw, httplib::Response& res,
+                        RouteContext& ctx) {
+  const std::string version = ctx.loop->weight_version();
+  auto body = json_body(req, raw);
+  if (!body) return send_refusal(res, body.error(), version);
+  Fields f(*body);
+  auto handle = f.string("ipc_handle", 128);
+  auto ipc_offset = f.integer("ipc_offset", 0, int64_t{1} << 50);
+  auto size = f.integer("size", 1, int64_t{1} << 50);
+  auto target = version_field(f, "weight_version");
+  auto flush_cache = f.boolean("flush_cache");
+  auto abort_all = f.boolean("abort_all_requests");
+  const json* tensors = f.raw("tensors");
+  for (const auto* r : {&flush_cache, &abort_all})
+    if (!*r) return send_refusal(res, r->error(), version);
+  if (!handle) return send_refusal(res, handle.error(), version);
+  if (!ipc_offset) return send_refusal(res, ipc_offset.error(), version);
+  if (!size) return send_refusal(res, size.error(), version);
+  if (!target) return send_refusal(res, target.error(), version);
+  if (auto e = f.unknown()) return send_refusal(res, *e, version);
+  refit::TensorManifest m;
+  if (!*handle || !decode_base64(**handle, m.ipc_handle))
+    return send_refusal(
+        res, bad_request("ipc_handle", "ipc_handle: expected the base64 of a 64-byte cudaIpcMemHandle_t"), version);
+  if (!*size) return send_refusal(res, bad_request("size", "size: required (bytes of the buffer)"), version);
+  if (!tensors || !tensors->is_array() || tensors->empty())
+    return send_refusal(res, bad_request("tensors", "tensors: required, a non-empty array"), version);
+  m.ipc_offset = static_cast<uint64_t>(ipc_offset->value_or(0));
+  m.size = static_cast<uint64_t>(**size);
+  for (size_t i = 0; i < tensors->size(); ++i) {
+    auto t = manifest_tensor((*tensors)[i], i);
+    if (!t) return send_refusal(res, t.error(), version);
+    m.tensors.push_back(std::move(*t));
+  }
+  // note: flush_cache is accepted; the prefix cache is dropped after every successful update (W-19).
+  run_update(res, ctx, abort_all->value_or(false),
+             [&](uint64_t& live) { return ctx.weights->apply_tensor_manifest(m, *target, live); });
+}
+
 void update_version(const httplib::Request& req, const std::string& raw, httplib::Response& res,
                     RouteContext& ctx) {
   const std::string version = ctx.loop->weight_version();
@@ -295,6 +416,7 @@ void add_weight_routes(httplib::Server& server, RouteContext& ctx) {
       };
   add_post(server, "/update_weights_from_delta", ctx.options.max_update_bytes, route(update_from_delta));
   add_post(server, "/update_weights_from_disk", max, route(update_from_disk));
+  add_post(server, "/update_weights_from_tensor", max, route(update_from_tensor));
   add_post(server, "/update_weight_version", max, route(update_version));
   add_post(server, "/weights_checker", max, route(weights_checker));
   add_post(server, "/pause_generation", max, route(pause));

@@ -140,6 +140,25 @@ UpdateOutcome WeightUpdater::apply_checkpoint(const std::string& dir, std::optio
   return finish(std::move(s), version, bytes, since(start));
 }
 
+UpdateOutcome WeightUpdater::apply_tensor_manifest(const refit::TensorManifest& m,
+                                                   std::optional<uint64_t> new_version, uint64_t& version) {
+  const auto start = SteadyClock::now();
+  if (!device_update_)
+    return finish(fail("update_weights_from_tensor: this engine runs on the {} (a CUDA IPC buffer is device "
+                       "memory: serve --device cuda)",
+                       store_->memory().name() == "host" ? "CPU" : store_->memory().name()),
+                  version, 0, since(start));
+  const uint64_t target = new_version.value_or(version + 1);
+  if (target <= version)
+    return finish(fail("weight_version {}: must exceed the live version {} (W-12)", target, version), version,
+                  0, since(start));
+  uint64_t bytes = 0;
+  for (const auto& [name, t] : store_->tensors())
+    if (auto planes = plane_bytes(t.format, t.shape, name)) bytes += static_cast<uint64_t>(planes->values + planes->scales);
+  Status s = device_update_(*store_, version, target, m);
+  return finish(std::move(s), version, bytes, since(start));
+}
+
 std::map<std::string, uint64_t> WeightUpdater::checksums() const {
   std::map<std::string, uint64_t> out;
   for (const auto& [name, t] : store_->tensors()) out.emplace(name, t.checksum);

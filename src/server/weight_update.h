@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -14,6 +15,7 @@
 #include "model/load_model.h"
 #include "model/weight_store.h"
 #include "refit/delta_format.h"
+#include "refit/tensor_manifest.h"
 
 namespace mxq::server {
 
@@ -27,6 +29,11 @@ struct UpdateOutcome {
   uint64_t applied_bytes = 0;  // new value and scale bytes written
   double seconds = 0;          // wall time of the update on the engine thread
 };
+
+// The device half of /update_weights_from_tensor (the CUDA build's cuda::apply_ipc_manifest): opens the
+// manifest's buffer and applies it to the store from `version` to `new_version`.
+using DeviceBufferUpdate =
+    std::function<Status(WeightStore& store, uint64_t& version, uint64_t new_version, const refit::TensorManifest&)>;
 
 class WeightUpdater {
  public:
@@ -46,6 +53,12 @@ class WeightUpdater {
   // `version` to `new_version` (default version + 1).
   UpdateOutcome apply_checkpoint(const std::string& dir, std::optional<uint64_t> new_version,
                                  uint64_t& version);
+  // Engine thread only. A full update from a CUDA buffer (refit/tensor_manifest.h), through the device half
+  // set by set_device_update; refused by name without one (a CPU engine). From `version` to `new_version`
+  // (default version + 1).
+  UpdateOutcome apply_tensor_manifest(const refit::TensorManifest& m, std::optional<uint64_t> new_version,
+                                      uint64_t& version);
+  void set_device_update(DeviceBufferUpdate update) { device_update_ = std::move(update); }
   // Engine thread only: every live tensor's canonical checksum.
   std::map<std::string, uint64_t> checksums() const;
 
@@ -56,6 +69,7 @@ class WeightUpdater {
   LoadOptions load_;
   size_t max_update_bytes_;
   refit::TensorTable table_;
+  DeviceBufferUpdate device_update_;
 };
 
 // The delta file at `path` (absolute), read whole; refused by name when it is not a regular file or is larger

@@ -4,6 +4,7 @@ SGLang's /update_weights_from_delta, /update_weights_from_disk, /get_weight_vers
 HTTP against the default model served as MXFP8. Deltas are written with the Python client's writer
 (python/mxq_client/delta.py) or by `mxq delta make`; the live canonical planes come from an anchor delta of
 the model against itself. Every test gets its own server (updates change its state)."""
+import base64
 import http.client
 import json
 import os
@@ -610,7 +611,8 @@ def test_W25_api_key_guards_every_weight_route(serve_factory, live):
               ("GET", "/get_weight_version", None), ("POST", "/update_weight_version", {"new_version": "3"}),
               ("POST", "/weights_checker", {"action": "checksum"}), ("POST", "/pause_generation", {}),
               ("POST", "/continue_generation", {}), ("POST", "/flush_cache", {}), ("POST", "/reset_prefix_cache", {}),
-              ("GET", "/get_model_info", None)]
+              ("GET", "/get_model_info", None),
+              ("POST", "/update_weights_from_tensor", {"ipc_handle": "", "size": 1, "tensors": []})]
     for method, path, body in routes:
         status, _, out = s.request(method, path, body, auth=False)
         assert status == 401, (path, status, out)
@@ -619,7 +621,30 @@ def test_W25_api_key_guards_every_weight_route(serve_factory, live):
     assert status == 200 and j["weight_version"] == "1"
 
 
-def test_update_weights_from_tensor_is_not_served(serve_factory):
+def test_W25_update_from_tensor_takes_mxqs_manifest_and_a_cpu_engine_refuses_it_by_name(serve_factory, live):
     s = start(serve_factory)
-    status, _, _ = s.post("/update_weights_from_tensor", {"serialized_named_tensors": []})
-    assert status == 404
+    # SGLang's pickled torch objects are not read (W-25): the field is unknown
+    status, _, out = s.post("/update_weights_from_tensor", {"serialized_named_tensors": []})
+    assert status == 400 and "serialized_named_tensors" in json.loads(out)["message"], out
+    handle = base64.b64encode(bytes(range(64))).decode()
+    tensors, at = [], 0
+    for name, t in live.items():
+        tensors.append({"name": name, "dtype": t.format, "shape": list(t.shape), "offset": at})
+        at += (len(t.values.data) + 15) // 16 * 16
+        if t.scales.data:
+            tensors[-1]["scales_offset"] = at
+            at += (len(t.scales.data) + 15) // 16 * 16
+    good = {"ipc_handle": handle, "size": at, "tensors": tensors}
+    for body, field in [({**good, "ipc_handle": "AAAA"}, "ipc_handle"), ({**good, "size": 0}, "size"),
+                        ({**good, "tensors": []}, "tensors"),
+                        ({**good, "tensors": [{**tensors[0], "dtype": "e4m3"}] + tensors[1:]}, "tensors[0].dtype"),
+                        ({**good, "tensors": [{**tensors[0], "checksum": "xyz"}] + tensors[1:]}, "tensors[0].checksum"),
+                        ({**good, "weight_version": "v2"}, "weight_version")]:
+        status, _, out = s.post("/update_weights_from_tensor", body)
+        assert status == 400, (field, out)
+        j = json.loads(out)
+        assert j["success"] is False and field in j["message"], (field, j)
+    status, _, out = s.post("/update_weights_from_tensor", good)
+    j = json.loads(out)
+    assert status == 400 and "serve --device cuda" in j["message"], j
+    assert version(s) == "0"

@@ -608,6 +608,86 @@ TEST_P(CheckpointStep, BasePlusDeltaEqualsLoadingTheTarget) {
   EXPECT_NE(again.error().message.find(files[0]), std::string::npos) << again.error().message;
 }
 
+// ---- resident anchors (a full update from a buffer already in the store's memory: DeltaView::resident)
+// A view of `d`'s anchors whose planes point at `d`'s bytes (host memory for a host store).
+DeltaView resident_view(const Delta& d) {
+  DeltaView v{d.base_version, d.new_version, {}, {}, true};
+  for (const TensorDelta& t : d.tensors)
+    v.tensors.push_back({t.name, t.format, t.shape, true, t.checksum, {0, 0, {}, t.values.bytes},
+                         {0, 0, {}, t.scales.bytes}});
+  return v;
+}
+
+TEST(ApplyResident, LandsThePlanesOrRestoresEveryByte) {
+  for (bool layout : {false, true}) {
+    SCOPED_TRACE(layout ? "transposed layout" : "identity");
+    const ModelPlanes a = random_model(21), b = step(a, 0.3, 22);
+    const Delta d = make_delta(a, b, 2, 3, /*anchors=*/true);
+    WeightStore store = make_store(a, layout);
+    uint64_t version = 2;
+    ASSERT_TRUE(apply_delta(store, version, resident_view(d)));
+    EXPECT_EQ(version, 3u);
+    EXPECT_TRUE(canonical(store) == b);
+    expect_checksums(store, b);
+    // a wrong expected checksum on the last record: found after the write, every byte restored (W-06)
+    WeightStore again = make_store(a, layout);
+    const ModelPlanes before = native(again);
+    DeltaView wrong = resident_view(d);
+    wrong.tensors.back().checksum ^= 1;
+    version = 2;
+    const Status s = apply_delta(again, version, wrong);
+    ASSERT_FALSE(s);
+    EXPECT_NE(s.error().message.find("W-06"), std::string::npos) << s.error().message;
+    EXPECT_NE(s.error().message.find("every written byte restored"), std::string::npos) << s.error().message;
+    EXPECT_EQ(version, 2u);
+    EXPECT_TRUE(native(again) == before);
+  }
+}
+
+// covers W-05, W-07, W-10
+TEST(ApplyResident, RefusesBadBytesAndCoverageAndSurvivesAFaultAtEveryStage) {
+  const ModelPlanes a = random_model(23), b = step(a, 0.2, 24);
+  Delta d = make_delta(a, b, 0, 1, true);
+  d.tensors[1].values.bytes[5] = 0xFF;  // an E4M3 NaN in the mxfp8 anchor
+  WeightStore store = make_store(a, true);
+  const ModelPlanes before = native(store);
+  uint64_t version = 0;
+  int hooks = 0;
+  ApplyOptions count;
+  count.fault = [&](const StagePoint&) { return ++hooks, Status{}; };
+  Status s = apply_delta(store, version, resident_view(d), count);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find(d.tensors[1].name + " values: entry 5"), std::string::npos) << s.error().message;
+  EXPECT_NE(s.error().message.find("W-05"), std::string::npos) << s.error().message;
+  EXPECT_EQ(hooks, 0);
+  EXPECT_TRUE(native(store) == before);
+  d = make_delta(a, b, 0, 1, true);
+  Delta short_d = d;
+  short_d.tensors.pop_back();
+  s = apply_delta(store, version, resident_view(short_d));
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find("W-07"), std::string::npos) << s.error().message;
+  EXPECT_TRUE(native(store) == before);
+  // a fault at each stage after validation (validated, then written / verified per record)
+  for (size_t k = 0; k < 1 + 2 * kSpecs.size(); ++k) {
+    SCOPED_TRACE(fmt::format("fault at stage {}", k));
+    WeightStore live = make_store(a, true);
+    size_t calls = 0;
+    ApplyOptions opt;
+    opt.fault = [&](const StagePoint& p) -> Status {
+      if (p.stage != ApplyStage::kUndoStep && calls++ == k) return fail("injected fault");
+      return {};
+    };
+    uint64_t v = 0;
+    const Status f = apply_delta(live, v, resident_view(d), opt);
+    ASSERT_FALSE(f);
+    EXPECT_NE(f.error().message.find("injected fault"), std::string::npos) << f.error().message;
+    EXPECT_EQ(v, 0u);
+    EXPECT_TRUE(native(live) == before);
+    expect_checksums(live, a);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Quantizations, CheckpointStep, ::testing::Values("mxfp8", "mxfp4", "fp8-b128"),
                          [](const auto& i) {
                            std::string n = i.param;

@@ -188,6 +188,36 @@ TEST(WeightUpdater, CheckpointOfAnotherModelIsRefusedByName) {
   EXPECT_EQ(version, 0u);
 }
 
+TEST(WeightUpdater, TensorBufferNeedsTheCudaEngineAndAnAdvancingVersion) {
+  OwnModel m;
+  WeightUpdater u(m.loaded.store, {}, size_t{1} << 30);
+  const auto before = sums(u);
+  uint64_t version = 4;
+  refit::TensorManifest manifest;
+  UpdateOutcome o = u.apply_tensor_manifest(manifest, std::nullopt, version);
+  EXPECT_FALSE(o.success);
+  EXPECT_FALSE(o.lost);
+  EXPECT_NE(o.message.find("serve --device cuda"), std::string::npos) << o.message;
+  // with a device half (here one that records its call), the version rule is the updater's
+  int calls = 0;
+  uint64_t to = 0;
+  u.set_device_update([&](WeightStore&, uint64_t& v, uint64_t new_version, const refit::TensorManifest&) {
+    ++calls, to = new_version;
+    v = new_version;
+    return Status{};
+  });
+  o = u.apply_tensor_manifest(manifest, 4, version);
+  EXPECT_FALSE(o.success);
+  EXPECT_NE(o.message.find("W-12"), std::string::npos) << o.message;
+  EXPECT_EQ(calls, 0);
+  o = u.apply_tensor_manifest(manifest, std::nullopt, version);
+  ASSERT_TRUE(o.success) << o.message;
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(to, 5u);
+  EXPECT_EQ(version, 5u);
+  EXPECT_EQ(sums(u), before);
+}
+
 TEST(WeightUpdater, VersionsAreDecimalUnsignedIntegers) {
   EXPECT_EQ(*parse_version("v", "0"), 0u);
   EXPECT_EQ(*parse_version("v", "18446744073709551615"), UINT64_MAX);

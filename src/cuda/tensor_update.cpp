@@ -1,0 +1,151 @@
+#include "cuda/tensor_update.h"
+
+#include <cuda.h>  // note: the driver API's types only; its one function comes through the runtime's entry point
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <cstring>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/quantize.h"
+#include "cuda/weight_memory_cuda.h"
+#include "refit/applier.h"
+
+namespace mxq::cuda {
+namespace {
+
+uint64_t up16(uint64_t n) { return (n + 15) / 16 * 16; }
+
+// Frees a scratch span of the store's memory at scope exit.
+struct ScratchGuard {
+  WeightMemory& mem;
+  std::span<uint8_t> bytes;
+  ~ScratchGuard() {
+    if (!bytes.empty()) mem.free_scratch(bytes);
+  }
+};
+
+// Restores the memory's checksum mode at scope exit.
+struct RereadGuard {
+  WeightMemory& mem;
+  bool was;
+  ~RereadGuard() { set_checksum_from_live(mem, was); }
+};
+
+// The allocation range [base, base + size) holding device pointer p (cuMemGetAddressRange through the
+// runtime's driver entry point, so the binary links no libcuda).
+Result<std::pair<uintptr_t, size_t>> address_range(const void* p) {
+  using Fn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || !fn)
+    return fail("the CUDA driver has no cuMemGetAddressRange");
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (CUresult r = reinterpret_cast<Fn>(fn)(&base, &size, reinterpret_cast<CUdeviceptr>(p)); r != CUDA_SUCCESS)
+    return fail("cuMemGetAddressRange failed (CUresult {})", static_cast<int>(r));
+  return std::pair<uintptr_t, size_t>{static_cast<uintptr_t>(base), size};
+}
+
+}  // namespace
+
+Status apply_device_buffer(WeightStore& store, uint64_t& live_version, uint64_t new_version,
+                           const refit::TensorManifest& m, const uint8_t* buffer) {
+  if (!store.on_device()) return fail("a device buffer updates a CUDA store only ({} memory)", store.memory().name());
+  auto plan = refit::plan_manifest(m, refit::tensor_table(store));
+  if (!plan) return tl::unexpected(plan.error());
+  WeightMemory& mem = store.memory();
+  const cudaStream_t stream = weight_memory_stream(mem);
+  // Scratch for the planes the engine quantizes, each 16-byte aligned.
+  uint64_t scratch_bytes = 0;
+  for (const refit::ManifestStep& s : *plan)
+    if (s.quantize) scratch_bytes += up16(static_cast<uint64_t>(s.planes[0].bytes)) + up16(static_cast<uint64_t>(s.planes[1].bytes));
+  std::span<uint8_t> scratch;
+  if (scratch_bytes > 0) {
+    auto got = mem.allocate_scratch(static_cast<size_t>(scratch_bytes));
+    if (!got)
+      return fail("{} bytes for the quantized planes could not be had in {} memory ({}); nothing written (W-26)",
+                  scratch_bytes, mem.name(), got.error().message);
+    scratch = *got;
+  }
+  ScratchGuard scratch_guard{mem, scratch};
+  // Each tensor's canonical planes on the device: quantized into scratch, or where they sit in the buffer.
+  refit::DeltaView view;
+  view.base_version = live_version;
+  view.new_version = new_version;
+  view.resident = true;
+  uint64_t at = 0;
+  for (const refit::ManifestStep& s : *plan) {
+    const refit::ManifestTensor& t = *s.source;
+    refit::TensorView& v = view.tensors.emplace_back();
+    v.name = t.name;
+    v.format = s.live;
+    v.shape = t.shape;
+    v.anchor = true;
+    const auto vb = static_cast<size_t>(s.planes[0].bytes), sb = static_cast<size_t>(s.planes[1].bytes);
+    if (!s.quantize) {
+      v.values.bytes = {buffer + t.offset, vb};
+      if (sb > 0) v.scales.bytes = {buffer + t.scales_offset, sb};
+      continue;
+    }
+    uint8_t* values = scratch.data() + at;
+    uint8_t* scales = values + up16(vb);
+    at += up16(vb) + up16(sb);
+    // note: stacked experts [E, N, K] quantize matrix by matrix, as the loader does (quantize_tensor).
+    const int64_t rows = t.shape[t.shape.size() - 2], cols = t.shape.back();
+    const int64_t mats = static_cast<int64_t>(vb) / std::max<int64_t>(values_bytes(s.live, rows, cols), 1);
+    const int64_t src_mat = rows * cols * (traits(t.dtype).element_bits / 8);
+    for (int64_t e = 0; e < mats; ++e)
+      if (auto q = quantize(s.live, default_scale_rule(s.live), t.dtype, buffer + t.offset + e * src_mat, rows, cols,
+                            values + e * values_bytes(s.live, rows, cols),
+                            scales + e * scales_bytes(s.live, rows, cols), t.name, stream);
+          !q)
+        return fail("{}; nothing written", q.error().message);
+    v.values.bytes = {values, vb};
+    v.scales.bytes = {scales, sb};
+  }
+  // The planes' checksums where they are (one batch): what the live tensors must hash to after the write.
+  std::vector<CanonicalSumJob> sums;
+  for (refit::TensorView& v : view.tensors) sums.push_back({v.values.bytes, v.scales.bytes, &v.checksum});
+  if (auto s = canonical_checksums(mem, sums); !s) return fail("checksums of the new planes: {}", s.error().message);
+  for (size_t k = 0; k < view.tensors.size(); ++k)
+    if (const auto& want = (*plan)[k].source->checksum; want && *want != view.tensors[k].checksum)
+      return fail("{}: its planes hash to {:016x}, the manifest says {:016x} (W-06); nothing written",
+                  view.tensors[k].name, view.tensors[k].checksum, *want);
+  // note: the live planes are hashed by re-reading them through their layouts, so the comparison checks the
+  // write itself (hashing the bytes on their way in would compare the planes with themselves).
+  RereadGuard reread{mem, checksum_from_live(mem)};
+  set_checksum_from_live(mem, true);
+  return refit::apply_delta(store, live_version, view);
+}
+
+Status apply_ipc_manifest(WeightStore& store, uint64_t& live_version, uint64_t new_version,
+                          const refit::TensorManifest& m) {
+  cudaIpcMemHandle_t handle;
+  static_assert(sizeof handle == sizeof m.ipc_handle);
+  std::memcpy(&handle, m.ipc_handle.data(), sizeof handle);
+  void* base = nullptr;
+  if (cudaError_t e = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
+    (void)cudaGetLastError();  // note: a refused handle is not sticky; clear it so later calls see no error
+    return fail("ipc_handle: cudaIpcOpenMemHandle refused it ({}: {}); a handle of another process's "
+                "allocation on this GPU is expected",
+                cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  struct Close {
+    void* p;
+    ~Close() { (void)cudaIpcCloseMemHandle(p); }
+  } close{base};
+  // note: the mapping's extent bounds the manifest: reading past it would fault the device, and with it the
+  // engine, rather than refuse.
+  auto range = address_range(base);
+  if (!range) return fail("ipc_handle: {}", range.error().message);
+  const uint64_t avail = range->second - (reinterpret_cast<uintptr_t>(base) - range->first);
+  if (m.ipc_offset > avail || m.size > avail - m.ipc_offset)
+    return fail("ipc_offset {} + size {} run past the shared allocation's {} bytes", m.ipc_offset, m.size, avail);
+  return apply_device_buffer(store, live_version, new_version, m, static_cast<const uint8_t*>(base) + m.ipc_offset);
+}
+
+}  // namespace mxq::cuda

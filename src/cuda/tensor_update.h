@@ -1,0 +1,30 @@
+// A full update of a CUDA WeightStore from one flat device buffer of tensors (`POST
+// /update_weights_from_tensor`: a colocated trainer's CUDA IPC export; docs/serve.md "Update from a CUDA
+// buffer"). Order of work: plan the manifest on the host (refit::plan_manifest: nothing read yet) -> quantize
+// the source weights that need it into scratch on the device (the startup rule: the bytes a load with
+// --quantization writes; a NaN or Inf block refused by name) -> hash every tensor's canonical planes where
+// they are and compare the manifest's checksums (refused before any write) -> refit's resident anchors:
+// W-05 check on the device, undo log, one batched write, every live tensor re-read through its layout and
+// hashed against its planes' hash. All or nothing: any failure after the first write restores every byte.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "base/error.h"
+#include "model/weight_store.h"
+#include "refit/tensor_manifest.h"
+
+namespace mxq::cuda {
+
+// `buffer`: m.size bytes of device memory (this process's, or an IPC mapping) that stay unchanged for the
+// call. `live_version` advances to new_version on success only.
+Status apply_device_buffer(WeightStore& store, uint64_t& live_version, uint64_t new_version,
+                           const refit::TensorManifest& m, const uint8_t* buffer);
+
+// apply_device_buffer on the buffer of m.ipc_handle + m.ipc_offset (cudaIpcOpenMemHandle; another process's
+// allocation on this device), closed before returning. A handle that does not open is refused by name.
+Status apply_ipc_manifest(WeightStore& store, uint64_t& live_version, uint64_t new_version,
+                          const refit::TensorManifest& m);
+
+}  // namespace mxq::cuda
