@@ -18,7 +18,6 @@ DEFAULT_RULE = {"mxfp8": "ceil", "mxfp4": "ct"}
 
 _ABS = 0x7FFFFFFF
 _INF = 0x7F800000
-_FLT_MIN = np.float32(1.1754944e-38)
 _B128_MIN_AMAX = 1e-4  # note: DeepSeek clamps the f32 amax at 1e-4 rounded to f32 (as the C++ kB128MinAmax)
 
 
@@ -289,14 +288,21 @@ def _refuse_nan_block(name, amax_i32, block_rows, block_cols, rows, cols, batch_
     raise ValueError(msg)
 
 
-def _mx_scale(ops, rule: str, fp4: bool, amax, q=None):
-    """E8M0 scale codes of the blocks; `q` = fl(max(amax, FLT_MIN) / elem_max), needed by the ceil rule alone."""
+def _mx_scale(ops, rule: str, fp4: bool, amax):
+    """E8M0 scale codes of the blocks from their amax bits (finite)."""
     e = amax >> 23
     man = amax & 0x7FFFFF
     emax = 2 if fp4 else 8
     if rule == "ceil":
-        # note: ceil(log2 q) + 127 from q's bits (never a float log2)
-        b = _e8m0_ceil(ops, ops.i32(q) & _ABS)
+        # note: the rule is ceil(log2 fl(max(amax, FLT_MIN) / elem_max)) + 127, in integers: with elem_max =
+        # 1.75 * 2^emax (448, 6), fl(m / elem_max) <= 2^(e - 127 - emax) exactly when m's mantissa is <= 1.75's
+        # (0x600000; 6 = 1.5 * 2^2: 0x400000), so b = e - emax + (man > threshold); where the quotient is
+        # subnormal (e == emax) the tie rounds down one mantissa step later. Checked against the f32 division
+        # for every finite amax (tests/e2e/test_client_quantize.py samples it); no division, so it compiles.
+        a = ops.maximum(amax, 0x00800000)
+        e, man = a >> 23, a & 0x7FFFFF
+        threshold = (0x400000 if fp4 else 0x600000) + ops.where(e == emax, 1, 0)
+        b = e - emax + ops.where(man > threshold, 1, 0)
     elif rule == "ocp":
         b = ops.where(e == 0, 0, e - emax)
     elif rule == "floor":
@@ -314,21 +320,17 @@ def _mx_inv_scale(ops, b):
     return ops.f32(ops.where(b == 254, 0x00400000, (254 - b) << 23))
 
 
-# Each quantizer is three steps: the block amax (a reduction over the source), the divisions on the per-block
-# values, and the element encoding. note: the divisions stay out of the compiled steps: Triton's f32 `/` is
-# an approximate division (Inductor emits div_rn only behind a version-dependent switch), and they touch
-# 1/32 (MX) or 1/16384 (B128) of the elements.
-def _mx_amax(ops, x):
-    xf = _as_f32(ops, x)
-    return ops.amax(ops.i32(xf.reshape(*xf.shape[:-1], xf.shape[-1] // 32, 32)) & _ABS, -1)
-
-
-def _mx_encode(ops, x, amax, q, fmt, rule):
+# MX: one step (the block amax and the encoding, integer and f32 multiplies only). FP8-B128: three, the amax
+# (a reduction over the source), the divisions on the per-block values, and the encoding. note: the divisions
+# stay out of compiled steps: Triton's f32 `/` is an approximate division (Inductor emits div_rn only behind a
+# version-dependent switch); they touch 1/16384 of the elements.
+def _mx_step(ops, x, fmt, rule):
     xf = _as_f32(ops, x)
     cols = xf.shape[-1]
     blocks = xf.reshape(*xf.shape[:-1], cols // 32, 32)
+    amax = ops.amax(ops.i32(blocks) & _ABS, -1)
     fp4 = fmt == "mxfp4"
-    b = _mx_scale(ops, rule, fp4, amax, q)
+    b = _mx_scale(ops, rule, fp4, amax)
     scaled = blocks * _mx_inv_scale(ops, b)[..., None]
     if fp4:
         codes = _e2m1(ops, scaled, blocks)
@@ -343,17 +345,21 @@ def _mx_encode(ops, x, amax, q, fmt, rule):
             zero = (ops.i32(scaled) & _ABS) == 0
             scaled = ops.f32(ops.where(zero, 0, ops.i32(scaled)))
         values = _e4m3(ops, scaled)
-    return ops.flat_u8(ops.u8(values)), ops.flat_u8(ops.u8(b))
+    return ops.flat_u8(ops.u8(values)), ops.flat_u8(ops.u8(b)), amax.max() >= _INF
 
 
-def _quantize_mx(ops, x, fmt, rule, name, batch_shape, steps, nan_flags):
-    amax_step, encode_step = steps
-    amax = amax_step(ops, x)
-    _check_finite(ops, name, amax, 1, 32, x, batch_shape, nan_flags)
-    q = None
-    if rule == "ceil":  # q = max(amax, FLT_MIN) / elem_max in f32
-        q = ops.div(ops.maximum(ops.f32(amax), float(_FLT_MIN)), 6.0 if fmt == "mxfp4" else 448.0)
-    return encode_step(ops, x, amax, q, fmt, rule)
+def _quantize_mx(ops, x, fmt, rule, name, batch_shape, step, nan_flags):
+    values, scales, bad = step(ops, x, fmt, rule)
+    if nan_flags is not None and ops.name == "torch":
+        nan_flags.append((name, bad, lambda: _mx_amax(ops, x), 1, 32, tuple(x.shape)))
+    elif ops.any(bad):
+        _refuse_nan_block(name, _mx_amax(ops, x), 1, 32, x.shape[-2], x.shape[-1], batch_shape, ops)
+    return values, scales
+
+
+def _mx_amax(ops, x):
+    xf = _as_f32(ops, x)
+    return ops.amax(ops.i32(xf.reshape(*xf.shape[:-1], xf.shape[-1] // 32, 32)) & _ABS, -1)
 
 
 def _b128_blocks(ops, xf):
@@ -397,7 +403,7 @@ def _check_finite(ops, name, amax, block_rows, block_cols, x, batch_shape, nan_f
     no host synchronisation per tensor."""
     bad = amax.max() >= _INF
     if nan_flags is not None and ops.name == "torch":
-        nan_flags.append((name, bad, amax, block_rows, block_cols, tuple(x.shape)))
+        nan_flags.append((name, bad, lambda: amax, block_rows, block_cols, tuple(x.shape)))
         return
     if ops.any(bad):
         _refuse_nan_block(name, amax, block_rows, block_cols, x.shape[-2], x.shape[-1], batch_shape, ops)
@@ -412,7 +418,7 @@ def raise_nan_flags(nan_flags) -> None:
         return
     for name, bad, amax, br, bc, shape in nan_flags:
         if bool(bad):
-            _refuse_nan_block(name, amax, br, bc, shape[-2], shape[-1], shape[:-2], _TorchOps(torch))
+            _refuse_nan_block(name, amax(), br, bc, shape[-2], shape[-1], shape[:-2], _TorchOps(torch))
 
 
 def _torch():
@@ -420,18 +426,20 @@ def _torch():
     return torch
 
 
-_EAGER = {"mx": (_mx_amax, _mx_encode), "b128": (_b128_amax, _b128_encode)}
+_EAGER = {"mx": _mx_step, "b128": (_b128_amax, _b128_encode)}
 _COMPILED: dict = {}
 
 
 def _steps(kind: str, fused: bool):
-    """The amax and encoding steps, eager or through torch.compile (one kernel each per shape instead of ~30
-    eager passes over f32 and int32 temporaries); tests/e2e/test_client_torch.py holds both to the same bytes."""
+    """The steps, eager or through torch.compile (a kernel or two per shape instead of ~30 eager passes over f32
+    and int32 temporaries); tests/e2e/test_client_torch.py holds both to the same bytes."""
     if not fused:
         return _EAGER[kind]
     if kind not in _COMPILED:
         torch = _torch()
-        _COMPILED[kind] = tuple(torch.compile(f, dynamic=False, fullgraph=True) for f in _EAGER[kind])
+        steps = _EAGER[kind]
+        compile_ = lambda f: torch.compile(f, dynamic=False, fullgraph=True)  # noqa: E731
+        _COMPILED[kind] = compile_(steps) if callable(steps) else tuple(compile_(f) for f in steps)
     return _COMPILED[kind]
 
 

@@ -347,3 +347,21 @@ def test_nan_refusal_names_the_same_block(mxq, tmp_path, model, fmt, tensor, ind
     with pytest.raises(ValueError) as e:
         q.quantize_tensor(fmt, src[tensor], tensor)
     assert str(e.value) in r.stderr, (str(e.value), r.stderr)
+
+
+@pytest.mark.parametrize("fp4, elem_max", [(False, 448.0), (True, 6.0)])
+def test_ceil_rule_in_integers_equals_the_f32_division(fp4, elem_max):
+    """The ceil rule's scale is computed without a division (so the torch steps compile; Triton's f32 `/` is
+    approximate): against the definition, ceil(log2 fl(max(amax, FLT_MIN) / elem_max)) + 127 from the
+    quotient's bits, on every exponent's mantissas around the thresholds and on random finite amax (the whole
+    f32 range was checked once: the two agree on all of it)."""
+    ops = q._NumpyOps()
+    e = np.arange(0, 255, dtype=np.int64)[:, None] << 23
+    man = np.concatenate([np.arange(0, 8), 0x3FFFF8 + np.arange(16), 0x5FFFF8 + np.arange(16),
+                          0x7FFFF8 + np.arange(8)])[None, :]
+    rng = np.random.default_rng(0)
+    amax = np.concatenate([(e | man).reshape(-1), rng.integers(0, 0x7F800000, 1 << 20)]).astype(np.int32)
+    quot = np.divide(np.maximum(amax.view(np.float32), np.float32(1.1754944e-38)), np.float32(elem_max),
+                     dtype=np.float32)
+    want = np.clip(q._e8m0_ceil(ops, quot.view(np.int32) & 0x7FFFFFFF), 0, 254)
+    assert np.array_equal(q._mx_scale(ops, "ceil", fp4, amax), want)
