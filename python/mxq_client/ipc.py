@@ -175,41 +175,51 @@ def pack_state_dict(state_dict, table, *, quantize_on_trainer: bool = False, fus
     return buf, tensors, planes
 
 
-def diff_packed(old, new, tensors) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """The changed entries between two packed buffers of one layout (`pack_state_dict` with the same manifest),
-    found on their device: {name: {"values" | "scales": (entry indices int64, their new bytes uint8)}} for the
-    planes that changed. note: one pass compares 8-byte words and one host copy brings back only the changed
-    words (16-byte aligned planes and entries of 1, 2 or 4 bytes: an entry never straddles two words)."""
-    import torch  # noqa: PLC0415
-    if old.numel() != new.numel() or old.numel() % 8:
-        raise ValueError(f"packed buffers of {old.numel()} and {new.numel()} bytes, expected one size, "
-                         f"a multiple of 8")
-    wo, wn = old.view(torch.int64), new.view(torch.int64)
-    words = torch.nonzero(wo != wn).squeeze(1)
-    nb = new.view(-1, 8)[words]
-    mask = (old.view(-1, 8)[words] != nb).cpu().numpy()
-    words, nb = words.cpu().numpy(), nb.cpu().numpy()
-    rows, cols = np.nonzero(mask)
-    pos = words[rows] * 8 + cols  # changed bytes, increasing
-    out: dict = {}
+def _planes_of(tensors):
+    """(name, plane, start, bytes, entry width) of every plane of a manifest, in buffer order."""
     for t in tensors:
         dtype, shape = t["dtype"], tuple(t["shape"])
         if dtype in QUANTIZED:
             vb, sb = plane_geometry(dtype, shape)
-            planes = [("values", t["offset"], vb, 1), ("scales", t["scales_offset"], sb, 4 if dtype == "fp8-b128"
-                                                                                    else 1)]
+            yield t["name"], "values", t["offset"], vb, 1
+            yield t["name"], "scales", t["scales_offset"], sb, 4 if dtype == "fp8-b128" else 1
         else:
-            planes = [("values", t["offset"], _source_bytes(dtype, shape), 4 if dtype == "f32" else 2)]
-        for plane, start, size, width in planes:
-            lo, hi = np.searchsorted(pos, [start, start + size])
-            if lo == hi:
-                continue
-            entries = np.unique((pos[lo:hi] - start) // width)
-            first = start + entries * width  # every byte of a changed entry, from its changed word
-            cells = first[:, None] + np.arange(width)
-            at = np.searchsorted(words, cells // 8)
-            data = nb[at, cells % 8].reshape(-1).astype(np.uint8)
-            out.setdefault(t["name"], {})[plane] = (entries.astype(np.int64), data)
+            yield t["name"], "values", t["offset"], _source_bytes(dtype, shape), 4 if dtype == "f32" else 2
+
+
+def diff_packed(old, new, tensors) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The changed entries between two packed buffers of one layout (`pack_state_dict` with the same manifest),
+    found on their device: {name: {"values" | "scales": (entry indices, their new bytes uint8)}} for the planes
+    that changed. note: the changed bytes are found and placed in their planes on the device (8-byte words
+    compared first: few words change); the host gets one int32 index and one byte per changed byte, plus the
+    plane boundaries, and slices views. Entries wider than a byte (bf16, f32, FP8-B128 scales) are completed
+    from the new buffer."""
+    import torch  # noqa: PLC0415
+    if old.numel() != new.numel() or old.numel() % 8:
+        raise ValueError(f"packed buffers of {old.numel()} and {new.numel()} bytes, expected one size, "
+                         f"a multiple of 8")
+    planes = list(_planes_of(tensors))
+    words = torch.nonzero(old.view(torch.int64) != new.view(torch.int64)).squeeze(1)
+    nb = new.view(-1, 8)[words]
+    r, col = torch.nonzero(old.view(-1, 8)[words] != nb, as_tuple=True)
+    pos = words[r] * 8 + col  # changed bytes, increasing
+    starts = torch.tensor([p[2] for p in planes], dtype=torch.int64, device=pos.device)
+    ends = torch.tensor([p[2] + p[3] for p in planes], dtype=torch.int64, device=pos.device)
+    plane = torch.searchsorted(starts, pos, right=True) - 1  # note: padding bytes never change
+    rel = (pos - starts[plane]).to(torch.int32)
+    bounds = torch.stack([torch.searchsorted(pos, starts), torch.searchsorted(pos, ends)], 1)
+    rel, data, bounds = rel.cpu().numpy(), nb[r, col].cpu().numpy(), bounds.cpu().numpy()
+    out: dict = {}
+    for (name, kind, start, _, width), (lo, hi) in zip(planes, bounds):
+        if lo == hi:
+            continue
+        if width == 1:
+            entries, new_bytes = rel[lo:hi], data[lo:hi]
+        else:
+            entries = np.unique(rel[lo:hi] // width).astype(np.int64)
+            cells = torch.from_numpy(start + entries[:, None] * width + np.arange(width)).to(new.device)
+            new_bytes = new[cells.reshape(-1)].cpu().numpy()
+        out.setdefault(name, {})[kind] = (entries, new_bytes)
     return out
 
 
