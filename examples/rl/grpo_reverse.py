@@ -50,18 +50,20 @@ def parse_args(argv=None):
                     help="torch (every parameter, AdamW) or numpy (top of the network); auto: torch if installed")
     ap.add_argument("--out", required=True, help="output dir")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sft-steps", type=int, default=150)
+    ap.add_argument("--sft-steps", type=int, default=40,
+                    help="supervised warm-up steps; 40 leaves the task half learnt (greedy pass ~10%%)")
     ap.add_argument("--sft-batch", type=int, default=64)
     ap.add_argument("--sft-lr", type=float, default=1e-3)
-    ap.add_argument("--steps", type=int, default=40, help="GRPO steps")
+    ap.add_argument("--steps", type=int, default=100, help="GRPO steps")
     ap.add_argument("--prompts", type=int, default=32, help="prompts per step")
     ap.add_argument("--n", type=int, default=8, help="samples per prompt (the GRPO group)")
-    ap.add_argument("--lr", type=float, default=2e-5, help="GRPO learning rate")
+    ap.add_argument("--lr", type=float, default=1e-4, help="GRPO learning rate")
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--min-len", type=int, default=3)
     ap.add_argument("--max-len", type=int, default=8)
-    ap.add_argument("--anchor-every", type=int, default=5, help="client anchor_every: an all-anchor update every K")
+    ap.add_argument("--anchor-every", type=int, default=5,
+                    help="the client's anchor_every: an all-anchor update every K")
     ap.add_argument("--eval-prompts", type=int, default=64, help="greedy pass rate before / after (0: skip)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="the engine's, with --device cuda")
     ap.add_argument("--time-budget", type=float, default=330.0,
@@ -107,6 +109,11 @@ def logprob_gap(trainer_lps: list[np.ndarray], engine_lps: list[list[float]]) ->
             "kl_k1": float(-d.mean()), "kl_k3": float(np.mean(np.expm1(d) - d))}
 
 
+def _np(a) -> np.ndarray:
+    """A plane as a numpy array (the client may keep torch tensors)."""
+    return a.cpu().numpy() if hasattr(a, "cpu") else np.asarray(a)
+
+
 def plane_changes(client, old: dict | None, new: dict) -> dict:
     """Changed-entry fraction per plane between the planes sent before and now: values and scales of the
     quantized tensors, and the plain (bf16) tensors; None before the first update."""
@@ -115,7 +122,7 @@ def plane_changes(client, old: dict | None, new: dict) -> dict:
         return {"values": None, "scales": None, "plain": None}
     counts = {"values": [0, 0], "scales": [0, 0], "plain": [0, 0]}
     for name, (fmt, _) in client.tensor_table().items():
-        (ov, os_), (nv, ns) = old[name], new[name]
+        (ov, os_), (nv, ns) = map(_np, old[name]), map(_np, new[name])
         planes = [("plain", "values", ov, nv)] if ns.size == 0 else [("values", "values", ov, nv),
                                                                      ("scales", "scales", os_, ns)]
         for key, plane, a, b in planes:
@@ -139,7 +146,7 @@ def push(client, trainer) -> dict:
         return {"ok": False, "error": str(e), "wall_s": time.perf_counter() - t0}
     wall = time.perf_counter() - t0
     new = getattr(client, "_planes", None) or client.planes(sd)
-    verdict = client.compare_checksums({k: canonical_checksum(v, s) for k, (v, s) in new.items()})
+    verdict = client.compare_checksums({k: canonical_checksum(_np(v), _np(s)) for k, (v, s) in new.items()})
     lu = client.last_update
     return {"ok": True, "version": lu["version"], "delta_bytes": lu["delta_bytes"],
             "applied_bytes": lu.get("applied_bytes"), "server_s": lu.get("seconds"),
@@ -227,12 +234,7 @@ def run(args) -> int:
             log["steps"].append(rec)
             save_log()
             u = rec["update"]
-            print(f"step {step}: reward {rec['reward_mean']:.3f} pass {rec['pass_rate']:.2f} | rollout "
-                  f"{rec['rollout_s']:.2f} s | gap |d| {rec['gap']['mean_abs']:.4f} k3 {rec['gap']['kl_k3']:.2e} | "
-                  + (f"update {u['delta_bytes']} B {'anchor' if u['anchor'] else 'sparse'} in {u['wall_s']:.2f} s, "
-                     f"values {u['changed']['values'] or 0:.4f} scales {u['changed']['scales'] or 0:.4f} changed, "
-                     f"checksums {'ok' if u['checksum']['server_match'] else 'MISMATCH'}"
-                     if u["ok"] else f"update FAILED: {u['error']}"), flush=True)
+            print(describe(rec), flush=True)
             if not u["ok"]:
                 break
         log["eval_after"] = evaluate(roll, eval_words, args.max_tokens)
@@ -274,8 +276,22 @@ def one_step(args, step: int, rng: random.Random, roll, trainer, client) -> dict
             "completion_tokens": int(sum(len(s["ids"]) for s in samples)),
             "stopped_frac": float(np.mean([s["finish"] == "stop" for s in samples])),
             "groups_with_signal": float(np.mean(rewards.reshape(-1, args.n).std(axis=1) > 1e-6)),
-            "rollout_s": rollout_s, "train_s": train_s, "gap": logprob_gap(trainer_lps, [s["engine_lp"] for s in samples]),
+            "rollout_s": rollout_s, "train_s": train_s,
+            "gap": logprob_gap(trainer_lps, [s["engine_lp"] for s in samples]),
             "update": update, "example": {"word": words[0], "completion": samples[0]["text"]}}
+
+
+def describe(rec: dict) -> str:
+    """One console line per step."""
+    u, g = rec["update"], rec["gap"]
+    head = (f"step {rec['step']}: reward {rec['reward_mean']:.3f} pass {rec['pass_rate']:.2f} | rollout "
+            f"{rec['rollout_s']:.2f} s | gap |d| {g['mean_abs']:.4f} k3 {g['kl_k3']:.2e} | ")
+    if not u["ok"]:
+        return head + f"update FAILED: {u['error']}"
+    c = u["changed"]
+    return head + (f"update {u['delta_bytes']} B {'anchor' if u['anchor'] else 'sparse'} in {u['wall_s']:.2f} s, "
+                   f"values {c['values'] or 0:.4f} scales {c['scales'] or 0:.4f} changed, "
+                   f"checksums {'ok' if u['checksum']['server_match'] else 'MISMATCH'}")
 
 
 def summarize(log: dict, wall_s: float) -> dict:

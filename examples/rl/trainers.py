@@ -15,6 +15,8 @@ importance ratio is 1 and PPO's clipping never engages; the trainer-vs-engine ga
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 
 import qwen3_numpy as qn
@@ -151,12 +153,7 @@ class NumpyTrainer:
 
 def make_trainer(kind: str, model_dir: str, device: str, seed: int):
     if kind == "auto":
-        try:
-            import torch  # noqa: F401,PLC0415
-            import transformers  # noqa: F401,PLC0415
-            kind = "torch"
-        except ImportError:
-            kind = "numpy"
+        kind = "torch" if all(importlib.util.find_spec(m) for m in ("torch", "transformers")) else "numpy"
     if kind == "torch":
         return TorchTrainer(model_dir, device, seed)
     if kind == "numpy":

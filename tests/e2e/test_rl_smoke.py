@@ -82,12 +82,14 @@ def tiny_model(rng):
     shapes = {"model.embed_tokens.weight": (cfg.vocab, cfg.hidden), "model.norm.weight": (cfg.hidden,)}
     for i in range(cfg.layers):
         p = f"model.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (cfg.hidden,), p + "post_attention_layernorm.weight": (cfg.hidden,),
+        shapes.update({p + "input_layernorm.weight": (cfg.hidden,),
+                       p + "post_attention_layernorm.weight": (cfg.hidden,),
                        p + "self_attn.q_proj.weight": (cfg.heads * cfg.head_dim, cfg.hidden),
                        p + "self_attn.k_proj.weight": (cfg.kv_heads * cfg.head_dim, cfg.hidden),
                        p + "self_attn.v_proj.weight": (cfg.kv_heads * cfg.head_dim, cfg.hidden),
                        p + "self_attn.o_proj.weight": (cfg.hidden, cfg.heads * cfg.head_dim),
-                       p + "self_attn.q_norm.weight": (cfg.head_dim,), p + "self_attn.k_norm.weight": (cfg.head_dim,),
+                       p + "self_attn.q_norm.weight": (cfg.head_dim,),
+                       p + "self_attn.k_norm.weight": (cfg.head_dim,),
                        p + "mlp.gate_proj.weight": (cfg.intermediate, cfg.hidden),
                        p + "mlp.up_proj.weight": (cfg.intermediate, cfg.hidden),
                        p + "mlp.down_proj.weight": (cfg.hidden, cfg.intermediate)})
