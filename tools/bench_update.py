@@ -288,40 +288,43 @@ def bench_disk(a, c, model, ckpt_bytes, rows):
 
 
 # ---- (d) the trainer side --------------------------------------------------------------------------------------
-def bench_trainer(a, rows):
-    torch = need_torch_cuda()
+def bench_trainer(a, rows, dev="cuda", linears=LINEARS_8B, copy_bytes=1 << 32):
+    """Row (d). `dev`, `linears`, `copy_bytes`: the smoke test's CPU run of the same code on small shapes."""
+    torch = need_torch_cuda() if dev == "cuda" else __import__("torch")
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     fmt = a.quantization
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=dev).manual_seed(0)
     table, sd = {}, {}
     for layer in range(a.trainer_layers):
-        for proj, shape in LINEARS_8B.items():
+        for proj, shape in linears.items():
             name = f"model.layers.{layer}.{proj}.weight"
             table[name] = (fmt, shape)
-            sd[name] = (torch.randn(*shape, generator=g, device="cuda") * shape[1] ** -0.5).bfloat16()
+            sd[name] = (torch.randn(*shape, generator=g, device=dev) * shape[1] ** -0.5).bfloat16()
     src_bytes = sum(t.numel() * 2 for t in sd.values())
     # B: one optimizer step's worth: 1% of the elements moved by a relative 1e-2 (a few E4M3 bytes each block)
     sd_b = {}
     for n, t in sd.items():
-        hit = torch.rand(t.shape, generator=g, device="cuda") < 0.01
+        hit = torch.rand(t.shape, generator=g, device=dev) < 0.01
         sd_b[n] = torch.where(hit, t * 1.01, t)
 
     def sync_ms(fn, reps):
         times = []
         for _ in range(reps):
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             out = fn()
-            torch.cuda.synchronize()
+            sync()
             times.append(time.perf_counter() - t0)
         return median_ms(times), out
 
     # the device copy ceiling: one 4 GiB D2D copy (bytes read + written)
-    x = torch.empty(1 << 32, dtype=torch.uint8, device="cuda")
+    x = torch.empty(copy_bytes, dtype=torch.uint8, device=dev)
     y = torch.empty_like(x)
     copy_ms, _ = sync_ms(lambda: y.copy_(x), max(3, a.reps))
     copy_gbs = 2 * x.numel() / copy_ms / 1e6
     del x, y
-    pack = lambda s: ipc.pack_state_dict(s, table, quantize_on_trainer=True, fused=True)  # noqa: E731
+    fused = dev == "cuda"  # note: torch.compile on the CPU takes minutes (C++ builds); the smoke test runs eager
+    pack = lambda s: ipc.pack_state_dict(s, table, quantize_on_trainer=True, fused=fused)  # noqa: E731
     t0 = time.perf_counter()
     old, tensors, _ = pack(sd)  # note: compiles the fused steps once per shape (not timed)
     compile_s = time.perf_counter() - t0
@@ -335,8 +338,9 @@ def bench_trainer(a, rows):
     entries = sum(p[0].size for planes in changed.values() for p in planes.values())
     eager_ms, _ = sync_ms(lambda: ipc.pack_state_dict(sd_b, table, quantize_on_trainer=True, fused=False), 1)
     gb = src_bytes / 1e9
-    label = f"{a.trainer_layers} layers x 7 Qwen3-8B linears, {gb:.1f} GB bf16 -> {fmt}"
-    rows.append({"what": f"device copy, 4 GiB (read + written)", "ms": copy_ms, "gbs": copy_gbs, "key": "copy"})
+    label = f"{a.trainer_layers} layers x {len(linears)} Qwen3-8B linears, {gb:.1f} GB bf16 -> {fmt}"
+    rows.append({"what": f"device copy, {copy_bytes / 2**30:g} GiB (read + written)", "ms": copy_ms, "gbs": copy_gbs,
+                 "key": "copy"})
     for key, what, ms in (("trainer_quantize_eager", "trainer quantize, eager torch ops (1 rep)", eager_ms),
                           ("trainer_quantize", "trainer quantize, fused (torch.compile), into one buffer", quant_ms),
                           ("trainer_diff", "trainer diff of two packed buffers, changed entries to host", diff_ms),

@@ -42,3 +42,19 @@ def test_cuda_without_a_gpu_is_refused_by_name():
     p = run("--device", "cuda", "--reps", 1)
     assert p.returncode != 0
     assert "--device cuda needs a CUDA GPU" in p.stderr and "--device cpu" in p.stderr, p.stderr
+
+
+def test_trainer_rows_run_on_cpu_torch():
+    """Row (d)'s code (pack, diff, the table) on CPU torch with small shapes, eager: the GPU run's logic without
+    a GPU. Skipped without torch (CI)."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_update as bu
+    a = bu.parse_args(["--trainer-layers", "2", "--reps", "2"])
+    rows = []
+    bu.bench_trainer(a, rows, dev="cpu", linears={"self_attn.q_proj": (256, 512), "mlp.down_proj": (128, 1024)},
+                     copy_bytes=1 << 24)
+    keys = [r["key"] for r in rows]
+    assert keys == ["copy", "trainer_quantize_eager", "trainer_quantize", "trainer_diff", "trainer_total"], keys
+    assert all(r["ms"] > 0 for r in rows)
+    assert "changed entries" in rows[-1]["what"] and not rows[-1]["what"].startswith("trainer quantize + diff (0 ")
