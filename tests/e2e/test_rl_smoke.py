@@ -53,7 +53,8 @@ def test_grpo_smoke_every_update_verified(tmp_path):
         assert u["ok"], u
         assert u["checksum"] == {"client_verified": True, "server_match": True, "mismatches": 0,
                                  "tensors": u["checksum"]["tensors"]}, u
-        assert not u["anchor"] and u["sparse"] == u["checksum"]["tensors"], u  # anchor_every 5: all sparse
+        # anchor_every 5: no forced anchor in 3 steps; the unchanged tensors and most moved ones go sparse
+        assert not u["anchor"] and u["sparse"] > u["anchors"], u
         # the numpy trainer moves the last MLP and the final norm only: a few % of the values change
         assert 0 < u["changed"]["values"] < 0.2 and 0 <= u["changed"]["scales"] <= u["changed"]["values"], u
         assert 0 < u["delta_bytes"] < first["delta_bytes"] / 4, u
