@@ -141,38 +141,82 @@ def pack_state_dict(state_dict, table, *, quantize_on_trainer: bool = False, fus
     (format, shape)}, the engine's), in the table's order. Quantized live tensors go as their source (bf16 / f16,
     f32 rounded to bf16) for the engine to quantize, or with `quantize_on_trainer` as their canonical planes in
     the live format (the client's torch quantizers, byte-exact with the engine's, from the same source); plain
-    live tensors go in their live dtype. `fused`: the quantizers through torch.compile (`quantize_planes`). Returns (buffer, tensors, planes): planes {name: (values, scales)} are
-    uint8 views into the buffer (scales empty for a source or plain tensor). The buffer is on the tensors'
-    device (the client checks they are CUDA tensors; the layout is tested on CPU tensors too)."""
-    import torch  # noqa: PLC0415
-    mapped = map_state_dict(state_dict, table)
-    device = next(iter(mapped.values())).device
-    entries = []
-    for name, (fmt, shape) in table.items():
-        if fmt in QUANTIZED and quantize_on_trainer:
-            entries.append((name, fmt, shape, *plane_geometry(fmt, tuple(shape))))
+    live tensors go in their live dtype. `fused`: the quantizers through torch.compile (`quantize_planes`).
+    Returns (buffer, tensors, planes): planes {name: (values, scales)} are uint8 views into the buffer (scales
+    empty for a source or plain tensor). The buffer is on the tensors' device (the client checks they are CUDA
+    tensors; the layout is tested on CPU tensors too)."""
+    p = Packer(state_dict, table, quantize_on_trainer=quantize_on_trainer, fused=fused)
+    return p.pack(), p.tensors, p.planes
+
+
+class Packer:
+    """Packs one state dict into one buffer again and again: a trainer's parameters keep their storage across
+    steps (the optimizer updates them in place), so the layout and the buffer are made once. With `graph` (CUDA,
+    fused) the whole packing, every tensor's quantize and copy, is captured once as a CUDA graph and `pack()` is
+    one replay and one host read (the NaN flags): no Python per tensor. note: the buffer is one allocation of
+    its own (torch's allocator gives a block this large its own segment), so its IPC handle maps this buffer and
+    nothing else of the trainer's memory; it is filled one tensor at a time, so the only copy of the model
+    beside the trainer's is the buffer itself."""
+
+    def __init__(self, state_dict, table, *, quantize_on_trainer: bool = False, fused: bool = False,
+                 graph: bool = False):
+        import torch  # noqa: PLC0415
+        self._torch = torch
+        self._mapped = map_state_dict(state_dict, table)
+        self._fused = fused
+        self._entries = []
+        for name, (fmt, shape) in table.items():
+            if fmt in QUANTIZED and quantize_on_trainer:
+                self._entries.append((name, fmt, shape, *plane_geometry(fmt, tuple(shape))))
+            else:
+                dtype = fmt if fmt in PLAIN else ("f16" if self._mapped[name].dtype == torch.float16 else "bf16")
+                self._entries.append((name, dtype, shape, _source_bytes(dtype, shape), 0))
+        self.tensors, size = build_manifest(self._entries)
+        device = next(iter(self._mapped.values())).device
+        self.buffer = torch.empty(size, dtype=torch.uint8, device=device)
+        self.planes = {}
+        for t, (name, _, _, vb, sb) in zip(self.tensors, self._entries):
+            so = t.get("scales_offset", 0)
+            self.planes[name] = (self.buffer[t["offset"]:t["offset"] + vb], self.buffer[so:so + sb])
+        self._graph = None
+        if graph:
+            if device.type != "cuda" or not fused:
+                raise ValueError("Packer: graph=True needs CUDA tensors and fused=True")
+            # note: warm up (compile, first launches) on a side stream, then capture, as torch's docs ask
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                raise_nan_flags(self._fill())
+            torch.cuda.current_stream(device).wait_stream(side)
+            self._graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._graph):
+                flags = self._fill()
+                self._bad = torch.stack([f[1] for f in flags]).any()
+            self._graph_flags = flags
+
+    def _fill(self) -> list:
+        torch, flags = self._torch, []
+        for name, dtype, _, _, _ in self._entries:
+            values, scales = self.planes[name]
+            src = self._mapped[name]
+            if dtype in QUANTIZED:
+                v, s = quantize_planes(dtype, _as_source(torch, src, name), name, fused=self._fused,
+                                       nan_flags=flags)
+                values.copy_(v)
+                scales.copy_(s)
+            else:
+                values.copy_(_plain(torch, src, dtype).reshape(-1).view(torch.uint8))
+        return flags
+
+    def pack(self):
+        """The buffer, filled from the state dict's current values; a NaN/Inf block is refused by name."""
+        if self._graph is None:
+            raise_nan_flags(self._fill())  # note: one host read for the whole state dict
         else:
-            dtype = fmt if fmt in PLAIN else ("f16" if mapped[name].dtype == torch.float16 else "bf16")
-            entries.append((name, dtype, shape, _source_bytes(dtype, shape), 0))
-    tensors, size = build_manifest(entries)
-    # note: one allocation of its own (torch's allocator gives a block this large its own segment), so the IPC
-    # handle maps this buffer and nothing else of the trainer's memory; filled one tensor at a time, so the
-    # only copy of the model beside the trainer's is the buffer itself
-    buf = torch.empty(size, dtype=torch.uint8, device=device)
-    planes, flags = {}, []
-    for t, (name, dtype, _, vb, sb) in zip(tensors, entries):
-        values = buf[t["offset"]:t["offset"] + vb]
-        scales = buf[t.get("scales_offset", 0):t.get("scales_offset", 0) + sb]
-        src = mapped[name]
-        if dtype in QUANTIZED:
-            v, s = quantize_planes(dtype, _as_source(torch, src, name), name, fused=fused, nan_flags=flags)
-            values.copy_(v)
-            scales.copy_(s)
-        else:
-            values.copy_(_plain(torch, src, dtype).reshape(-1).view(torch.uint8))
-        planes[name] = (values, scales)
-    raise_nan_flags(flags)  # note: one host read for the whole state dict
-    return buf, tensors, planes
+            self._graph.replay()
+            if bool(self._bad):
+                raise_nan_flags(self._fill())  # note: eager again, to name the tensor and block
+        return self.buffer
 
 
 def _planes_of(tensors):
@@ -227,5 +271,5 @@ def encode_handle(handle: bytes) -> str:
     return base64.b64encode(handle).decode()
 
 
-__all__ = ["ALIGN", "build_manifest", "check_cuda", "diff_packed", "encode_handle", "ipc_handle", "pack_state_dict",
+__all__ = ["ALIGN", "Packer", "build_manifest", "check_cuda", "diff_packed", "encode_handle", "ipc_handle", "pack_state_dict",
            "release_ipc_counter"]
