@@ -8,8 +8,10 @@
 // objects, W-25); its device half is the CUDA build's (cuda/tensor_update.h), a CPU engine refuses it by name.
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <charconv>
-#include <span>
+#include <optional>
+#include <vector>
 
 #include "server/routes.h"
 #include "server/weight_update.h"
@@ -163,16 +165,16 @@ void update_from_disk(const httplib::Request& req, const std::string& raw, httpl
              [&](uint64_t& live) { return ctx.weights->apply_checkpoint(**path, *target, live); });
 }
 
-// Standard base64 (RFC 4648, '=' padding) of exactly out.size() bytes; false on any other text.
-bool decode_base64(std::string_view text, std::span<uint8_t> out) {
+// Standard base64 (RFC 4648, '=' padding); nullopt for any other text.
+std::optional<std::vector<uint8_t>> decode_base64(std::string_view text) {
   auto sextet = [](char c) -> int {
     if (c >= 'A' && c <= 'Z') return c - 'A';
     if (c >= 'a' && c <= 'z') return c - 'a' + 26;
     if (c >= '0' && c <= '9') return c - '0' + 52;
     return c == '+' ? 62 : c == '/' ? 63 : -1;
   };
-  if (text.size() != (out.size() + 2) / 3 * 4) return false;
-  size_t n = 0;
+  if (text.size() % 4 != 0) return std::nullopt;
+  std::vector<uint8_t> out;
   for (size_t i = 0; i < text.size(); i += 4) {
     uint32_t word = 0;
     int pad = 0;
@@ -184,15 +186,30 @@ bool decode_base64(std::string_view text, std::span<uint8_t> out) {
         continue;
       }
       const int v = pad ? -1 : sextet(c);
-      if (v < 0) return false;
+      if (v < 0) return std::nullopt;
       word = word << 6 | static_cast<uint32_t>(v);
     }
-    for (int b = 0; b < 3 - pad; ++b) {
-      if (n == out.size()) return false;
-      out[n++] = static_cast<uint8_t>(word >> (16 - 8 * b));
-    }
+    for (int b = 0; b < 3 - pad; ++b) out.push_back(static_cast<uint8_t>(word >> (16 - 8 * b)));
   }
-  return n == out.size();
+  return out;
+}
+
+// The 64-byte cudaIpcMemHandle_t of an "ipc_handle" field: the handle itself, or torch's shareable handle as
+// `storage._share_cuda_()[1]` gives it (a version byte, 'c' for a cudaMalloc block, then the handle).
+ApiResult<std::array<uint8_t, 64>> ipc_handle(std::string_view text) {
+  auto bytes = decode_base64(text);
+  if (bytes && bytes->size() == 66 && (*bytes)[1] == 'e')
+    return tl::unexpected(bad_request(
+        "ipc_handle", "ipc_handle: a torch expandable-segments handle, not a CUDA IPC handle (export from a "
+                      "process with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False)"));
+  if (bytes && bytes->size() == 66 && (*bytes)[1] == 'c') bytes->erase(bytes->begin(), bytes->begin() + 2);
+  if (!bytes || bytes->size() != 64)
+    return tl::unexpected(bad_request(
+        "ipc_handle", "ipc_handle: expected the base64 of a 64-byte cudaIpcMemHandle_t (or of torch's "
+                      "storage._share_cuda_()[1])"));
+  std::array<uint8_t, 64> h;
+  std::copy(bytes->begin(), bytes->end(), h.begin());
+  return h;
 }
 
 // One entry of the manifest's "tensors" array (refit/tensor_manifest.h).
@@ -262,9 +279,9 @@ void update_from_tensor(const httplib::Request& req, const std::string& raw, htt
   if (!target) return send_refusal(res, target.error(), version);
   if (auto e = f.unknown()) return send_refusal(res, *e, version);
   refit::TensorManifest m;
-  if (!*handle || !decode_base64(**handle, m.ipc_handle))
-    return send_refusal(
-        res, bad_request("ipc_handle", "ipc_handle: expected the base64 of a 64-byte cudaIpcMemHandle_t"), version);
+  auto h = ipc_handle(handle->value_or(""));
+  if (!h) return send_refusal(res, h.error(), version);
+  m.ipc_handle = *h;
   if (!*size) return send_refusal(res, bad_request("size", "size: required (bytes of the buffer)"), version);
   if (!tensors || !tensors->is_array() || tensors->empty())
     return send_refusal(res, bad_request("tensors", "tensors: required, a non-empty array"), version);

@@ -639,7 +639,8 @@ def test_W25_update_from_tensor_takes_mxqs_manifest_and_a_cpu_engine_refuses_it_
                         ({**good, "tensors": []}, "tensors"),
                         ({**good, "tensors": [{**tensors[0], "dtype": "e4m3"}] + tensors[1:]}, "tensors[0].dtype"),
                         ({**good, "tensors": [{**tensors[0], "checksum": "xyz"}] + tensors[1:]}, "tensors[0].checksum"),
-                        ({**good, "weight_version": "v2"}, "weight_version")]:
+                        ({**good, "weight_version": "v2"}, "weight_version"),
+                        ({**good, "ipc_handle": base64.b64encode(b"\x02e" + bytes(64)).decode()}, "expandable")]:
         status, _, out = s.post("/update_weights_from_tensor", body)
         assert status == 400, (field, out)
         j = json.loads(out)
