@@ -15,6 +15,9 @@ const Histogram::BucketBoundaries kItl = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
                                           0.4,   0.5,    0.75,  1.0,  2.5,   5.0,  7.5,   10.0, 20.0, 40.0, 80.0};
 const Histogram::BucketBoundaries kLatency = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,    10.0,   15.0,  20.0,
                                               30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+// note: a sparse update of a small model takes milliseconds, a checkpoint of a large one minutes.
+const Histogram::BucketBoundaries kUpdate = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                             1.0,   2.5,    5.0,   10.0, 30.0,  60.0, 120.0, 300.0, 600.0};
 const Histogram::BucketBoundaries kTokens = {1,    2,    5,     10,    20,    50,     100,    200,   500,
                                              1000, 2000, 5000,  10000, 20000, 50000, 100000, 200000};
 
@@ -53,6 +56,23 @@ Metrics::Metrics(const std::string& model_name) : registry(std::make_shared<prom
                          "Histogram of time spent in WAITING phase for request.", kLatency);
   prompt_len = histogram("mxq:request_prompt_tokens", "Number of prefill tokens processed.", kTokens);
   generation_len = histogram("mxq:request_generation_tokens", "Number of generation tokens processed.", kTokens);
+  auto& updates = prometheus::BuildCounter()
+                      .Name("mxq:weight_updates_total")
+                      .Help("Weight updates by result: success, refused (old weights kept), lost (undo failed).")
+                      .Register(*registry);
+  updates_success = &updates.Add({{"model_name", model_name}, {"result", "success"}});
+  updates_refused = &updates.Add({{"model_name", model_name}, {"result", "refused"}});
+  updates_lost = &updates.Add({{"model_name", model_name}, {"result", "lost"}});
+  update_bytes = counter("mxq:weight_update_bytes_total", "New value and scale bytes written by weight updates.");
+  update_seconds = histogram("mxq:weight_update_seconds", "Histogram of weight update wall time in seconds.", kUpdate);
+  weight_version = gauge("mxq:weight_version", "The live weights version (the delta format's integer).");
+}
+
+void Metrics::weight_update(bool ok, bool lost, double seconds, uint64_t applied_bytes, uint64_t version) {
+  (ok ? updates_success : lost ? updates_lost : updates_refused)->Increment();
+  update_seconds->Observe(seconds);
+  if (ok) update_bytes->Increment(static_cast<double>(applied_bytes));
+  weight_version->Set(static_cast<double>(version));
 }
 
 prometheus::Counter& Metrics::success(FinishReason reason) {

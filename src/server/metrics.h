@@ -8,6 +8,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -23,12 +24,18 @@ class Metrics {
   std::string serialize() const;
 
   prometheus::Counter& success(FinishReason reason);
+  // One weight update ended (docs/serve.md "Metrics"): its result, wall seconds and new value/scale bytes.
+  void weight_update(bool success, bool lost, double seconds, uint64_t applied_bytes, uint64_t version);
 
   std::shared_ptr<prometheus::Registry> registry;
   prometheus::Gauge *running, *waiting, *kv_usage;
   prometheus::Counter *prompt_tokens, *generation_tokens, *preemptions, *prefix_queries, *prefix_hits;
   prometheus::Counter *success_stop, *success_length, *success_abort;
   prometheus::Histogram *ttft, *itl, *e2e, *queue_time, *prompt_len, *generation_len;
+  // mxq's own (vLLM has no weight-update metrics): updates by result, their seconds, bytes, the live version.
+  prometheus::Counter *updates_success, *updates_refused, *updates_lost, *update_bytes;
+  prometheus::Histogram* update_seconds;
+  prometheus::Gauge* weight_version;
 };
 
 }  // namespace mxq::server

@@ -99,6 +99,8 @@ void run_update(httplib::Response& res, RouteContext& ctx, bool abort_first, Upd
     }
   });
   if (!ran) return send_refusal(res, not_serving(), ctx.loop->weight_version());
+  ctx.metrics->weight_update(outcome.success, outcome.lost, outcome.seconds, outcome.applied_bytes,
+                             outcome.version);
   send_outcome(res, outcome);
 }
 
@@ -314,6 +316,7 @@ void update_version(const httplib::Request& req, const std::string& raw, httplib
     scope.set_version(**v);
   });
   if (!ran) return send_refusal(res, not_serving(), version);
+  ctx.metrics->weight_version->Set(static_cast<double>(**v));
   send(res, {{"success", true}, {"message", "weight version set"}, {"weight_version", std::to_string(**v)}});
 }
 

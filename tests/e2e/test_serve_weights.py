@@ -226,13 +226,20 @@ def test_W06_sparse_delta_changes_tokens_and_checksums(serve_factory, live):
 def test_W12_same_delta_twice_and_wrong_base_are_refused(serve_factory, live):
     s = start(serve_factory)
     data = delta_bytes(live, 0, 1, [flip_signs(live, DOWN0)])
-    post_delta(s, data, expect=200)
+    _, first = post_delta(s, data, expect=200)
     tokens, sums = greedy(s), checksums(s)
     status, j = post_delta(s, data)
     assert_refused(status, j, needle="version")
     status, j = post_delta(s, delta_bytes(live, 5, 6, [flip_signs(live, UP1)]))
     assert_refused(status, j, needle="version")
     assert version(s) == "1" and checksums(s) == sums and greedy(s) == tokens
+    m = s.metrics()
+    assert m.value("mxq:weight_updates_total", result="success") == 1
+    assert m.value("mxq:weight_updates_total", result="refused") == 2
+    assert m.value("mxq:weight_updates_total", result="lost") == 0
+    assert m.value("mxq:weight_update_seconds_count") == 3
+    assert m.value("mxq:weight_update_bytes_total") == first["applied_bytes"] > 0
+    assert m.value("mxq:weight_version") == 1
 
 
 def test_W09_W13_checksum_mismatch_on_tensor_k_restores_everything(serve_factory, live):
