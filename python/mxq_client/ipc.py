@@ -231,6 +231,18 @@ def _planes_of(tensors):
             yield t["name"], "values", t["offset"], _source_bytes(dtype, shape), 4 if dtype == "f32" else 2
 
 
+def _to_host(torch, *tensors):
+    """numpy copies of device tensors. note: on CUDA through pinned buffers, every copy queued before one
+    synchronisation (a pageable copy is staged and synchronised one by one, several times slower)."""
+    if tensors[0].device.type != "cuda":
+        return [t.cpu().numpy() for t in tensors]
+    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+    for h, t in zip(host, tensors):
+        h.copy_(t, non_blocking=True)
+    torch.cuda.current_stream(tensors[0].device).synchronize()
+    return [h.numpy() for h in host]
+
+
 def diff_packed(old, new, tensors) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """The changed entries between two packed buffers of one layout (`pack_state_dict` with the same manifest),
     found on their device: {name: {"values" | "scales": (entry indices, their new bytes uint8)}} for the planes
@@ -252,7 +264,7 @@ def diff_packed(old, new, tensors) -> dict[str, dict[str, tuple[np.ndarray, np.n
     plane = torch.searchsorted(starts, pos, right=True) - 1  # note: padding bytes never change
     rel = (pos - starts[plane]).to(torch.int32)
     bounds = torch.stack([torch.searchsorted(pos, starts), torch.searchsorted(pos, ends)], 1)
-    rel, data, bounds = rel.cpu().numpy(), nb[r, col].cpu().numpy(), bounds.cpu().numpy()
+    rel, data, bounds = _to_host(torch, rel, nb[r, col], bounds)
     out: dict = {}
     for (name, kind, start, _, width), (lo, hi) in zip(planes, bounds):
         if lo == hi:
