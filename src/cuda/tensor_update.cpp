@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -16,6 +17,21 @@ namespace mxq::cuda {
 namespace {
 
 uint64_t up16(uint64_t n) { return (n + 15) / 16 * 16; }
+
+// Appends the milliseconds since `t` under `name` to `times` (when given) and restarts `t`.
+void lap(refit::StageTimes* times, const char* name, std::chrono::steady_clock::time_point& t) {
+  const auto now = std::chrono::steady_clock::now();
+  if (times) times->emplace_back(name, std::chrono::duration<double, std::milli>(now - t).count());
+  t = now;
+}
+
+// The applier's stages as the server reports them.
+void add_applier_times(refit::StageTimes* times, const refit::ApplyTimings& a) {
+  if (!times) return;
+  times->emplace_back("validate", a.validate);
+  times->emplace_back("write", a.write);  // W-05 check, undo log, batched write
+  times->emplace_back("verify", a.checksum);
+}
 
 // Frees a scratch span of the store's memory at scope exit.
 struct ScratchGuard {
@@ -53,7 +69,8 @@ Result<std::pair<uintptr_t, size_t>> address_range(const void* p) {
 }  // namespace
 
 Status apply_device_buffer(WeightStore& store, uint64_t& live_version, uint64_t new_version,
-                           const refit::TensorManifest& m, const uint8_t* buffer) {
+                           const refit::TensorManifest& m, const uint8_t* buffer, refit::StageTimes* times) {
+  auto t = std::chrono::steady_clock::now();
   if (!store.on_device()) return fail("a device buffer updates a CUDA store only ({} memory)", store.memory().name());
   auto plan = refit::plan_manifest(m, refit::tensor_table(store));
   if (!plan) return tl::unexpected(plan.error());
@@ -107,6 +124,7 @@ Status apply_device_buffer(WeightStore& store, uint64_t& live_version, uint64_t 
     v.values.bytes = {values, vb};
     v.scales.bytes = {scales, sb};
   }
+  if (scratch_bytes > 0) lap(times, "quantize", t);
   // The planes' checksums where they are (one batch): what the live tensors must hash to after the write.
   std::vector<CanonicalSumJob> sums;
   for (refit::TensorView& v : view.tensors) sums.push_back({v.values.bytes, v.scales.bytes, &v.checksum});
@@ -115,15 +133,22 @@ Status apply_device_buffer(WeightStore& store, uint64_t& live_version, uint64_t 
     if (const auto& want = (*plan)[k].source->checksum; want && *want != view.tensors[k].checksum)
       return fail("{}: its planes hash to {:016x}, the manifest says {:016x} (W-06); nothing written",
                   view.tensors[k].name, view.tensors[k].checksum, *want);
+  lap(times, "hash", t);
   // note: the live planes are hashed by re-reading them through their layouts, so the comparison checks the
   // write itself (hashing the bytes on their way in would compare the planes with themselves).
   RereadGuard reread{mem, checksum_from_live(mem)};
   set_checksum_from_live(mem, true);
-  return refit::apply_delta(store, live_version, view);
+  refit::ApplyTimings applier;
+  refit::ApplyOptions options;
+  options.timings = times ? &applier : nullptr;
+  Status s = refit::apply_delta(store, live_version, view, options);
+  add_applier_times(times, applier);
+  return s;
 }
 
 Status apply_ipc_manifest(WeightStore& store, uint64_t& live_version, uint64_t new_version,
-                          const refit::TensorManifest& m) {
+                          const refit::TensorManifest& m, refit::StageTimes* times) {
+  auto t = std::chrono::steady_clock::now();
   cudaIpcMemHandle_t handle;
   static_assert(sizeof handle == sizeof m.ipc_handle);
   std::memcpy(&handle, m.ipc_handle.data(), sizeof handle);
@@ -145,7 +170,9 @@ Status apply_ipc_manifest(WeightStore& store, uint64_t& live_version, uint64_t n
   const uint64_t avail = range->second - (reinterpret_cast<uintptr_t>(base) - range->first);
   if (m.ipc_offset > avail || m.size > avail - m.ipc_offset)
     return fail("ipc_offset {} + size {} run past the shared allocation's {} bytes", m.ipc_offset, m.size, avail);
-  return apply_device_buffer(store, live_version, new_version, m, static_cast<const uint8_t*>(base) + m.ipc_offset);
+  lap(times, "open", t);
+  return apply_device_buffer(store, live_version, new_version, m, static_cast<const uint8_t*>(base) + m.ipc_offset,
+                             times);
 }
 
 }  // namespace mxq::cuda

@@ -19,12 +19,14 @@ namespace mxq::cuda {
 
 // `buffer`: m.size bytes of device memory (this process's, or an IPC mapping) that stay unchanged for the
 // call. `live_version` advances to new_version on success only.
+// `times` (optional) gets each stage's wall milliseconds (each stage waits for its device work).
 Status apply_device_buffer(WeightStore& store, uint64_t& live_version, uint64_t new_version,
-                           const refit::TensorManifest& m, const uint8_t* buffer);
+                           const refit::TensorManifest& m, const uint8_t* buffer,
+                           refit::StageTimes* times = nullptr);
 
 // apply_device_buffer on the buffer of m.ipc_handle + m.ipc_offset (cudaIpcOpenMemHandle; another process's
 // allocation on this device), closed before returning. A handle that does not open is refused by name.
 Status apply_ipc_manifest(WeightStore& store, uint64_t& live_version, uint64_t new_version,
-                          const refit::TensorManifest& m);
+                          const refit::TensorManifest& m, refit::StageTimes* times = nullptr);
 
 }  // namespace mxq::cuda

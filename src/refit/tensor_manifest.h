@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -16,6 +17,9 @@
 #include "refit/delta_format.h"
 
 namespace mxq::refit {
+
+// Wall milliseconds of an update's stages, in order ("open", "quantize", ...), as the server reports them.
+using StageTimes = std::vector<std::pair<std::string, double>>;
 
 // Offsets inside the buffer are multiples of this (the device quantizers and the write kernels load 16 B).
 inline constexpr uint64_t kManifestAlign = 16;

@@ -71,6 +71,12 @@ void send_outcome(httplib::Response& res, const UpdateOutcome& o) {
          {"weight_version", std::to_string(o.version)},
          {"applied_bytes", o.applied_bytes},
          {"seconds", o.seconds}};
+  // note: an ordered list, not an object: the stages' order is the order they ran in.
+  if (!o.stages.empty()) {
+    json stages = json::array();
+    for (const auto& [name, ms] : o.stages) stages.push_back({name, ms});
+    j["stages_ms"] = stages;
+  }
   if (o.success) return send(res, j);
   const ApiError e =
       o.lost ? ApiError{500, o.message, "", "InternalServerError"} : bad_request("", o.message);

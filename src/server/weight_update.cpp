@@ -87,12 +87,22 @@ UpdateOutcome WeightUpdater::apply_delta_file(std::span<const uint8_t> file, uin
   body = body.first(static_cast<size_t>(*size));
   if (auto s = refit::decompress_body(file, body); !s)
     return finish(fail_in("delta", s.error()), version, 0, since(start));
+  const double decompressed = since(start);
   auto view = refit::parse_delta_view(body);
   if (!view) return finish(fail_in("delta", view.error()), version, 0, since(start));
   uint64_t bytes = 0;
   for (const refit::TensorView& t : view->tensors) bytes += t.values.bytes.size() + t.scales.bytes.size();
-  Status s = refit::apply_delta(*store_, version, *view);
-  return finish(std::move(s), version, bytes, since(start));
+  const double parsed = since(start);
+  refit::ApplyTimings a;
+  refit::ApplyOptions options;
+  options.timings = &a;
+  Status s = refit::apply_delta(*store_, version, *view, options);
+  UpdateOutcome o = finish(std::move(s), version, bytes, since(start));
+  // note: the applier's stages (docs/refit-format.md "Device path"); a host store fills validate, write, checksum.
+  o.stages = {{"decompress", 1e3 * decompressed}, {"parse", 1e3 * (parsed - decompressed)},
+              {"validate", a.validate}, {"stage", a.stage}, {"upload", a.upload}, {"decode", a.decode},
+              {"write", a.write}, {"verify", a.checksum}};
+  return o;
 }
 
 UpdateOutcome WeightUpdater::apply_checkpoint(const std::string& dir, std::optional<uint64_t> new_version,
@@ -155,8 +165,11 @@ UpdateOutcome WeightUpdater::apply_tensor_manifest(const refit::TensorManifest& 
   uint64_t bytes = 0;
   for (const auto& [name, t] : store_->tensors())
     if (auto planes = plane_bytes(t.format, t.shape, name)) bytes += static_cast<uint64_t>(planes->values + planes->scales);
-  Status s = device_update_(*store_, version, target, m);
-  return finish(std::move(s), version, bytes, since(start));
+  refit::StageTimes times;
+  Status s = device_update_(*store_, version, target, m, &times);
+  UpdateOutcome o = finish(std::move(s), version, bytes, since(start));
+  o.stages = std::move(times);
+  return o;
 }
 
 std::map<std::string, uint64_t> WeightUpdater::checksums() const {

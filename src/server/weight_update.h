@@ -28,12 +28,14 @@ struct UpdateOutcome {
   uint64_t version = 0;        // the live version after the call
   uint64_t applied_bytes = 0;  // new value and scale bytes written
   double seconds = 0;          // wall time of the update on the engine thread
+  refit::StageTimes stages;    // wall milliseconds per stage ("decompress", "open", ..., "verify")
 };
 
 // The device half of /update_weights_from_tensor (the CUDA build's cuda::apply_ipc_manifest): opens the
 // manifest's buffer and applies it to the store from `version` to `new_version`.
 using DeviceBufferUpdate =
-    std::function<Status(WeightStore& store, uint64_t& version, uint64_t new_version, const refit::TensorManifest&)>;
+    std::function<Status(WeightStore& store, uint64_t& version, uint64_t new_version, const refit::TensorManifest&,
+                         refit::StageTimes* times)>;
 
 class WeightUpdater {
  public:

@@ -202,6 +202,8 @@ def test_W06_sparse_delta_changes_tokens_and_checksums(serve_factory, live):
     assert j["success"] is True and j["weight_version"] == "1", j
     assert j["applied_bytes"] == sum(len(r.values.data) + len(r.scales.data) for r in recs)
     assert j["seconds"] >= 0
+    stages = [name for name, ms in j["stages_ms"]]
+    assert stages[:3] == ["decompress", "parse", "validate"] and all(ms >= 0 for _, ms in j["stages_ms"]), j
     assert version(s) == "1"
     sums1 = checksums(s)
     assert {n for n in sums0 if sums0[n] != sums1[n]} == {DOWN0, UP1}

@@ -201,7 +201,9 @@ TEST(WeightUpdater, TensorBufferNeedsTheCudaEngineAndAnAdvancingVersion) {
   // with a device half (here one that records its call), the version rule is the updater's
   int calls = 0;
   uint64_t to = 0;
-  u.set_device_update([&](WeightStore&, uint64_t& v, uint64_t new_version, const refit::TensorManifest&) {
+  u.set_device_update([&](WeightStore&, uint64_t& v, uint64_t new_version, const refit::TensorManifest&,
+                          refit::StageTimes* times) {
+    times->emplace_back("open", 1.5);
     ++calls, to = new_version;
     v = new_version;
     return Status{};
@@ -215,6 +217,8 @@ TEST(WeightUpdater, TensorBufferNeedsTheCudaEngineAndAnAdvancingVersion) {
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(to, 5u);
   EXPECT_EQ(version, 5u);
+  ASSERT_EQ(o.stages.size(), 1u);
+  EXPECT_EQ(o.stages[0].first, "open");
   EXPECT_EQ(sums(u), before);
 }
 
