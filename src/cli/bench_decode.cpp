@@ -36,7 +36,7 @@ namespace mxq::cli {
 namespace {
 
 struct DecodeOptions {
-  std::string device = "cpu", model, quantization, activation_quant = "none";
+  std::string device = "cpu", model, quantization, activation_quant = "auto";
   int64_t pp = 128, tg = 32;
   int64_t depth = 0;  // tg starts after this many cached tokens (llama-bench's -d: "tg128 @ d256")
   int reps = 3, threads = 0;
@@ -173,7 +173,7 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
   load.target = cuda::cuda_load_target();
   auto m = load_model(dir, load);
   if (!m) return bad(m.error().message);
-  auto act = parse_activation_quant(o.activation_quant, m->linear_format);
+  auto act = parse_activation_quant(o.activation_quant, m->linear_format, m->activations);
   if (!act) return bad(act.error().message);
   auto backend = make_cpu_backend(1, *act);
   auto qwen = Qwen3Model::create(m->config, m->store, *backend);
@@ -285,7 +285,12 @@ int run_decode(const DecodeOptions& o) {
                     "--device {}",
                     o.device));
   const bool default_model = o.model.empty();
-  const std::string dir = default_model ? default_model_dir() : o.model;
+  std::string dir = o.model;
+  if (default_model) {
+    auto found = default_model_dir();
+    if (!found) return bad(found.error().message);
+    dir = *found;
+  }
   LoadOptions load;
   load.threads = o.threads;
   const std::string q = o.quantization.empty()
@@ -304,7 +309,7 @@ int run_decode(const DecodeOptions& o) {
 #endif
   auto m = load_model(dir, load);
   if (!m) return bad(m.error().message);
-  auto act = parse_activation_quant(o.activation_quant, m->linear_format);
+  auto act = parse_activation_quant(o.activation_quant, m->linear_format, m->activations);
   if (!act) return bad(act.error().message);
   auto backend = make_cpu_backend(o.threads, *act);
   auto qwen = Qwen3Model::create(m->config, m->store, *backend);
@@ -381,7 +386,8 @@ void add_bench_decode(CLI::App& bench, int& exit_code) {
   cmd->add_option("--model", o->model, "Checkpoint directory (default: models/default as MXFP8)");
   cmd->add_option("--quantization", o->quantization, "none, mxfp8, mxfp4, fp8-b128");
   cmd->add_option("--activation-quant", o->activation_quant,
-                  "none, or mxfp8: MX projections see their input quantized to MXFP8 (W8A8 / W4A8)")
+                  "auto (as the checkpoint declares), none, or mxfp8: MX projections see their input quantized to MXFP8 "
+                  "(W8A8 / W4A8)")
       ->capture_default_str();
   cmd->add_option("--pp", o->pp, "Prompt tokens")->capture_default_str();
   cmd->add_option("--tg", o->tg, "Generated tokens")->capture_default_str();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
 #include <string_view>
 
 #include "base/error.h"
@@ -23,9 +24,15 @@ void add_serve(CLI::App& app, int& exit_code);
 // --device auto picks CUDA when this build has it and a GPU is visible (generate, serve).
 bool cuda_device_visible();
 
-// --activation-quant (generate, bench decode): "none" → kBF16 (weight-only), "mxfp8" → kMXFP8 (the W8A8 mode
-// of the MXFP8 / MXFP4 projections, cuda/linear.h); mxfp8 with projections in another format (linear_format,
-// after any --quantization) is refused by name, since it would change nothing.
-Result<Format> parse_activation_quant(std::string_view flag, Format linear_format);
+// --activation-quant (generate, serve, bench decode): "auto" (the default) → what the checkpoint declares
+// (`declared`, Scheme::activations: kMXFP8 for compressed-tensors' dynamic MXFP8 input_activations, the W8A8
+// mode; weight-only otherwise), "none" → kBF16 (weight-only), "mxfp8" → kMXFP8 (the W8A8 mode of the MXFP8 /
+// MXFP4 projections, cuda/linear.h); mxfp8 with projections in another format (linear_format, after any
+// --quantization) is refused by name, since it would change nothing.
+Result<Format> parse_activation_quant(std::string_view flag, Format linear_format,
+                                      Format declared = Format::kBF16);
+// One line for stderr at load when the checkpoint declares activation quantization: the mode that runs and
+// why (declared, or overridden by the flag); "" when the checkpoint declares none.
+std::string activation_mode_notice(std::string_view dir, Format declared, Format running);
 
 }  // namespace mxq::cli

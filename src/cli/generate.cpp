@@ -25,6 +25,7 @@
 #include "engine/generator.h"
 #include "io/chat_template.h"
 #include "io/generation_config.h"
+#include "io/safetensors.h"  // printable
 #include "io/tokenizer.h"
 #include "model/cpu_backend.h"
 #include "model/load_model.h"
@@ -46,7 +47,7 @@ constexpr int64_t kDefaultMaxNewTokens = 64;
 
 struct GenerateOptions {
   std::string prompt_positional, prompt, prompt_ids, model, quantization, device = "auto";
-  std::string activation_quant = "none";
+  std::string activation_quant = "auto";
   std::string generation_config = "auto";
   int64_t max_new_tokens = kDefaultMaxNewTokens;
   float temperature = kDefaultTemperature, top_p = 1.0f, min_p = 0.0f;
@@ -141,7 +142,12 @@ int run_generate(const GenerateOptions& o) {
     fmt::print(stderr, "mxq generate: {}\n", e.message);
     return kExitBadInput;
   };
-  const std::string dir = o.model.empty() ? default_model_dir() : o.model;
+  std::string dir = o.model;
+  if (dir.empty()) {
+    auto found = default_model_dir();
+    if (!found) return bad(found.error());
+    dir = *found;
+  }
   if (!o.model.empty())
     if (auto st = check_model_dir(o.model); !st) return bad(st.error());
   LoadOptions load;
@@ -244,8 +250,10 @@ int run_generate(const GenerateOptions& o) {
     };
   auto model = load_model(dir, load);
   if (!model) return bad(model.error());
-  auto act = parse_activation_quant(o.activation_quant, model->linear_format);
+  auto act = parse_activation_quant(o.activation_quant, model->linear_format, model->activations);
   if (!act) return bad(act.error());
+  if (auto notice = activation_mode_notice(dir, model->activations, *act); !notice.empty())
+    fmt::print(stderr, "{}\n", notice);
   // note: on CUDA this CPU model only describes the checkpoint to the engine's request checks; the weights
   // live on the device and the CUDA runner runs them.
   auto backend = make_cpu_backend(o.threads, *act);
@@ -377,14 +385,29 @@ bool cuda_device_visible() {
 #endif
 }
 
-Result<Format> parse_activation_quant(std::string_view flag, Format linear_format) {
+Result<Format> parse_activation_quant(std::string_view flag, Format linear_format, Format declared) {
+  if (flag == "auto") return declared == Format::kMXFP8 && is_mx(linear_format) ? Format::kMXFP8 : Format::kBF16;
   if (flag == "none") return Format::kBF16;
-  if (flag != "mxfp8") return fail("--activation-quant {}: expected none or mxfp8", flag);
+  if (flag != "mxfp8")
+    return fail("--activation-quant {}: expected auto, none or mxfp8", printable(flag.substr(0, 64)));
   if (!is_mx(linear_format))
     return fail(
         "--activation-quant mxfp8: the projections run in {} (expected mxfp8 or mxfp4; use --quantization)",
         traits(linear_format).name);
   return Format::kMXFP8;
+}
+
+std::string activation_mode_notice(std::string_view dir, Format declared, Format running) {
+  if (declared != Format::kMXFP8) return "";
+  if (running == Format::kMXFP8)
+    return fmt::format(
+        "{}: quantization_config declares dynamic MXFP8 input_activations: running W8A8 (activations "
+        "quantized to MXFP8 per 1x32, rule ceil; --activation-quant none for weight-only)",
+        dir);
+  return fmt::format(
+      "{}: quantization_config declares dynamic MXFP8 input_activations, but --activation-quant none runs "
+      "weight-only",
+      dir);
 }
 
 void add_generate(CLI::App& app, int& exit_code) {
@@ -397,8 +420,8 @@ void add_generate(CLI::App& app, int& exit_code) {
   cmd->add_option("--quantization", o->quantization, "Quantize at load: none, mxfp8, mxfp4, fp8-b128");
   cmd->add_option(
          "--activation-quant", o->activation_quant,
-         "none, or mxfp8: MXFP8/MXFP4 projections see their input quantized to MXFP8 per 1x32 (W8A8 / "
-         "W4A8 numerics)")
+         "auto (what the checkpoint's quantization_config declares), none (weight-only), or mxfp8: MXFP8/MXFP4 "
+         "projections see their input quantized to MXFP8 per 1x32 (W8A8 / W4A8 numerics)")
       ->capture_default_str();
   cmd->add_option("--device", o->device, "cpu, cuda or auto (auto = cuda when a GPU is present)")
       ->capture_default_str();

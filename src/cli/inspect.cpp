@@ -29,6 +29,19 @@ std::map<std::string, std::string> tensor_formats(const ModelCheckpoint& m) {
   return out;
 }
 
+// The activation mode `generate` / `serve` run by default (--activation-quant auto), in words.
+std::string activation_mode(const Scheme& s) {
+  switch (s.activations) {
+    case Format::kMXFP8:
+      return "mxfp8 per 1x32, dynamic (W8A8, declared by quantization_config; --activation-quant none for "
+             "weight-only)";
+    case Format::kFP8_B128:
+      return "fp8 per 1x128, dynamic (declared by quantization_config)";
+    default:
+      return "none (weight-only; --activation-quant mxfp8 for W8A8 on MX projections)";
+  }
+}
+
 int run_inspect(const std::string& dir, bool json) {
   auto m = open_model_checkpoint(dir, /*check_bytes=*/true);
   if (!m) {
@@ -57,6 +70,8 @@ int run_inspect(const std::string& dir, bool json) {
     j["architecture"] = c.architecture;
     j["scheme"] = scheme_name(m->scheme.kind);
     j["format"] = format;
+    j["activations"] = m->scheme.activations == Format::kBF16 ? std::string("none")
+                                                            : std::string(traits(m->scheme.activations).name);
     j["ignored"] = m->scheme.ignored;
     j["config"] = {{"hidden_size", c.hidden_size},          {"num_hidden_layers", c.num_hidden_layers},
                    {"num_attention_heads", c.num_attention_heads}, {"num_key_value_heads", c.num_key_value_heads},
@@ -77,6 +92,7 @@ int run_inspect(const std::string& dir, bool json) {
              c.vocab_size);
   if (c.num_experts > 0) fmt::print(", experts {} top-{}", c.num_experts, c.num_experts_per_tok);
   fmt::print(")\n  scheme        {} (format {})\n", scheme_name(m->scheme.kind), format);
+  fmt::print("  activations   {}\n", activation_mode(m->scheme));
   if (!m->scheme.ignored.empty()) fmt::print("  ignored       {}\n", fmt::join(m->scheme.ignored, ", "));
   size_t w = 4;
   for (const Row& r : rows) w = std::max(w, r.name.size());

@@ -38,7 +38,7 @@ namespace {
 
 struct ServeOptions {
   std::string model_positional, model, served_model_name, quantization, device = "auto";
-  std::string activation_quant = "none", generation_config = "auto";
+  std::string activation_quant = "auto", generation_config = "auto";
   server::ServerOptions server;
   int32_t max_num_seqs = 256;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
@@ -59,7 +59,12 @@ int run_serve(ServeOptions o) {
   if (!o.model.empty() && !o.model_positional.empty() && o.model != o.model_positional)
     return bad("give the model once: MODEL_DIR or --model");
   const std::string given = o.model.empty() ? o.model_positional : o.model;
-  const std::string dir = given.empty() ? default_model_dir() : given;
+  std::string dir = given;
+  if (dir.empty()) {
+    auto found = default_model_dir();
+    if (!found) return bad(found.error().message);
+    dir = *found;
+  }
   if (!std::filesystem::is_directory(dir))
     return bad(fmt::format("{}: not a checkpoint directory (expected a local Hugging Face directory with "
                            "config.json)",
@@ -131,8 +136,10 @@ int run_serve(ServeOptions o) {
   if (tok && tok->vocab_size() > model->config.vocab_size)
     return bad(fmt::format("{}: tokenizer has {} ids, the model's vocab_size is {}", dir, tok->vocab_size(),
                            model->config.vocab_size));
-  auto act = parse_activation_quant(o.activation_quant, model->linear_format);
+  auto act = parse_activation_quant(o.activation_quant, model->linear_format, model->activations);
   if (!act) return bad(act.error().message);
+  if (auto notice = activation_mode_notice(dir, model->activations, *act); !notice.empty())
+    fmt::print(stderr, "{}\n", notice);
   auto backend = make_cpu_backend(o.threads, *act);
   auto qwen = Qwen3Model::create(model->config, model->store, *backend);
   if (!qwen) return bad(qwen.error().message);
@@ -244,7 +251,8 @@ void add_serve(CLI::App& app, int& exit_code) {
   cmd->add_option("--served-model-name", o->served_model_name,
                   "Model id in the API (default: the directory as given, or 'default')");
   cmd->add_option("--quantization", o->quantization, "Quantize at load: none, mxfp8, mxfp4, fp8-b128");
-  cmd->add_option("--activation-quant", o->activation_quant, "none, or mxfp8 (W8A8 / W4A8 numerics)")
+  cmd->add_option("--activation-quant", o->activation_quant,
+                  "auto (as the checkpoint declares), none, or mxfp8 (W8A8 / W4A8 numerics)")
       ->capture_default_str();
   cmd->add_option("--device", o->device, "cpu, cuda or auto")->capture_default_str();
   cmd->add_option("--host", o->server.host, "Address to bind (127.0.0.1: this machine only)")->capture_default_str();

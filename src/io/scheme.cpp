@@ -98,7 +98,7 @@ Status check_mx_scale(const std::string& module, const ModuleTensors& t, const s
 //   MXFP8 (ModelOpt, CT):  weight F8_E4M3 [..., N, K],    weight_scale U8 [..., N, K/32]
 //   MXFP4 (CT):            weight_packed U8 [..., N, K/2], weight_scale U8 [..., N, K/32]
 //   FP8-B128:              weight F8_E4M3 [..., N, K],    weight_scale_inv F32|BF16 [..., cdiv(N,128),
-//   cdiv(K,128)]
+//   cdiv(K,128)]; compressed-tensors FP8_BLOCK: the same with weight_scale (BF16 or F32, also a multiplier)
 // Leading dims are stacked experts; a scale's leading dims must equal the weight's.
 Result<QuantizedLinear> check_quantized(SchemeKind kind, const std::string& module, const ModuleTensors& t) {
   if (t.global_scale != nullptr)
@@ -128,23 +128,28 @@ Result<QuantizedLinear> check_quantized(SchemeKind kind, const std::string& modu
   const TensorMeta& v = t.weight->second;
   if (v.dtype != "F8_E4M3")
     return fail("{}: expected dtype F8_E4M3 for {}, got {}", t.weight->first, scheme_name(kind), v.dtype);
-  if (kind == SchemeKind::kFp8Block128) {
-    if (t.weight_scale_inv == nullptr)
-      return fail("{}: F8_E4M3 weight with weight_block_size but no {}.weight_scale_inv", t.weight->first,
-                  module);
-    if (t.weight_scale != nullptr)
-      return fail("{}: expected weight_scale_inv only for block-128 FP8, got weight_scale too",
-                  t.weight_scale->first);
-    const TensorMeta& s = t.weight_scale_inv->second;
+  if (kind == SchemeKind::kFp8Block128 || kind == SchemeKind::kCtFp8Block128) {
+    // note: both name a multiplier (x = e4m3 * scale); only the tensor name differs.
+    const bool ct = kind == SchemeKind::kCtFp8Block128;
+    const auto* scale = ct ? t.weight_scale : t.weight_scale_inv;
+    const auto* other = ct ? t.weight_scale_inv : t.weight_scale;
+    const char* want_name = ct ? "weight_scale" : "weight_scale_inv";
+    if (scale == nullptr)
+      return fail("{}: F8_E4M3 weight with {} but no {}.{}", t.weight->first,
+                  ct ? "block_structure [128, 128]" : "weight_block_size", module, want_name);
+    if (other != nullptr)
+      return fail("{}: expected {} only for {}, got {} too", other->first, want_name, scheme_name(kind),
+                  ct ? "weight_scale_inv" : "weight_scale");
+    const TensorMeta& s = scale->second;
     if (s.dtype != "F32" && s.dtype != "BF16")
-      return fail("{}: expected dtype F32 (or BF16, widened), got {}", t.weight_scale_inv->first, s.dtype);
+      return fail("{}: expected dtype F32 (or BF16, widened), got {}", scale->first, s.dtype);
     const auto rows_cols = scales_shape(Format::kFP8_B128, v.shape[v.shape.size() - 2], v.shape.back());
     std::vector<int64_t> want(v.shape.begin(), v.shape.end() - 2);
     want.insert(want.end(), rows_cols.begin(), rows_cols.end());
     if (s.shape != want)
-      return fail("{}: expected shape {} (cdiv by 128 of {}), got {}", t.weight_scale_inv->first,
-                  shape_str(want), shape_str(v.shape), shape_str(s.shape));
-    return QuantizedLinear{Format::kFP8_B128, t.weight->first, t.weight_scale_inv->first, v.shape};
+      return fail("{}: expected shape {} (cdiv by 128 of {}), got {}", scale->first, shape_str(want),
+                  shape_str(v.shape), shape_str(s.shape));
+    return QuantizedLinear{Format::kFP8_B128, t.weight->first, scale->first, v.shape};
   }
   if (t.weight_scale_inv != nullptr)
     return fail("{}: weight_scale_inv is block-FP8's; {} expects {}.weight_scale", t.weight_scale_inv->first,
@@ -209,6 +214,8 @@ std::string_view scheme_name(SchemeKind kind) {
       return "compressed-tensors-mxfp4";
     case SchemeKind::kFp8Block128:
       return "fp8-block128";
+    case SchemeKind::kCtFp8Block128:
+      return "compressed-tensors-fp8-block128";
   }
   return "unknown";
 }
@@ -219,6 +226,7 @@ Result<Scheme> detect_scheme(const nlohmann::json& quantization_config, const nl
   if (!declared) return tl::unexpected(declared.error());
   Scheme scheme;
   scheme.kind = declared->kind;
+  scheme.activations = declared->activations;
 
   // Group tensors by module; scale-like suffixes on a tensor that has no module weight still count (a stray
   // scale is refused below). note: the longest suffix wins, ".weight_scale" before ".weight".

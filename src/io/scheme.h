@@ -19,7 +19,9 @@
 
 namespace mxq {
 
-enum class SchemeKind : uint8_t { kNone, kModelOptMxfp8, kCtMxfp8, kCtMxfp4, kFp8Block128 };
+// kCtFp8Block128: compressed-tensors float-quantized, strategy block [128, 128] (llm-compressor FP8_BLOCK): the
+// math of kFp8Block128 with <m>.weight_scale (a multiplier, usually BF16) in place of weight_scale_inv.
+enum class SchemeKind : uint8_t { kNone, kModelOptMxfp8, kCtMxfp8, kCtMxfp4, kFp8Block128, kCtFp8Block128 };
 
 // The tensors of one quantized linear module "<m>".
 struct QuantizedLinear {
@@ -49,6 +51,10 @@ struct ByteCheck {
 struct Scheme {
   SchemeKind kind = SchemeKind::kNone;
   Format format = Format::kBF16;     // quantized format; for kNone the dtype of the linear weights
+  // Dynamic input-activation quantization the checkpoint declares: kMXFP8 when a compressed-tensors group
+  // has input_activations MXFP8 per 1x32 (presets MXFP8, MXFP6A8: W8A8; run by default, --activation-quant
+  // overrides), kFP8_B128 for FP8_BLOCK's per-1x128 FP8 (as quant_method fp8's), else kBF16 (weight-only).
+  Format activations = Format::kBF16;
   std::vector<std::string> ignored;  // linear modules left unquantized, resolved to names, sorted
   std::map<std::string, QuantizedLinear> linears;  // module "<m>" -> its tensors
   std::map<std::string, ByteCheck> byte_checks;    // every tensor of the checkpoint with a known dtype

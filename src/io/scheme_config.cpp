@@ -13,7 +13,11 @@
 //   "scale_dtype": "torch.uint8", ...}, "input_activations": null | dynamic}}, "ignore": [...]}
 //   (compressed_tensors quant_scheme.py presets MXFP8A16 / MXFP4A16, ModelCompressor.update_config;
 //   ignore entries are names or "re:" regexes, utils/match.py match_name). NVFP4 = fp4 with group 16 and
-//   F8_E4M3 scales (nvfp4-pack-quantized).
+//   F8_E4M3 scales (nvfp4-pack-quantized). Presets MXFP8 / MXFP6A8 declare input_activations dynamic MXFP8
+//   (group 32, scale_dtype torch.uint8), MXFP4 declares 4-bit ones (W4A4). FP8_BLOCK: format
+//   "float-quantized", weights {"strategy": "block", "block_structure": [128, 128], ...} with a weight_scale
+//   in the weight's dtype (scale = amax / 448, a multiplier; calculate_qparams), input_activations dynamic
+//   {"strategy": "group", "group_size": 128} (compressed_tensors 0.20 quant_scheme.py, quant_args.py).
 // - FP8 block-128: {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
 //   "weight_block_size": [128, 128]} + "ignored_layers" (vLLM Fp8Config) or "modules_to_not_convert"
 //   (Qwen3-*-FP8, transformers FineGrainedFP8Config); DeepSeek-V3 README_WEIGHTS.md.
@@ -24,6 +28,8 @@
 #include <pcre2.h>
 
 #include <memory>
+
+#include "io/safetensors.h"  // printable
 
 namespace mxq {
 namespace {
@@ -160,6 +166,64 @@ Result<SchemeKind> parse_ct_weights(const json& w, std::string_view where) {
   return fp4 ? SchemeKind::kCtMxfp4 : SchemeKind::kCtMxfp8;
 }
 
+// compressed-tensors "float-quantized" is read only as llm-compressor's FP8_BLOCK preset: weights E4M3 in
+// 128x128 blocks with a weight_scale multiplier (the quant_method fp8 math). Other strategies are refused by
+// name (FP8_DYNAMIC is per-channel, FP8 per-tensor: neither is a format mxq runs).
+Status parse_ct_fp8_block_weights(const json& w, std::string_view where) {
+  if (!w.is_object()) return fail("{}.weights: expected an object, got {}", where, w.type_name());
+  auto shown = [&](const char* key) {
+    auto it = w.find(key);
+    return it == w.end() ? std::string("nothing") : it->dump().substr(0, 80);
+  };
+  if (auto it = w.find("strategy"); it == w.end() || *it != "block")
+    return fail(
+        "{}.weights.strategy: float-quantized is read only with strategy \"block\" and block_structure "
+        "[128, 128] (FP8_BLOCK); got strategy {} (per-channel / per-tensor FP8 is not supported)",
+        where, shown("strategy"));
+  if (auto it = w.find("block_structure"); it == w.end() || *it != json({128, 128}))
+    return fail("{}.weights.block_structure: expected [128, 128], got {}", where, shown("block_structure"));
+  const std::pair<const char*, json> want[] = {
+      {"type", "float"}, {"num_bits", 8}, {"symmetric", true}, {"dynamic", false}};
+  for (const auto& [key, expected] : want)
+    if (auto it = w.find(key); it == w.end() || *it != expected)
+      return fail("{}.weights.{}: expected {} for FP8 block-128, got {}", where, key, expected.dump(), shown(key));
+  return {};
+}
+
+// One group's input_activations: null (weight-only); for MX weights dynamic MXFP8 per 1x32 (presets MXFP8,
+// MXFP6A8: the W8A8 mode, kMXFP8); for FP8 block weights dynamic FP8 per 1x128 token group (FP8_BLOCK,
+// kFP8_B128: what quant_method fp8's activation_scheme dynamic means). Refused by name otherwise: static
+// scales, 4-bit activations (the MXFP4 preset's W4A4: mxq has no FP4 activation path) and other groupings.
+Result<Format> parse_ct_activations(const json& g, SchemeKind kind, std::string_view gw) {
+  auto a = g.find("input_activations");
+  if (a == g.end() || a->is_null()) return Format::kBF16;
+  const std::string shown = a->dump().substr(0, 120);
+  if (!a->is_object()) return fail("{}.input_activations: expected null or an object, got {}", gw, shown);
+  auto field = [&](const char* key) {
+    auto it = a->find(key);
+    return it == a->end() ? json() : *it;
+  };
+  if (field("dynamic") != json(true))
+    return fail("{}.input_activations: expected null or dynamic (mxq has no static input scales), got {}", gw,
+                shown);
+  if (field("num_bits") == json(4))
+    return fail(
+        "{}.input_activations: num_bits 4 type {} (dynamic 4-bit activations, W4A4) is not supported; mxq runs "
+        "activations in bf16 or MXFP8 per 1x32 (W8A8 / W4A8, --activation-quant mxfp8)",
+        gw, field("type").dump());
+  const bool block = kind == SchemeKind::kCtFp8Block128;
+  const int group = block ? 128 : 32;
+  if (field("num_bits") != json(8) || field("type") != json("float") || field("strategy") != json("group") ||
+      field("group_size") != json(group) || field("symmetric") == json(false))
+    return fail(
+        "{}.input_activations: expected null or dynamic {} (num_bits 8, type \"float\", strategy \"group\", "
+        "group_size {}), got {}",
+        gw, block ? "FP8 per 1x128" : "MXFP8", group, shown);
+  if (auto sd = field("scale_dtype"); !block && !sd.is_null() && sd != json("torch.uint8"))
+    return fail("{}.input_activations.scale_dtype: expected \"torch.uint8\" (E8M0), got {}", gw, sd.dump());
+  return block ? Format::kFP8_B128 : Format::kMXFP8;
+}
+
 Result<DeclaredScheme> parse_compressed_tensors(const json& qc) {
   const std::string where = "quantization_config";
   for (const char* key : {"sparsity_config", "transform_config"}) {
@@ -176,32 +240,42 @@ Result<DeclaredScheme> parse_compressed_tensors(const json& qc) {
     return fail("{}.config_groups: expected at most 64 groups, got {}", where, groups->size());
   DeclaredScheme d{
       SchemeKind::kNone, {MatchStyle::kCompressedTensors, {}}, {MatchStyle::kCompressedTensors, {}}};
+  bool first = true;
   for (const auto& [name, g] : groups->items()) {
-    const std::string gw = where + ".config_groups." + name;
+    const std::string gw = where + ".config_groups." + printable(name);
     if (!g.is_object()) return fail("{}: expected an object, got {}", gw, g.type_name());
     std::string format = get_str(g, "format");
     if (format.empty()) format = top_format;
     if (format == "nvfp4-pack-quantized") return fail("{}: format {} (NVFP4) is not supported", gw, format);
-    if (format != "mxfp8-quantized" && format != "mxfp4-pack-quantized")
+    if (format != "mxfp8-quantized" && format != "mxfp4-pack-quantized" && format != "float-quantized")
       return fail(
-          "{}: format \"{}\" is not supported; expected \"mxfp8-quantized\" or \"mxfp4-pack-quantized\"", gw,
-          format);
+          "{}: format \"{}\" is not supported; expected \"mxfp8-quantized\", \"mxfp4-pack-quantized\" or "
+          "\"float-quantized\" (FP8 block 128)",
+          gw, printable(format));
     auto w = g.find("weights");
     if (w == g.end()) return fail("{}.weights: missing", gw);
-    auto kind = parse_ct_weights(*w, gw);
-    if (!kind) return tl::unexpected(kind.error());
-    const SchemeKind named = format == "mxfp8-quantized" ? SchemeKind::kCtMxfp8 : SchemeKind::kCtMxfp4;
-    if (*kind != named)
-      return fail("{}: format \"{}\" contradicts weights.num_bits {}", gw, format, (*w)["num_bits"].dump());
-    if (d.kind != SchemeKind::kNone && d.kind != *kind)
-      return fail("{}: mixes MXFP8 and MXFP4 groups; mxq reads one format per checkpoint", where);
-    d.kind = *kind;
-    if (auto a = g.find("input_activations"); a != g.end() && !a->is_null()) {
-      auto dyn = a->is_object() ? a->find("dynamic") : a->end();
-      if (dyn == a->end() || *dyn != json(true))
-        return fail("{}.input_activations: expected null or dynamic (mxq has no static input scales), got {}",
-                    gw, a->dump().substr(0, 80));
+    SchemeKind kind = SchemeKind::kCtFp8Block128;
+    if (format == "float-quantized") {
+      if (auto s = parse_ct_fp8_block_weights(*w, gw); !s) return tl::unexpected(s.error());
+    } else {
+      auto mx = parse_ct_weights(*w, gw);
+      if (!mx) return tl::unexpected(mx.error());
+      const SchemeKind named = format == "mxfp8-quantized" ? SchemeKind::kCtMxfp8 : SchemeKind::kCtMxfp4;
+      if (*mx != named)
+        return fail("{}: format \"{}\" contradicts weights.num_bits {}", gw, format, (*w)["num_bits"].dump());
+      kind = *mx;
     }
+    if (d.kind != SchemeKind::kNone && d.kind != kind)
+      return fail("{}: mixes {} and {} groups; mxq reads one format per checkpoint", where,
+                  scheme_name(d.kind), scheme_name(kind));
+    d.kind = kind;
+    auto act = parse_ct_activations(g, kind, gw);
+    if (!act) return tl::unexpected(act.error());
+    if (!first && *act != d.activations)
+      return fail("{}.input_activations: {} contradicts another group's {}; mxq runs one activation mode", gw,
+                  traits(*act).name, traits(d.activations).name);
+    d.activations = *act;
+    first = false;
     auto targets = get_name_list(g, "targets", gw);
     if (!targets) return tl::unexpected(targets.error());
     if (targets->empty()) return fail("{}.targets: expected at least one target", gw);
@@ -248,6 +322,7 @@ Result<DeclaredScheme> parse_fp8(const json& qc) {
     return fail("{}.weight_block_size: expected [128, 128], got {}", where, block->dump());
   DeclaredScheme d{
       SchemeKind::kFp8Block128, {MatchStyle::kExact, {}}, {MatchStyle::kCompressedTensors, {"Linear"}}};
+  d.activations = Format::kFP8_B128;  // activation_scheme dynamic: FP8 per 1x128 token group
   for (const char* key : {"ignored_layers", "modules_to_not_convert"}) {
     auto names = get_name_list(qc, key, where);
     if (!names) return tl::unexpected(names.error());
@@ -297,7 +372,8 @@ Result<DeclaredScheme> parse_declared_scheme(const json& qc, const json* hf) {
   if (m == "fp8") return parse_fp8(qc);
   return fail(
       "quantization_config.quant_method \"{}\" is not supported; mxq reads \"modelopt\" (MXFP8), "
-      "\"compressed-tensors\" (mxfp8-quantized, mxfp4-pack-quantized) and \"fp8\" (block 128)",
+      "\"compressed-tensors\" (mxfp8-quantized, mxfp4-pack-quantized, float-quantized block 128) and \"fp8\" "
+      "(block 128)",
       m.substr(0, 80));
 }
 

@@ -31,6 +31,7 @@ struct DeclaredScheme {
   SchemeKind kind = SchemeKind::kNone;
   ModulePatterns ignore;   // modules the producer left unquantized
   ModulePatterns targets;  // modules a compressed-tensors config group quantizes; {"Linear"} otherwise
+  Format activations = Format::kBF16;  // Scheme::activations
 };
 
 // Refuses every config mxq does not read, naming the key and the value it expected.

@@ -57,6 +57,8 @@ json make_quantization_config(SchemeKind kind, const std::vector<std::string>& i
       return {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"},
               {"ignored_layers", ignored},      {"modules_to_not_convert", ignored},
               {"quant_method", "fp8"},          {"weight_block_size", {128, 128}}};
+    case SchemeKind::kCtFp8Block128:
+      return nullptr;  // read only: `mxq quantize --to fp8-b128` writes quant_method fp8
   }
   return nullptr;
 }

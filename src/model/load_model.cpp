@@ -5,6 +5,7 @@
 #include <map>
 #include <thread>
 
+#include "base/one_line.h"
 #include "format/codec.h"
 #include "format/quantize_parallel.h"
 #include "io/checkpoint.h"
@@ -57,7 +58,7 @@ std::string module_of(const std::string& name) {
 
 }  // namespace
 
-Result<LoadedModel> load_model(const std::string& dir, const LoadOptions& options) {
+static Result<LoadedModel> load_unescaped(const std::string& dir, const LoadOptions& options) {
   // Safetensors validation, config.json, the architecture, scheme detection and the Qwen3 tensor plan.
   // note: bytes are not checked there (check_bytes = false) but here, tensor by tensor as each is read, so
   // the checkpoint is read once.
@@ -75,7 +76,7 @@ Result<LoadedModel> load_model(const std::string& dir, const LoadOptions& option
 
   // note: weights are added in spec order (the tensor plan), each through apply_tensor, the store's only
   // writer; plain tensors keep their checkpoint dtype (BF16/F16/F32) and are decoded per row by the ops.
-  LoadedModel m{dir, ckpt->config, scheme->kind, scheme->format, ckpt->specs, {}};
+  LoadedModel m{dir, ckpt->config, scheme->kind, scheme->format, scheme->activations, ckpt->specs, {}};
   if (options.target.memory) {
     auto memory = options.target.memory();
     if (!memory) return fail_in(dir, memory.error());
@@ -146,6 +147,13 @@ Result<LoadedModel> load_model(const std::string& dir, const LoadOptions& option
     ++done;
   }
   if (options.progress) options.progress({"load", "", done, total});
+  return m;
+}
+
+// note: as open_model_checkpoint, the messages pass one_line (tensor names are untrusted).
+Result<LoadedModel> load_model(const std::string& dir, const LoadOptions& options) {
+  auto m = load_unescaped(dir, options);
+  if (!m) return tl::unexpected(one_line(m.error()));
   return m;
 }
 

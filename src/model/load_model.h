@@ -49,6 +49,7 @@ struct LoadedModel {
   ModelConfig config;
   SchemeKind scheme = SchemeKind::kNone;  // as stored in the checkpoint
   Format linear_format = Format::kBF16;   // format the projections run in (after online quantization)
+  Format activations = Format::kBF16;     // the activation quantization the checkpoint declares (Scheme)
   std::vector<WeightSpec> specs;
   WeightStore store;  // keyed by the specs' names: "<m>.weight" (or stacked "mlp.experts.gate_up_proj")
 };

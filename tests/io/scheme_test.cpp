@@ -129,7 +129,8 @@ INSTANTIATE_TEST_SUITE_P(
                                {"lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate"}},
                     GoldenCase{"ct-mxfp8", SchemeKind::kCtMxfp8, Format::kMXFP8, kLmHead},
                     GoldenCase{"ct-mxfp4", SchemeKind::kCtMxfp4, Format::kMXFP4, kLmHead},
-                    GoldenCase{"fp8-b128", SchemeKind::kFp8Block128, Format::kFP8_B128, kLmHead}),
+                    GoldenCase{"fp8-b128", SchemeKind::kFp8Block128, Format::kFP8_B128, kLmHead},
+                    GoldenCase{"ct-fp8-block", SchemeKind::kCtFp8Block128, Format::kFP8_B128, kLmHead}),
     [](const auto& info) { return test_name(info.param.dir); });
 
 // ---- refusals: a golden checkpoint, edited; every message is one line naming what it expected ----------
@@ -173,6 +174,10 @@ TEST_P(SchemeRefusal, RefusedByName) {
 
 const std::string kQ = "model.layers.0.self_attn.q_proj";
 const std::string kDown = "model.layers.0.mlp.down_proj";
+
+const std::string kMxfp8Activations =
+    R"({"config_groups": {"group_0": {"input_activations": {"dynamic": true, "num_bits": 8, "type": "float",
+        "strategy": "group", "group_size": 32, "symmetric": true, "scale_dtype": "torch.uint8"}}}})";
 
 const RefusalCase kRefusals[] = {
     // covers Q-01: a quantization_config over 16-bit weights.
@@ -266,7 +271,7 @@ const RefusalCase kRefusals[] = {
     {"per_tensor_fp8", "fp8-b128", "fp8-b128", R"({"weight_block_size": null})", "", "per-tensor FP8"},
     {"ct_float_quantized", "ct-mxfp8", "ct-mxfp8",
      R"({"format": "float-quantized", "config_groups": {"group_0": {"format": null}}})", "",
-     "format \"float-quantized\" is not supported"},
+     "float-quantized is read only with strategy \"block\""},
     {"ct_bits_6", "ct-mxfp8", "ct-mxfp8", R"({"config_groups": {"group_0": {"weights": {"num_bits": 6}}}})",
      "", "num_bits: expected 8 (MXFP8) or 4 (MXFP4)"},
     {"ct_format_contradicts_bits", "ct-mxfp8", "ct-mxfp8",
@@ -274,8 +279,54 @@ const RefusalCase kRefusals[] = {
     {"ct_static_activations", "ct-mxfp8", "ct-mxfp8",
      R"({"config_groups": {"group_0": {"input_activations": {"dynamic": false, "num_bits": 8}}}})", "",
      "input_activations: expected null or dynamic"},
-    {"ct_dynamic_activations_ok", "ct-mxfp8", "ct-mxfp8",
-     R"({"config_groups": {"group_0": {"input_activations": {"dynamic": true, "num_bits": 8}}}})", "", ""},
+    // issue 22: input_activations are read, not waved through: MXFP8 per 1x32 (W8A8) is run, 4-bit (the
+    // MXFP4 preset's W4A4) and every other grouping are refused by name.
+    {"ct_dynamic_mxfp8_activations_ok", "ct-mxfp8", "ct-mxfp8", kMxfp8Activations, "", ""},
+    {"ct_mxfp4_with_mxfp8_activations_ok", "ct-mxfp4", "ct-mxfp4", kMxfp8Activations, "", ""},
+    {"ct_dynamic_int8_activations", "ct-mxfp8", "ct-mxfp8",
+     R"({"config_groups": {"group_0": {"input_activations": {"dynamic": true, "num_bits": 8}}}})", "",
+     "input_activations: expected null or dynamic MXFP8 (num_bits 8, type \"float\", strategy \"group\", "
+     "group_size 32)"},
+    {"ct_mxfp4_preset_w4a4", "ct-mxfp4", "ct-mxfp4",
+     R"({"config_groups": {"group_0": {"input_activations": {"dynamic": true, "num_bits": 4, "type": "float",
+         "strategy": "group", "group_size": 32, "symmetric": true, "scale_dtype": "torch.uint8"}}}})",
+     "", "config_groups.group_0.input_activations: num_bits 4 type \"float\" (dynamic 4-bit activations, W4A4) "
+     "is not supported"},
+    {"ct_mxfp4_fp8_group128_activations", "ct-mxfp4", "ct-mxfp4",
+     R"({"config_groups": {"group_0": {"input_activations": {"dynamic": true, "num_bits": 8, "type": "float",
+         "strategy": "group", "group_size": 128, "symmetric": true}}}})",
+     "", "expected null or dynamic MXFP8"},
+    // issue 22: compressed-tensors FP8_BLOCK is read; other float-quantized strategies are refused by name.
+    {"ct_fp8_block_ok", "ct-fp8-block", "ct-fp8-block", "", "", ""},
+    {"ct_fp8_block_weight_only_ok", "ct-fp8-block", "ct-fp8-block",
+     R"({"config_groups": {"group_0": {"input_activations": null}}})", "", ""},
+    {"ct_fp8_dynamic_per_channel", "ct-fp8-block", "ct-fp8-block",
+     R"({"config_groups": {"group_0": {"weights": {"strategy": "channel", "block_structure": null},
+         "input_activations": {"strategy": "token", "group_size": null}}}})",
+     "", "weights.strategy: float-quantized is read only with strategy \"block\" and block_structure "
+     "[128, 128] (FP8_BLOCK); got strategy \"channel\""},
+    {"ct_fp8_per_tensor", "ct-fp8-block", "ct-fp8-block",
+     R"({"config_groups": {"group_0": {"weights": {"strategy": "tensor", "block_structure": null}}}})", "",
+     "got strategy \"tensor\""},
+    {"ct_fp8_block_64", "ct-fp8-block", "ct-fp8-block",
+     R"({"config_groups": {"group_0": {"weights": {"block_structure": [64, 64]}}}})", "",
+     "weights.block_structure: expected [128, 128], got [64,64]"},
+    {"ct_fp8_block_int8", "ct-fp8-block", "ct-fp8-block",
+     R"({"config_groups": {"group_0": {"weights": {"type": "int"}}}})", "",
+     "weights.type: expected \"float\" for FP8 block-128"},
+    {"ct_fp8_block_token_activations", "ct-fp8-block", "ct-fp8-block",
+     R"({"config_groups": {"group_0": {"input_activations": {"strategy": "token", "group_size": null}}}})", "",
+     "expected null or dynamic FP8 per 1x128"},
+    {"ct_fp8_block_scale_missing", "ct-fp8-block", "ct-fp8-block", "",
+     R"({")" + kQ + R"(.weight_scale": null})",
+     "F8_E4M3 weight with block_structure [128, 128] but no " + kQ + ".weight_scale"},
+    {"ct_fp8_block_scale_inv_too", "ct-fp8-block", "ct-fp8-block", "",
+     R"({")" + kQ + R"(.weight_scale_inv": {"dtype": "F32", "shape": [1, 1]}})", "expected weight_scale only"},
+    {"ct_fp8_block_scale_shape", "ct-fp8-block", "ct-fp8-block", "",
+     R"({")" + kQ + R"(.weight_scale": {"shape": [64, 1]}})", "expected shape [1, 1]"},
+    {"ct_fp8_block_scale_f16", "ct-fp8-block", "ct-fp8-block", "",
+     R"({")" + kQ + R"(.weight_scale": {"dtype": "F16"}})", "expected dtype F32 (or BF16, widened)"},
+    {"ct_fp8_block_over_mxfp8_tensors", "ct-fp8-block", "ct-mxfp8", "", "", "expected shape [1, 1]"},
     {"ct_transform", "ct-mxfp8", "ct-mxfp8", R"({"transform_config": {"config_groups": {"u": {}}}})", "",
      "transform_config: expected empty"},
     {"ct_asymmetric", "ct-mxfp4", "ct-mxfp4",
@@ -304,6 +355,24 @@ const RefusalCase kRefusals[] = {
 
 INSTANTIATE_TEST_SUITE_P(, SchemeRefusal, testing::ValuesIn(kRefusals),
                          [](const auto& info) { return info.param.name; });
+
+// Issue 22: the activation mode a checkpoint declares (run by default, --activation-quant auto).
+TEST(SchemeActivations, DeclaredModeIsRecorded) {
+  Checkpoint c = load("ct-mxfp8");
+  auto none = detect(c);
+  ASSERT_TRUE(none) << none.error().message;
+  EXPECT_EQ(none->activations, Format::kBF16);
+  c.quantization_config.merge_patch(json::parse(kMxfp8Activations));
+  auto w8a8 = detect(c);
+  ASSERT_TRUE(w8a8) << w8a8.error().message;
+  EXPECT_EQ(w8a8->activations, Format::kMXFP8);
+  auto block = detect(load("ct-fp8-block"));
+  ASSERT_TRUE(block) << block.error().message;
+  EXPECT_EQ(block->activations, Format::kFP8_B128);
+  auto fp8 = detect(load("fp8-b128"));  // activation_scheme dynamic: the same 1x128 FP8 activations
+  ASSERT_TRUE(fp8) << fp8.error().message;
+  EXPECT_EQ(fp8->activations, Format::kFP8_B128);
+}
 
 TEST(SchemeHfQuantConfig, HfQuantConfigAloneIsModelOpt) {
   Checkpoint c = load("modelopt-mxfp8");
