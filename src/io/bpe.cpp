@@ -1,4 +1,5 @@
 #include "io/bpe.h"
+#include "io/safetensors.h"  // printable
 
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -51,7 +52,7 @@ Result<std::pair<std::string, std::string>> parse_merge(const nlohmann::json& m,
     const auto& s = m.get_ref<const std::string&>();
     const size_t sp = s.find(' ');
     if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) {
-      return fail("{}: merge {} '{}' is not two tokens separated by one space", where, i, s);
+      return fail("{}: merge {} '{}' is not two tokens separated by one space", where, i, printable(s));
     }
     return std::pair{s.substr(0, sp), s.substr(sp + 1)};
   }
@@ -104,12 +105,12 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, std::string_vi
                 model.is_object() && model.contains("type") ? model["type"].dump() : "none");
   }
   if (model.contains("dropout") && !model["dropout"].is_null()) {
-    return fail("{}: BPE dropout {} is not supported (expected null)", where, model["dropout"].dump());
+    return fail("{}: BPE dropout {} is not supported (expected null)", where, printable(model["dropout"].dump()));
   }
   if (model.value("byte_fallback", false)) return fail("{}: BPE byte_fallback=true is not supported", where);
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (!null_or_empty(model, key))
-      return fail("{}: BPE {} {} is not supported", where, key, model[key].dump());
+      return fail("{}: BPE {} {} is not supported", where, key, printable(model[key].dump()));
   }
   const auto& vocab = model.contains("vocab") ? model["vocab"] : nlohmann::json();
   if (!vocab.is_object()) return fail("{}: BPE vocab must be an object of token -> id", where);
@@ -122,11 +123,12 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, std::string_vi
   const int64_t id_bound = std::min<int64_t>(kMaxVocabId, dense_id_bound(static_cast<int64_t>(vocab.size())));
   for (const auto& [tok, idj] : vocab.items()) {
     if (!idj.is_number_integer() || idj.get<int64_t>() < 0 || idj.get<int64_t>() >= kMaxVocabId) {
-      return fail("{}: vocab token '{}' has id {}, expected an integer in [0, {})", where, tok, idj.dump(),
-                  kMaxVocabId);
+      return fail("{}: vocab token '{}' has id {}, expected an integer in [0, {})", where, printable(tok),
+                  printable(idj.dump()), kMaxVocabId);
     }
     if (idj.get<int64_t>() >= id_bound)
-      return fail("{}: vocab token '{}' has id {} among {} entries; ids must be dense (below {})", where, tok,
+      return fail("{}: vocab token '{}' has id {} among {} entries; ids must be dense (below {})", where,
+                  printable(tok),
                   idj.get<int64_t>(), vocab.size(), id_bound);
     const auto id = static_cast<int32_t>(idj.get<int64_t>());
     if (static_cast<size_t>(id) >= m.tokens_.size()) {
@@ -135,7 +137,7 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, std::string_vi
     }
     if (m.present_[static_cast<size_t>(id)]) {
       return fail("{}: vocab id {} is used by both '{}' and '{}'", where, id,
-                  m.tokens_[static_cast<size_t>(id)], tok);
+                  printable(m.tokens_[static_cast<size_t>(id)]), printable(tok));
     }
     m.present_[static_cast<size_t>(id)] = true;
     m.tokens_[static_cast<size_t>(id)] = tok;
@@ -162,7 +164,8 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, std::string_vi
     const auto a = m.token_id(pair->first), b = m.token_id(pair->second);
     const auto ab = m.token_id(pair->first + pair->second);
     if (!a || !b || !ab) {
-      return fail("{}: merge {} '{} {}' names a token not in the vocab", where, i, pair->first, pair->second);
+      return fail("{}: merge {} '{} {}' names a token not in the vocab", where, i, printable(pair->first),
+                  printable(pair->second));
     }
     // note: a repeated merge keeps its last rank, as HF's collect into a HashMap does.
     m.merges_[pair_key(*a, *b)] = Merge{static_cast<int32_t>(i), *ab};

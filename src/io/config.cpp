@@ -70,7 +70,7 @@ Result<int64_t> get_int(const json& v, std::string_view key, int64_t min, int64_
     if (i < min || i > max) return fail("{}: expected an integer in [{}, {}], got {}", key, min, max, i);
     return i;
   }
-  return fail("{}: expected an integer, got {} {}", key, type_name(v), v.dump());
+  return fail("{}: expected an integer, got {} {}", key, type_name(v), printable(v.dump()));
 }
 
 // eps and theta: JSON floats or ints; NaN cannot be written in JSON but 1e400 parses to inf.
@@ -78,7 +78,7 @@ Result<double> get_positive_number(const json& v, std::string_view key) {
   if (!v.is_number()) return fail("{}: expected a number, got {}", key, type_name(v));
   const double d = v.get<double>();
   if (!std::isfinite(d) || d <= 0)
-    return fail("{}: expected a positive finite number, got {}", key, v.dump());
+    return fail("{}: expected a positive finite number, got {}", key, printable(v.dump()));
   return d;
 }
 
@@ -173,9 +173,9 @@ void record_remote_code(const json& obj, std::string_view prefix, std::vector<st
     if (it == obj.end()) continue;
     if (it->is_object()) {
       for (const auto& [k, v] : it->items())
-        refs.push_back(fmt::format("{}{}.{}={}", prefix, key, k, v.dump()));
+        refs.push_back(fmt::format("{}{}.{}={}", prefix, key, printable(k), printable(v.dump())));
     } else {
-      refs.push_back(fmt::format("{}{}={}", prefix, key, it->dump()));
+      refs.push_back(fmt::format("{}{}={}", prefix, key, printable(it->dump())));
     }
   }
 }
@@ -204,6 +204,13 @@ Status record_unsupported(const json& obj, ModelConfig& cfg) {
       }
     }
   }
+  // note: inspect parsed yarn / linear RoPE that generate then refused; both refuse it here now. The CPU
+  // and CUDA rope take only theta (cuda: an inv_freq table from it), with no attention_factor.
+  if (cfg.rope.type != "default")
+    cfg.unsupported.push_back(fmt::format(
+        "rope_parameters.rope_type \"{}\" is not supported (expected \"default\"): mxq implements plain RoPE "
+        "only, no yarn / linear / dynamic scaling",
+        printable(cfg.rope.type.substr(0, 64))));
   if (cfg.quantization_config.is_object())
     if (auto it = cfg.quantization_config.find("kv_cache_scheme");
         it != cfg.quantization_config.end() && !it->is_null())
@@ -367,7 +374,7 @@ Status check_architecture(const ModelConfig& config) {
   return fail(
       "architecture \"{}\" (model_type \"{}\") is not supported; mxq runs Qwen3ForCausalLM and "
       "Qwen3MoeForCausalLM",
-      config.architecture, config.model_type);
+      printable(config.architecture), printable(config.model_type));
 }
 
 Result<json> parse_json_text(std::string_view json_text, std::string_view origin) {

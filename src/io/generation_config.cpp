@@ -9,6 +9,7 @@
 
 #include "base/regular_file.h"
 #include "io/config.h"
+#include "io/safetensors.h"  // printable
 
 namespace mxq {
 namespace {
@@ -59,17 +60,17 @@ Result<int64_t> get_int(const json& v, std::string_view key, int64_t lo, int64_t
     if (i < lo || i > hi) return fail("{}: expected an integer in [{}, {}], got {}", key, lo, hi, i);
     return i;
   }
-  return fail("{}: expected an integer, got {} {}", key, v.type_name(), v.dump());
+  return fail("{}: expected an integer, got {} {}", key, v.type_name(), printable(v.dump()));
 }
 
 Result<float> get_float(const json& v, const FloatKey& k) {
-  if (!v.is_number()) return fail("{}: expected a number, got {} {}", k.key, v.type_name(), v.dump());
+  if (!v.is_number()) return fail("{}: expected a number, got {} {}", k.key, v.type_name(), printable(v.dump()));
   const double d = v.get<double>();
   // note: 1e400 parses as inf, and 1e39 is finite as a double but inf as the float the sampler takes.
   const bool below = k.lo_open ? !(d > k.lo) : !(d >= k.lo);
   const bool above = k.hi_open ? !(d < k.hi) : !(d <= k.hi);
   if (below || above || !std::isfinite(static_cast<float>(d)))
-    return fail("{}: expected a finite number in {}, got {}", k.key, k.range, v.dump());
+    return fail("{}: expected a finite number in {}, got {}", k.key, k.range, printable(v.dump()));
   return static_cast<float>(d);
 }
 
@@ -90,7 +91,7 @@ Result<std::vector<int64_t>> get_eos_ids(const json& v) {
     if (auto s = add(v); !s) return tl::unexpected(s.error());
   } else {
     return fail("eos_token_id: expected an integer or a list of integers, got {} {}", v.type_name(),
-                v.dump());
+                printable(v.dump()));
   }
   return ids;
 }

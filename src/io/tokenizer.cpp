@@ -81,16 +81,16 @@ Result<std::vector<AddedToken>> parse_added(const nlohmann::json& j, std::vector
     const std::string content = t.value("content", "");
     const nlohmann::json id = t.contains("id") ? t["id"] : nlohmann::json();
     if (content.empty() || !utf8::is_valid(content)) {
-      return fail("{}: added token {} has empty or non-UTF-8 content", where, id.dump());
+      return fail("{}: added token {} has empty or non-UTF-8 content", where, printable(id.dump()));
     }
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t{1} << 24)) {
-      return fail("{}: added token '{}' has id {}, expected an integer in [0, 2^24)", where, content,
-                  id.dump());
+      return fail("{}: added token '{}' has id {}, expected an integer in [0, 2^24)", where, printable(content),
+                  printable(id.dump()));
     }
     for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
       if (t.value(flag, false)) {
         return fail("{}: added token '{}' sets {}=true, which is not supported (Qwen uses false)", where,
-                    content, flag);
+                    printable(content), flag);
       }
     }
     out.push_back({static_cast<int32_t>(id.get<int64_t>()), content, t.value("special", false)});
@@ -194,7 +194,7 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view json_text, std::str
     for (size_t i = 0; i < impl->added.size(); ++i) {
       const AddedToken& t = impl->added[i];
       if (!impl->added_ids.emplace(t.content, t.id).second) {
-        return fail("{}: added token '{}' is listed twice", where, t.content);
+        return fail("{}: added token '{}' is listed twice", where, printable(t.content));
       }
       impl->bytes[static_cast<size_t>(t.id)] = byte_level_to_bytes(t.content).value_or(t.content);
       impl->kind[static_cast<size_t>(t.id)] = t.special ? Impl::kSpecial : Impl::kAdded;

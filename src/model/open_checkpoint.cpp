@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "base/one_line.h"
 #include "base/regular_file.h"
 
 namespace mxq {
@@ -30,8 +31,9 @@ std::string shard_of(const Checkpoint& ckpt, std::string_view name) {
   return f ? std::filesystem::path(f->path()).filename().string() : std::string();
 }
 
-Result<ModelCheckpoint> open_model_checkpoint(const std::string& dir, bool check_bytes,
-                                              const ProgressFn& progress) {
+namespace {
+
+Result<ModelCheckpoint> open_unescaped(const std::string& dir, bool check_bytes, const ProgressFn& progress) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return fail("{}: not a directory", dir);
@@ -67,6 +69,17 @@ Result<ModelCheckpoint> open_model_checkpoint(const std::string& dir, bool check
   }
   return ModelCheckpoint{dir, std::move(*files), std::move(*config_json), std::move(*config),
                          std::move(*scheme), std::move(*specs)};
+}
+
+}  // namespace
+
+// note: tensor names and config strings reach these messages from many sites; one_line escapes what any of
+// them let through (issue 22: a header name holding "\n" or ESC made a multi-line, terminal-driving error).
+Result<ModelCheckpoint> open_model_checkpoint(const std::string& dir, bool check_bytes,
+                                              const ProgressFn& progress) {
+  auto m = open_unescaped(dir, check_bytes, progress);
+  if (!m) return tl::unexpected(one_line(m.error()));
+  return m;
 }
 
 }  // namespace mxq

@@ -265,6 +265,11 @@ TEST(ConfigUnsupported, RefusedByTheLoaderByName) {
       {R"({"layer_types": ["full_attention", "sliding_attention"]})", "layer_types[1] \"sliding_attention\""},
       {R"({"quantization_config": {"quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8}}})",
        "quantization_config.kv_cache_scheme"},
+      // issue 22: inspect accepted what generate refused; both refuse through check_architecture now
+      {R"({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}})",
+       "rope_parameters.rope_type \"yarn\" is not supported (expected \"default\")"},
+      {R"({"rope_parameters": {"rope_type": "linear", "factor": 2.0}})", "rope_type \"linear\" is not supported"},
+      {R"({"rope_scaling": {"type": "dynamic", "factor": 2.0}})", "rope_type \"dynamic\" is not supported"},
   };
   for (const auto& [patch, want] : cases) {
     json cfg = load_json(kGolden + "/qwen3-dense-bf16/config.json");
