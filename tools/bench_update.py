@@ -206,6 +206,15 @@ def wire(body, base, new, level=3):
     return MAGIC + struct.pack("<IIQQ", WIRE_VERSION, 0, len(body), xxhash.xxh3_64_intdigest(body)) + frame
 
 
+def stage_medians(replies):
+    """Median milliseconds per stage over the server's answers (`stages_ms`, [[stage, ms], ...] in order)."""
+    per = {}
+    for r in replies:
+        for name, ms in r.get("stages_ms", []):
+            per.setdefault(name, []).append(float(ms))
+    return {name: statistics.median(v) for name, v in per.items()}
+
+
 def bench_sparse(a, c, table, planes_a, rows):
     plane_bytes = sum(v.size + s.size for v, s in planes_a.values())
     rng = np.random.default_rng(1)
@@ -213,7 +222,7 @@ def bench_sparse(a, c, table, planes_a, rows):
         planes_b = perturb(planes_a, table, frac, rng)
         fwd, entries, anchors = delta_body(table, planes_a, planes_b)
         back, _, _ = delta_body(table, planes_b, planes_a)
-        times, server_s, sizes = [], [], []
+        times, server_s, sizes, replies = [], [], [], []
         for _ in range(a.reps):
             for body in (fwd, back):
                 live = c.weight_version()
@@ -222,11 +231,13 @@ def bench_sparse(a, c, table, planes_a, rows):
                 dt, reply = timed_post(c, "/update_weights_from_delta", blob, "application/octet-stream")
                 times.append(dt)
                 server_s.append(float(reply.get("seconds", "nan")))
+                replies.append(reply)
         label = f"{100 * frac:g}%"
         rows.append({"what": f"HTTP sparse delta {label} ({entries:,} entries, {statistics.median(sizes) / 1e6:.2f} "
                              f"MB body{f', {anchors} anchors' if anchors else ''})",
                      "ms": median_ms(times), "gbs": plane_bytes / statistics.median(times) / 1e9,
-                     "server_ms": 1e3 * statistics.median(server_s), "key": f"http_sparse_{label}",
+                     "server_ms": 1e3 * statistics.median(server_s), "stages": stage_medians(replies),
+                     "key": f"http_sparse_{label}",
                      "peer": f"uniform {label} [wire, pageable body, incr]"})
 
 
@@ -244,7 +255,7 @@ def bench_ipc(a, c, table, sd, rows):
         torch.cuda.synchronize()
         pack_s = time.perf_counter() - t0
         handle, offset, counter = ipc.ipc_handle(buf)
-        times, server_s, err = [], [], None
+        times, server_s, err, replies = [], [], None, []
         try:
             for _ in range(a.reps):
                 body = {"ipc_handle": ipc.encode_handle(handle), "ipc_offset": offset, "size": int(buf.numel()),
@@ -252,6 +263,7 @@ def bench_ipc(a, c, table, sd, rows):
                 dt, reply = timed_post(c, "/update_weights_from_tensor", body)
                 times.append(dt)
                 server_s.append(float(reply.get("seconds", "nan")))
+                replies.append(reply)
         except mc.MxqError as e:
             err = str(e)
         finally:
@@ -264,7 +276,7 @@ def bench_ipc(a, c, table, sd, rows):
             row.update(error=err)
         else:
             row.update(ms=median_ms(times), gbs=buf.numel() / statistics.median(times) / 1e9,
-                       server_ms=1e3 * statistics.median(server_s))
+                       server_ms=1e3 * statistics.median(server_s), stages=stage_medians(replies))
         rows.append(row)
         del buf, planes
         if err:
@@ -406,7 +418,7 @@ def verdict(row, refit):
         return f"{row['pct_copy']:.1f}% of copy"
     peer = refit.get(row.get("peer", ""))
     if peer is None:
-        return "-"
+        return server_part(row) or "-"
     scaled = ""
     if "live_gb" in row and refit.get("_gb"):
         # note: the served table adds embeddings and lm_head to the linears the applier benchmark holds: its
@@ -416,8 +428,14 @@ def verdict(row, refit):
     out = f"{ratio:.2f}x in-process `{row['peer']}` ({peer:.2f} ms{scaled})"
     if row["key"] in GOALS:
         out += f"; goal <= {GOALS[row['key']]}x: {'met' if ratio <= GOALS[row['key']] else 'MISSED'}"
-    if "server_ms" in row:
-        out += f"; server's own seconds {row['server_ms']:.2f} ms"
+    return out + "; " + server_part(row) if server_part(row) else out
+
+
+def server_part(row):
+    """The server's own seconds and its stages (stages_ms medians), or ""."""
+    out = f"server's own seconds {row['server_ms']:.2f} ms" if "server_ms" in row else ""
+    if row.get("stages"):
+        out += " (" + ", ".join(f"{k} {v:.2f}" for k, v in row["stages"].items()) + " ms)"
     return out
 
 

@@ -614,6 +614,7 @@ class Applier {
     const TensorDelta& t = delta_.tensors[k];
     const QTensor& live = store_.at(t.name);
     size_t at = offsets_[k];
+    const auto t_write = Clock::now();
     if (t.anchor) {
       if (auto s = log_anchor(k); !s) return s;
       if (auto s = store_.apply_tensor(t.name, t.values.bytes, t.scales.bytes); !s) return s;
@@ -630,13 +631,17 @@ class Applier {
         at += d.bytes.size();
       }
     }
+    // note: host path: an anchor's write includes its checksum (apply_tensor hashes what it wrote)
+    if (options_.timings) options_.timings->write += ms_since(t_write);
     if (auto s = hook({ApplyStage::kTensorWritten, k, t.name}); !s) return s;
     // note: apply_tensor refreshed an anchor's checksum already; sparse writes leave it to us.
     uint64_t sum = live.checksum;
     if (!t.anchor) {
+      const auto t_sum = Clock::now();
       auto r = store_.refresh_checksum(t.name);
       if (!r) return tl::unexpected(r.error());
       sum = *r;
+      if (options_.timings) options_.timings->checksum += ms_since(t_sum);
     }
     if (sum != t.checksum)
       return fail("canonical checksum {:016x} after the update, the delta says {:016x} (W-06/W-09)", sum,
