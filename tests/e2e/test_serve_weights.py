@@ -44,8 +44,12 @@ def live(tmp_path_factory):
     return {t.name: t for t in mcd.read_delta(out.read_bytes()).tensors}
 
 
+# note: MXQ_SERVE_DEVICE=cuda runs every case against `serve --device cuda` (the GPU machine; scripts/weights_gpu_run)
+DEVICE = os.environ.get("MXQ_SERVE_DEVICE", "cpu")
+
+
 def start(serve_factory, *args, api_key=None):
-    return serve_factory(*args, api_key=api_key)
+    return serve_factory(*args, "--device", DEVICE, api_key=api_key, device_cpu=False)
 
 
 def planes(t):
@@ -187,7 +191,7 @@ def test_live_checksums_are_the_canonical_planes_xxh3(serve_factory, live):
         v, sc = planes(t)
         assert sums[name] == hex16(t.checksum) == hex16(mcd.canonical_checksum(v, sc)), name
     info = json.loads(s.get("/get_model_info")[2])
-    assert info["weight_version"] == "0" and info["quantization"] == "mxfp8" and info["device"] == "cpu"
+    assert info["weight_version"] == "0" and info["quantization"] == "mxfp8" and info["device"] == DEVICE
     table = {t["name"]: (t["format"], tuple(t["shape"])) for t in info["tensors"]}
     assert table == {n: (t.format, tuple(t.shape)) for n, t in live.items()}
 
@@ -656,5 +660,6 @@ def test_W25_update_from_tensor_takes_mxqs_manifest_and_a_cpu_engine_refuses_it_
         assert j["success"] is False and field in j["message"], (field, j)
     status, _, out = s.post("/update_weights_from_tensor", good)
     j = json.loads(out)
-    assert status == 400 and "serve --device cuda" in j["message"], j
+    # a CPU engine refuses the route by name; a CUDA one cannot open a made-up handle
+    assert status == 400 and ("serve --device cuda" if DEVICE == "cpu" else "cudaIpcOpenMemHandle") in j["message"], j
     assert version(s) == "0"
