@@ -251,9 +251,11 @@ def encode_e8m0(x) -> np.ndarray:
 
 def encode_bf16(x) -> np.ndarray:
     """f32 -> bf16 bits (uint16): RNE, overflow carries into inf, NaN stays NaN (codec.cpp f32_to_bf16)."""
-    xf = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    # note: u32 arithmetic is enough: a non-NaN word plus 0x8000 stays below 2^32 (NaN words are replaced)
+    xf = np.ascontiguousarray(x, np.float32).view(np.uint32)
     lsb = (xf >> 16) & 1
-    out = ((xf + 0x7FFF + lsb) >> 16).astype(np.uint16)
+    with np.errstate(over="ignore"):
+        out = ((xf + np.uint32(0x7FFF) + lsb) >> 16).astype(np.uint16)
     nan = (xf & _ABS) > _INF
     return np.where(nan, ((xf >> 16) | 0x40).astype(np.uint16), out)
 
@@ -497,7 +499,7 @@ def plain_bytes(fmt: str, x, name: str = "tensor") -> np.ndarray:
         raise ValueError(f"{name}: {fmt} is not a plain format (expected bf16, f16 or f32)")
     xf = widen_f32(x, name)
     if _is_torch(xf):
-        xf = xf.cpu().numpy()
+        return _plain_bytes_torch(fmt, x, xf, name)
     xf = xf.reshape(-1)
     bits = {"bf16": encode_bf16, "f16": encode_f16, "f32": lambda v: np.ascontiguousarray(v, "<f4")}[fmt](xf)
     back = xf if fmt == "f32" else (
@@ -507,3 +509,17 @@ def plain_bytes(fmt: str, x, name: str = "tensor") -> np.ndarray:
         raise ValueError(f"{name}: element {int(np.flatnonzero(bad)[0])} is NaN or Inf as {fmt} "
                          f"(source {source_dtype(x)}); mxq refuses non-finite weights")
     return np.ascontiguousarray(bits).view(np.uint8)
+
+
+def _plain_bytes_torch(fmt: str, x, xf, name: str) -> np.ndarray:
+    """plain_bytes of a torch tensor, converted on its own device: torch's f32 -> bf16 / f16 conversions round to
+    nearest even and carry overflow into inf, as codec.cpp's encoders do for every non-NaN input (a NaN or an
+    overflow is refused below either way); only the result's bytes cross to the host."""
+    import torch  # noqa: PLC0415
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[fmt]
+    out = xf.reshape(-1).to(dtype)
+    bad = ~(torch.isfinite(xf.reshape(-1)) & torch.isfinite(out))
+    if bool(bad.any()):
+        raise ValueError(f"{name}: element {int(torch.nonzero(bad)[0, 0])} is NaN or Inf as {fmt} "
+                         f"(source {source_dtype(x)}); mxq refuses non-finite weights")
+    return out.view(torch.uint8).cpu().numpy()

@@ -89,6 +89,32 @@ def test_plain_and_state_dict_mapping_from_torch(device):
     assert torch.equal(m["model.layers.0.mlp.experts.1.up_proj.weight"], gu[1, 32:])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_plain_bytes_on_the_device_equal_the_numpy_encoders(device):
+    """Plain tensors (embeddings, norms, lm_head) are converted on the tensor's device: the bytes equal the numpy
+    encoders' (codec.cpp's twins) on ties of both parities, subnormals, signed zeros and values that round up to
+    the largest finite bf16 / f16; an overflow to inf is refused by both."""
+    rng = np.random.default_rng(5)
+    hi = rng.integers(0, 1 << 16, 4096, dtype=np.uint32)  # any sign and exponent (non-finite dropped below)
+    words = np.concatenate([(hi << 16) | 0x8000, (hi << 16) | 0x7FFF, (hi << 16) | 0x8001,
+                            rng.integers(0, 1 << 32, 4096, dtype=np.uint64).astype(np.uint32),
+                            np.uint32([0x80000000, 0, 0x00000001, 0x807FFFFF, 0x7F7F7FFF, 0xFF7F7FFF])])
+    x = words.view(np.float32)
+    x = x[np.isfinite(x)]
+    for fmt, limit in (("bf16", 3.38e38), ("f16", 65504.0), ("f32", None)):
+        ok = x if limit is None else x[np.abs(x) <= limit]
+        t = torch.from_numpy(ok.copy()).to(device)
+        assert np.array_equal(mc.plain_bytes(fmt, t, "n"), mc.plain_bytes(fmt, ok, "n")), fmt
+        tb = t[t.abs() <= 3.38e38].bfloat16()  # a bf16 source (its overflow is a separate refusal)
+        assert np.array_equal(mc.plain_bytes(fmt, tb, "n"), mc.plain_bytes(fmt, _np(tb.cpu()), "n"))
+    for fmt, big in (("bf16", 3.4e38), ("f16", 65520.0)):
+        for src in (np.float32([1, big]), ):
+            with pytest.raises(ValueError, match="element 1 is NaN or Inf"):
+                mc.plain_bytes(fmt, torch.from_numpy(src).to(device), "n")
+            with pytest.raises(ValueError, match="element 1 is NaN or Inf"):
+                mc.plain_bytes(fmt, src, "n")
+
+
 # ---- POST /update_weights_from_tensor: packing, diff, the IPC handle -----------------------------------------
 TABLE = {
     "model.embed_tokens.weight": ("bf16", (96, 64)),
