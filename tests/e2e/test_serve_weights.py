@@ -663,3 +663,16 @@ def test_W25_update_from_tensor_takes_mxqs_manifest_and_a_cpu_engine_refuses_it_
     # a CPU engine refuses the route by name; a CUDA one cannot open a made-up handle
     assert status == 400 and ("serve --device cuda" if DEVICE == "cpu" else "cudaIpcOpenMemHandle") in j["message"], j
     assert version(s) == "0"
+
+
+def test_W14_W23_sleep_and_offload_routes_do_not_exist_and_the_weights_stay(serve_factory, live):
+    """mxq has no sleep / offload (SGLang's /release_memory_occupation, /resume_memory_occupation): the weights
+    never leave their buffers, so an update can never meet unmapped memory (W-14) and no wake can restore stale
+    bytes (W-23). The routes answer 404 and the last committed weights keep serving."""
+    s = start(serve_factory)
+    post_delta(s, delta_bytes(live, 0, 1, [flip_signs(live, DOWN0)]), expect=200)
+    sums, tokens = checksums(s), greedy(s)
+    for path in ("/release_memory_occupation", "/resume_memory_occupation"):
+        status, _, _ = s.post(path, {})
+        assert status == 404, path
+    assert checksums(s) == sums and greedy(s) == tokens and version(s) == "1"
