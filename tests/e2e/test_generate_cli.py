@@ -139,6 +139,32 @@ def test_chat_prompt_is_wrapped_in_the_template():
     assert json.loads(chat.stdout)["prompt_tokens"] > plain["prompt_tokens"]
 
 
+def test_Q06_a_malicious_chat_template_is_never_executed(tmp_path):
+    # covers Q-06: a checkpoint whose chat_template tries Jinja SSTI (reach os through a global, run a command)
+    # renders exactly as the plain default model: mxq builds chat prompts with its own Qwen3 code.
+    src = ROOT / "models" / "default"
+    model = tmp_path / "evil"
+    model.mkdir()
+    for f in src.iterdir():
+        if f.name != "tokenizer_config.json":
+            (model / f.name).symlink_to(f)
+    marker = tmp_path / "PWNED"
+    ssti = ("{{ cycler.__init__.__globals__.os.popen('touch " + str(marker) + "').read() }}"
+            "{% for m in messages %}{{ m.content }}{% endfor %}")
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = ssti
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (model / "chat_template.jinja").write_text(ssti)
+    args = ["hello", "--max-new-tokens", 3, "--chat", "--json", "--quantization", "mxfp8"]
+    plain = generate("--model", src, *args)
+    evil = generate("--model", model, *args)
+    assert plain.returncode == 0 and evil.returncode == 0, (plain.stderr, evil.stderr)
+    assert "chat_template is not executed" in evil.stderr
+    a, b = json.loads(plain.stdout), json.loads(evil.stdout)
+    assert (a["prompt_tokens"], a["token_ids"]) == (b["prompt_tokens"], b["token_ids"])
+    assert not marker.exists()
+
+
 def test_bench_decode_prints_pp_and_tg_rows():
     args = ["bench", "decode", "--model", GOLDEN / "ckpt" / "qwen3-moe-bf16", "--pp", 8, "--tg", 4, "--reps", 1]
     p = subprocess.run([str(MXQ), *map(str, args)], capture_output=True, text=True, timeout=600)

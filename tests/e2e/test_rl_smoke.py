@@ -60,6 +60,8 @@ def test_grpo_smoke_every_update_verified(tmp_path):
         assert 0 < u["delta_bytes"] < first["delta_bytes"] / 4, u
         assert int(s["rollout_weight_version"]) == u["version"] - 1, s  # sampled by the weights just sent
         assert s["gap"]["tokens"] == s["completion_tokens"] > 0
+        # covers W-24: after each update, the engine's logprobs of its own samples against the trainer's
+        # reference forward on the weights just sent stay within the bound (a broken update moves them by O(1))
         assert s["gap"]["mean_abs"] < GAP_MXFP8 and s["gap"]["kl_k3"] >= 0, s["gap"]
         assert 0 <= s["reward_mean"] <= 1 and 0 <= s["pass_rate"] <= 1
     summary = log["summary"]

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 
@@ -88,6 +89,37 @@ TEST(Codec, E8M0EncodeDecodeIdentity) {
   EXPECT_EQ(f32_to_e8m0(INFINITY), 254);
   EXPECT_EQ(f32_to_e8m0(std::bit_cast<float>(0x00400001u)), 1);  // just above 2^-127
   EXPECT_EQ(f32_to_e8m0(std::bit_cast<float>(1u)), 0);
+}
+
+// covers N-04: every f32 biased exponent (0..255) x the 8 guard / round / sticky patterns of the mantissa
+// (G = bit 22, R = bit 21, S = any of bits 20..0), both signs, against the ceil rule computed from its
+// definition (formats.md: b = ceil(log2 |x|) + 127, clamped to [0, 254]; NaN -> 0xFF) in double, where log2
+// is exact on powers of two and ceil never lands on the wrong integer. Includes 254's round-up (exponent 254
+// with any mantissa bit saturates, never 255) and exponent 255 (inf saturates to 254, NaN is 0xFF).
+TEST(Codec, E8M0EncodeEveryExponentAndGrsPattern) {
+  int checked = 0;
+  for (uint32_t e = 0; e < 256; ++e)
+    for (uint32_t grs = 0; grs < 8; ++grs)
+      for (uint32_t sign : {0u, 0x80000000u}) {
+        const uint32_t man =
+            ((grs & 4) ? 0x400000u : 0) | ((grs & 2) ? 0x200000u : 0) | ((grs & 1) ? 0x1u : 0);
+        const float x = std::bit_cast<float>(sign | (e << 23) | man);
+        int want;
+        if (std::isnan(x)) {
+          want = 0xFF;
+        } else if (x == 0.0f) {
+          want = 0;  // no zero in E8M0: the smallest scale, 2^-127
+        } else {
+          const double b = std::ceil(std::log2(std::fabs(static_cast<double>(x)))) + 127.0;
+          want = static_cast<int>(std::clamp(b, 0.0, 254.0));
+        }
+        EXPECT_EQ(f32_to_e8m0(x), want) << "f32 0x" << std::hex << std::bit_cast<uint32_t>(x);
+        ++checked;
+      }
+  EXPECT_EQ(checked, 256 * 8 * 2);
+  EXPECT_EQ(f32_to_e8m0(std::bit_cast<float>(0x7F400000u)), 254);  // 1.5 * 2^127: the round-up saturates
+  EXPECT_EQ(f32_to_e8m0(std::bit_cast<float>(0x7F000000u)), 254);  // 2^127 exactly
+  EXPECT_EQ(f32_to_e8m0(std::bit_cast<float>(0x7EC00000u)), 254);  // 1.5 * 2^126 rounds up to 2^127
 }
 
 struct SweepCase {

@@ -392,6 +392,8 @@ TEST(SafetensorsValid, PathLikeNamesAreJustNames) {
 }
 
 // covers L-18: data at odd file offsets comes out byte-exact through the copying accessor
+// covers G-07 (not applicable, shown here): safetensors has no alignment field to be zero or not a power of
+// two; offsets are byte offsets, and data at any alignment is legal and read by copying, as this test shows.
 TEST(SafetensorsValid, UnalignedData) {
   std::string padded = R"({"u":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
                        R"("f":{"dtype":"F32","shape":[2],"data_offsets":[1,9]}})";

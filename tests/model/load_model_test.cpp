@@ -33,6 +33,9 @@ void PrintTo(const OnlineCase& c, std::ostream* os) { *os << traits(c.format).na
 
 class OnlineQuantization : public ::testing::TestWithParam<OnlineCase> {};
 
+// covers N-15 as it applies to mxq: a quantized checkpoint is never dequantized and requantized (its planes are
+// loaded as stored; requantizing one is refused by name, BadCase requantize_quantized), so the hazard left is
+// our quantizer vs the trainer-side library's on the same real bf16 weights: identical bytes, checked here.
 TEST_P(OnlineQuantization, BytesEqualTheOtherToolsCheckpoint) {
   const OnlineCase& c = GetParam();
   auto online = load_model(kCkpt + "qwen3-dense-bf16", LoadOptions{c.format, 0, {}});

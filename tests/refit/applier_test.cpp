@@ -531,6 +531,66 @@ INSTANTIATE_TEST_SUITE_P(Chains, DeltaChain,
                                            ChainCase{"three_steps_then_back", {0.02, 0.02, 0.02, -1}, true}),
                          [](const auto& i) { return i.param.name; });
 
+// W-11 (one TP/EP rank fails while the others succeed): not applicable. mxq runs one engine on one device,
+// with no tensor- or expert-parallel ranks to disagree; one store takes an update all or nothing (above).
+
+// ---- buckets (W-21)
+// One update A -> B sent as one delta, or cut at other boundaries. A delta names every tensor (W-07: a
+// partial one is refused), so a bucket is a delta whose records for the other tensors carry no change:
+// one tensor's change per delta, an empty delta between them, and one tensor's change split over two deltas
+// (an intermediate with half its entries moved).
+// covers W-21: every bucketing lands the same native bytes and checksums as the single delta.
+TEST(DeltaBuckets, EveryBucketingLandsTheSameBytes) {
+  const ModelPlanes a = random_model(41), b = step(a, 0.2, 42);
+  WeightStore whole = make_store(a, true);
+  uint64_t whole_version = 0;
+  ASSERT_TRUE(apply_delta(whole, whole_version, make_delta(a, b, 0, 1, false)));
+  ASSERT_TRUE(canonical(whole) == b);
+
+  // one tensor per delta (the others unchanged), an empty delta after the first
+  WeightStore per_tensor = make_store(a, true);
+  uint64_t v = 0;
+  const Delta all = make_delta(a, b, 0, 1, false);
+  auto partial = apply_delta(per_tensor, v, Delta{0, 1, {all.tensors[0]}});
+  ASSERT_FALSE(partial);
+  EXPECT_NE(partial.error().message.find("W-07"), std::string::npos) << partial.error().message;
+  ModelPlanes at = a;
+  for (size_t k = 0; k < kSpecs.size(); ++k) {
+    ModelPlanes next = at;
+    next[kSpecs[k].name] = b.at(kSpecs[k].name);
+    auto one = apply_delta(per_tensor, v, make_delta(at, next, v, v + 1, false));
+    ASSERT_TRUE(one) << kSpecs[k].name << ": " << one.error().message;
+    at = std::move(next);
+    if (k == 0) {
+      auto empty = apply_delta(per_tensor, v, make_delta(at, at, v, v + 1, false));
+      ASSERT_TRUE(empty) << empty.error().message;
+    }
+  }
+  EXPECT_EQ(v, kSpecs.size() + 1);
+  EXPECT_TRUE(native(per_tensor) == native(whole));
+
+  // the MXFP8 tensor (in the transposed layout) split in two: the first half of its entries, then the rest
+  const Spec& s = kSpecs[1];
+  ModelPlanes half = a;
+  for (Plane plane : {Plane::kValues, Plane::kScales}) {
+    auto& mid = plane == Plane::kValues ? half[s.name].values : half[s.name].scales;
+    const auto& to = plane == Plane::kValues ? b.at(s.name).values : b.at(s.name).scales;
+    const size_t w = static_cast<size_t>(entry_bytes(s.format, plane)), cut = mid.size() / w / 2 * w;
+    std::copy(to.begin(), to.begin() + static_cast<std::ptrdiff_t>(cut), mid.begin());
+  }
+  ASSERT_FALSE(half == a);
+  ASSERT_FALSE(half == b);
+  WeightStore split = make_store(a, true);
+  uint64_t sv = 0;
+  ASSERT_TRUE(apply_delta(split, sv, make_delta(a, half, 0, 1, false)));
+  ASSERT_TRUE(apply_delta(split, sv, make_delta(half, b, 1, 2, false)));
+  EXPECT_TRUE(native(split) == native(whole));
+  for (const auto& [name, t] : whole.tensors()) {
+    EXPECT_EQ(per_tensor.at(name).checksum, t.checksum) << name;
+    EXPECT_EQ(split.at(name).checksum, t.checksum) << name;
+  }
+}
+
 // ---- a real model: what `mxq generate --model BASE --quantization Q --apply-delta STEP` runs
 // The target checkpoint is the base's f32 weights, each scaled by (1 + 1e-2 N(0,1)) (a large step, so scales
 // move as well as values).
@@ -606,6 +666,41 @@ TEST_P(CheckpointStep, BasePlusDeltaEqualsLoadingTheTarget) {
   ASSERT_FALSE(again);
   EXPECT_NE(again.error().message.find("already applied"), std::string::npos) << again.error().message;
   EXPECT_NE(again.error().message.find(files[0]), std::string::npos) << again.error().message;
+}
+
+// covers W-18: in a tied checkpoint lm_head is the embedding matrix itself (one tensor in the store), so a
+// step that moves the embedding refreshes the head with it: the delta has no lm_head record, and the logits
+// after it equal a load of the target. The other W-18 cases have nothing to refresh in what mxq loads: no
+// MTP / draft head or absorbed MLA in Qwen3 / Qwen3-MoE, and no fp8 KV scales (the KV cache is not fp8).
+TEST(CheckpointStepTied, TheTiedHeadFollowsTheEmbedding) {
+  const std::string base = MXQ_SOURCE_DIR "/tests/golden/model/ckpt/qwen3-dense-f32";  // tied, no lm_head
+  ScopedTempDir tmp;
+  const std::string target = tmp.path() + "/target";
+  std::filesystem::create_directory(target);
+  ASSERT_TRUE(write_target_checkpoint(base, target));
+  auto delta = make_checkpoint_delta(base, target, {Format::kMXFP8, 0, 1, false, 1});
+  ASSERT_TRUE(delta) << delta.error().message;
+  bool has_embedding = false;
+  for (const TensorDelta& t : delta->tensors) {
+    EXPECT_NE(t.name, "lm_head.weight");
+    has_embedding |= t.name == "model.embed_tokens.weight";
+  }
+  EXPECT_TRUE(has_embedding);
+
+  LoadOptions opt;
+  opt.quantization = Format::kMXFP8;
+  auto live = load_model(base, opt), fresh = load_model(target, opt);
+  ASSERT_TRUE(live && fresh);
+  ASSERT_TRUE(live->config.tie_word_embeddings);
+  EXPECT_FALSE(live->store.tensors().count("lm_head.weight"));
+  const std::vector<float> before = logits_of(*live);
+  uint64_t version = 0;
+  const Status s = apply_delta(live->store, version, *delta);
+  ASSERT_TRUE(s) << s.error().message;
+  EXPECT_TRUE(native(live->store) == native(fresh->store));
+  const std::vector<float> after = logits_of(*live), want = logits_of(*fresh);
+  EXPECT_EQ(std::memcmp(after.data(), want.data(), after.size() * sizeof(float)), 0);
+  EXPECT_NE(std::memcmp(after.data(), before.data(), after.size() * sizeof(float)), 0) << "nothing changed";
 }
 
 // ---- resident anchors (a full update from a buffer already in the store's memory: DeltaView::resident)
