@@ -576,9 +576,14 @@ class Applier {
   }
 
   struct Scratch {
+    // note: a constructor, so std::optional::emplace can build one in place on clang 14 too (no parenthesized
+    // aggregate init there); a temporary moved in would free the scratch twice.
+    Scratch(WeightMemory& m, std::span<uint8_t> b) : mem(m), bytes(b) {}
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    ~Scratch() { mem.free_scratch(bytes); }
     WeightMemory& mem;
     std::span<uint8_t> bytes;
-    ~Scratch() { mem.free_scratch(bytes); }
   };
 
  private:
