@@ -122,12 +122,7 @@ class Applier {
 
   // A store in host memory: record by record, each written and verified before the next.
   Status run_on_host(uint64_t& live_version) {
-    const size_t log_bytes = offsets_.back();
-    log_ = options_.allocate_undo ? options_.allocate_undo(log_bytes)
-                                  : std::unique_ptr<uint8_t[]>(new (std::nothrow) uint8_t[log_bytes]);
-    if (!log_ && log_bytes > 0)
-      return fail("delta {} -> {}: undo log of {} bytes could not be allocated; nothing written (W-26)",
-                  from(), to(), log_bytes);
+    if (auto s = allocate_host_log(); !s) return s;
     if (auto s = hook({ApplyStage::kValidated, 0, {}}); !s) return s;  // nothing written yet
     // note: the stored checksums are the rollback's target: after an undo every touched tensor must hash to
     // them again, or the store is marked inconsistent.
@@ -520,13 +515,8 @@ class Applier {
         auto undo_scratch = allocate_device_log(mem);
         if (!undo_scratch) return tl::unexpected(undo_scratch.error());
         log_guard.emplace(mem, *undo_scratch);
-      } else {
-        const size_t log_bytes = offsets_.back();
-        log_ = options_.allocate_undo ? options_.allocate_undo(log_bytes)
-                                      : std::unique_ptr<uint8_t[]>(new (std::nothrow) uint8_t[log_bytes]);
-        if (!log_ && log_bytes > 0)
-          return fail("delta {} -> {}: undo log of {} bytes could not be allocated; nothing written (W-26)",
-                      from(), to(), log_bytes);
+      } else if (auto s = allocate_host_log(); !s) {
+        return s;
       }
       if (auto s = hook({ApplyStage::kValidated, 0, {}}); !s) return s;  // nothing written yet
       const auto t_write = Clock::now();
@@ -590,6 +580,16 @@ class Applier {
   uint64_t from() const { return delta_.base_version; }
   uint64_t to() const { return delta_.new_version; }
   Status hook(const StagePoint& p) const { return options_.fault ? options_.fault(p) : Status{}; }
+  // The undo log in host memory (log_), from options_.allocate_undo when the caller gives one.
+  Status allocate_host_log() {
+    const size_t log_bytes = offsets_.back();
+    log_ = options_.allocate_undo ? options_.allocate_undo(log_bytes)
+                                  : std::unique_ptr<uint8_t[]>(new (std::nothrow) uint8_t[log_bytes]);
+    if (!log_ && log_bytes > 0)
+      return fail("delta {} -> {}: undo log of {} bytes could not be allocated; nothing written (W-26)",
+                  from(), to(), log_bytes);
+    return {};
+  }
   // The undo log in `mem`'s scratch (device_log_ points at it; the caller frees it through a Scratch guard).
   Result<std::span<uint8_t>> allocate_device_log(WeightMemory& mem) {
     const size_t log_bytes = offsets_.back();
