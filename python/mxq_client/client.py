@@ -153,16 +153,21 @@ class Client:
                 out[name] = (plain_bytes(fmt, mapped[name], name), np.zeros(0, np.uint8))
         return out
 
+    def _next_version(self, new_version: int | None) -> tuple[int, int]:
+        """(live version, the update's new version): live + 1 by default; one that does not advance is refused."""
+        live = self.weight_version()
+        new_version = live + 1 if new_version is None else int(new_version)
+        if new_version <= live:
+            raise ValueError(f"new_version {new_version} must exceed the live version {live}")
+        return live, new_version
+
     def update_weights(self, state_dict, *, new_version: int | None = None, force_anchor: bool = False,
                        verify: bool = True) -> dict:
         """Sends `state_dict` (HF names; numpy arrays or torch tensors on any device) as one delta and returns
         the server's reply. The new version defaults to the live one + 1."""
         t0 = time.perf_counter()
         table = self.tensor_table()
-        live = self.weight_version()
-        new_version = live + 1 if new_version is None else int(new_version)
-        if new_version <= live:
-            raise ValueError(f"new_version {new_version} must exceed the live version {live}")
+        live, new_version = self._next_version(new_version)
         planes = self.planes(state_dict)
         anchor_all = (force_anchor or self._planes_version != live
                       or (self.anchor_every and self._updates % self.anchor_every == 0))
@@ -218,10 +223,7 @@ class Client:
         import torch  # noqa: PLC0415  (CUDA tensors: the caller has torch)
         t0 = time.perf_counter()
         table = self.tensor_table()
-        live = self.weight_version()
-        new_version = live + 1 if new_version is None else int(new_version)
-        if new_version <= live:
-            raise ValueError(f"new_version {new_version} must exceed the live version {live}")
+        live, new_version = self._next_version(new_version)
         buf, tensors, planes = ipc.pack_state_dict(state_dict, table, quantize_on_trainer=quantize_on_trainer,
                                                    fused=fused)
         kept = {}
