@@ -325,7 +325,6 @@ class CudaWeightMemory final : public WeightMemory {
   // XXH3-64 of canonical planes in device memory this memory did not allocate (cuda::canonical_checksums).
   Status canonical_sums(std::span<const CanonicalSumJob> jobs) {
     std::vector<ChecksumJobDevice> dev;
-    uint64_t blocks = 0;
     for (const CanonicalSumJob& j : jobs) {
       for (auto span : {j.values, j.scales})
         if (!span.empty() && !is_device(span.data()))
@@ -335,14 +334,11 @@ class CudaWeightMemory final : public WeightMemory {
       d.values.rows = 1, d.values.row_bytes = static_cast<int64_t>(j.values.size()), d.values.run = 16;
       d.scales.native = const_cast<uint8_t*>(j.scales.data());
       d.scales.rows = 1, d.scales.row_bytes = static_cast<int64_t>(j.scales.size()), d.scales.run = 16;
-      d.len = j.values.size() + j.scales.size();
-      d.first_block = blocks;
-      blocks += xxh3_job_blocks(d.len);
       dev.push_back(d);
     }
     std::vector<uint64_t*> outs;
     for (const CanonicalSumJob& j : jobs) outs.push_back(j.out);
-    return run_two_pass(dev, blocks, outs);
+    return run_two_pass(dev, outs);
   }
 
   bool host_pinned(std::span<const uint8_t> bytes) const override {
@@ -551,26 +547,29 @@ class CudaWeightMemory final : public WeightMemory {
   Status checksums_two_pass(std::span<const ChecksumJob> jobs) {
     if (jobs.empty()) return sync();
     std::vector<ChecksumJobDevice> dev;
-    uint64_t blocks = 0;
     for (const ChecksumJob& j : jobs) {
       ChecksumJobDevice d;
       auto v = device_plane(*j.values_layout, j.values), s = device_plane(*j.scales_layout, j.scales);
       if (!v) return tl::unexpected(v.error());
       if (!s) return tl::unexpected(s.error());
       d.values = *v, d.scales = *s;
-      d.len = static_cast<uint64_t>(d.values.bytes() + d.scales.bytes());
-      d.first_block = blocks;
-      blocks += xxh3_job_blocks(d.len);
       dev.push_back(d);
     }
     std::vector<uint64_t*> outs;
     for (const ChecksumJob& j : jobs) outs.push_back(j.out);
-    return run_two_pass(dev, blocks, outs);
+    return run_two_pass(dev, outs);
   }
 
-  // The two-kernel hash of jobs already described for the device (block sums, then the finish).
-  Status run_two_pass(const std::vector<ChecksumJobDevice>& dev, uint64_t blocks, std::span<uint64_t* const> outs) {
+  // The two-kernel hash of jobs whose planes are described for the device (block sums, then the finish);
+  // each job's stream length and first block are set here.
+  Status run_two_pass(std::vector<ChecksumJobDevice>& dev, std::span<uint64_t* const> outs) {
     if (dev.empty()) return sync();
+    uint64_t blocks = 0;
+    for (ChecksumJobDevice& d : dev) {
+      d.len = static_cast<uint64_t>(d.values.bytes() + d.scales.bytes());
+      d.first_block = blocks;
+      blocks += xxh3_job_blocks(d.len);
+    }
     const size_t job_bytes = dev.size() * sizeof(ChecksumJobDevice), out_bytes = dev.size() * 8;
     const size_t sum_bytes = static_cast<size_t>(blocks) * 64;
     auto st = stage(sum_bytes + job_bytes + out_bytes + 32);
