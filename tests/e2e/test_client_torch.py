@@ -189,6 +189,141 @@ def test_diff_packed_finds_the_changed_entries_of_every_plane(device):
     assert got, "the perturbation changed nothing"
 
 
+# note: planes of every entry width (bf16 2, f32 4, FP8-B128 scales 4, the rest 1 byte), with plane ends inside
+# 8-byte words (padding follows), and a last plane that ends the buffer; 26,576 bytes: a multiple of 8 but not of
+# the diff's 64-byte chunk, so the final chunk is partial
+DIFF_LAYOUT = [("a", "bf16", (37,)), ("b", "f32", (13,)), ("c", "mxfp8", (3, 64)), ("d", "fp8-b128", (130, 200)),
+               ("e", "mxfp4", (5, 64)), ("f", "bf16", (16,))]
+
+
+def diff_layout(layout=DIFF_LAYOUT, align=16):
+    from mxq_client import ipc
+    entries = []
+    for name, fmt, shape in layout:
+        values, scales = (mc.delta.plane_geometry(fmt, shape) if fmt in mc.delta.FORMATS
+                          else (ipc._source_bytes(fmt, shape), 0))
+        entries.append((name, fmt, shape, values, scales))
+    tensors, size = ipc.build_manifest(entries, align)
+    return tensors, -(-size // 8) * 8
+
+
+def reference_diff(old, new, tensors):
+    """diff_packed's answer from host copies: np.nonzero over each plane's entries."""
+    from mxq_client import ipc
+    out = {}
+    for name, plane, start, size, width in ipc._planes_of(tensors):
+        a, b = old[start:start + size].reshape(-1, width), new[start:start + size].reshape(-1, width)
+        idx = np.nonzero((a != b).any(1))[0]
+        if idx.size:
+            out.setdefault(name, {})[plane] = (idx, b[idx].reshape(-1))
+    return out
+
+
+def in_planes(tensors, size):
+    from mxq_client import ipc
+    inside = np.zeros(size, bool)
+    for *_, start, n, _ in ipc._planes_of(tensors):
+        inside[start:start + n] = True
+    return inside
+
+
+def wide_bytes(tensors, size, high):
+    """The high (or low) byte of every entry of the planes whose entries are wider than a byte."""
+    from mxq_client import ipc
+    out = [start + np.arange(n // width) * width + (width - 1 if high else 0)
+           for *_, start, n, width in ipc._planes_of(tensors) if width > 1]
+    return np.concatenate(out)
+
+
+def changed_bytes(case, tensors, size, rng):
+    """Byte offsets that a case changes (each by a nonzero xor)."""
+    inside = np.flatnonzero(in_planes(tensors, size))
+    if case == "none":
+        return np.zeros(0, np.int64)
+    if case == "sparse":  # about 0.1% of the bytes, the trainer's case
+        return rng.choice(inside, 30, replace=False)
+    if case == "dense":  # most words several bytes, most chunks changed
+        return inside[rng.random(inside.size) < 0.3]
+    if case == "every byte":
+        return inside
+    if case == "chunk edges":  # both sides of every 64-byte chunk boundary, and of every 8-byte word in one chunk
+        edges = np.concatenate([np.arange(64, size, 64) - 1, np.arange(0, size, 64), np.arange(1088, 1152, 8) - 1])
+        return np.intersect1d(edges, inside)
+    if case == "last bytes":  # the final, partial chunk: its first and its last byte (the buffer's last)
+        assert size % 64 and inside[-1], "the layout must end the buffer with a partial chunk"
+        return np.array([size // 64 * 64, size - 1])
+    if case == "high byte only":
+        return rng.choice(wide_bytes(tensors, size, high=True), 40, replace=False)
+    if case == "low byte only":
+        return rng.choice(wide_bytes(tensors, size, high=False), 40, replace=False)
+    if case == "padding only":  # never happens (padding is written once, as zeros); the planes still did not change
+        return np.flatnonzero(~in_planes(tensors, size))
+    raise AssertionError(case)
+
+
+DIFF_CASES = ["none", "sparse", "dense", "every byte", "chunk edges", "last bytes", "high byte only",
+              "low byte only", "padding only"]
+
+
+def check_diff(got, want, tensors):
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name].keys() == want[name].keys(), name
+        t = next(t for t in tensors if t["name"] == name)
+        for plane, (idx, data) in want[name].items():
+            have_idx, have_data = got[name][plane]
+            wide = (mc.entry_bytes(t["dtype"], plane) if t["dtype"] in mc.delta.FORMATS
+                    else {"bf16": 2, "f32": 4}[t["dtype"]]) > 1
+            assert have_idx.dtype == (np.int64 if wide else np.int32), (name, plane, have_idx.dtype)
+            assert have_data.dtype == np.uint8, (name, plane)
+            assert np.array_equal(have_idx, idx), (name, plane)
+            assert np.array_equal(have_data, data), (name, plane)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", DIFF_CASES)
+def test_diff_packed_equals_a_host_reference(device, case):
+    from mxq_client import ipc
+    tensors, size = diff_layout()
+    assert size == 26576 and size % 64
+    rng = np.random.default_rng(DIFF_CASES.index(case))
+    old = rng.integers(0, 256, size, dtype=np.uint8)
+    old[~in_planes(tensors, size)] = 0
+    new = old.copy()
+    at = changed_bytes(case, tensors, size, rng)
+    new[at] ^= rng.integers(1, 256, at.size, dtype=np.uint8)
+    got = ipc.diff_packed(torch.from_numpy(old).to(device), torch.from_numpy(new).to(device), tensors)
+    want = reference_diff(old, new, tensors)
+    assert bool(want) == (case not in ("none", "padding only")), case
+    check_diff(got, want, tensors)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_diff_packed_with_byte_planes_that_share_words(device):
+    """Byte-entry planes at any alignment: a changed word may hold the end of one plane and the start of the
+    next, each byte is placed by its own offset."""
+    from mxq_client import ipc
+    tensors, size = diff_layout([("c", "mxfp8", (3, 64)), ("e", "mxfp4", (5, 64)), ("g", "mxfp8", (1, 32))], 1)
+    assert any(t["offset"] % 8 for t in tensors)
+    rng = np.random.default_rng(9)
+    old = rng.integers(0, 256, size, dtype=np.uint8)
+    new = old.copy()
+    at = np.concatenate([rng.choice(size, 40, replace=False), [t["offset"] for t in tensors]])
+    new[at] ^= 0x80
+    got = ipc.diff_packed(torch.from_numpy(old).to(device), torch.from_numpy(new).to(device), tensors)
+    check_diff(got, reference_diff(old, new, tensors), tensors)
+
+
+def test_diff_packed_refuses_what_it_cannot_diff():
+    from mxq_client import ipc
+    tensors, size = diff_layout([("c", "mxfp8", (1, 32)), ("a", "bf16", (3,))], 2)
+    buf = torch.zeros(size, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"a: values plane at byte 34, not a multiple of 8"):
+        ipc.diff_packed(buf, buf, tensors)
+    with pytest.raises(ValueError, match=r"packed buffers of 48 and 40 bytes"):
+        ipc.diff_packed(torch.zeros(48, dtype=torch.uint8), torch.zeros(40, dtype=torch.uint8), tensors)
+
+
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
