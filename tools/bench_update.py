@@ -39,7 +39,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))  # note: this tree's client, installed or not: the one being measured
 import mxq_client as mc  # noqa: E402
 from mxq_client import ipc  # noqa: E402
-from mxq_client.delta import MAGIC, WIRE_VERSION  # noqa: E402
 
 LISTEN_RE = re.compile(r"mxq serve: listening on http://([^\s:/]+):(\d+)")
 # note: Qwen3-8B (tools/make_synthetic_qwen3.py): hidden 4096, 32 q / 8 kv heads of 128, intermediate 12288
@@ -196,14 +195,9 @@ def delta_body(table, old, new):
 
 def wire(body, base, new, level=3):
     """The delta file of `body` with its versions set: they are the body's first 16 bytes (refit-format.md §2),
-    so the records are encoded once and only the header, hash and zstd frame are redone per post."""
+    so the records are encoded once and only the header, hash and zstd frame (level 0: none) are redone."""
     import struct
-
-    import xxhash
-    import zstandard
-    body = struct.pack("<QQ", base, new) + body[16:]
-    frame = zstandard.ZstdCompressor(level=level, write_content_size=True).compress(body)
-    return MAGIC + struct.pack("<IIQQ", WIRE_VERSION, 0, len(body), xxhash.xxh3_64_intdigest(body)) + frame
+    return mc.delta.wrap_body(struct.pack("<QQ", base, new) + body[16:], level)
 
 
 def stage_medians(replies):
@@ -215,30 +209,48 @@ def stage_medians(replies):
     return {name: statistics.median(v) for name, v in per.items()}
 
 
+# The ways a delta reaches the server: the HTTP body zstd-3 or raw (flags bit 0), or a raw file in a directory
+# the server reads (/dev/shm) posted as {"path"}: the file's write is timed with the post.
+TRANSPORTS = [("zstd-3 body", 3, False), ("raw body", 0, False), ("raw file in /dev/shm, posted as path", 0, True)]
+
+
 def bench_sparse(a, c, table, planes_a, rows):
     plane_bytes = sum(v.size + s.size for v, s in planes_a.values())
     rng = np.random.default_rng(1)
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     for frac in [float(x) for x in a.sparse.split(",") if x]:
         planes_b = perturb(planes_a, table, frac, rng)
         fwd, entries, anchors = delta_body(table, planes_a, planes_b)
         back, _, _ = delta_body(table, planes_b, planes_a)
-        times, server_s, sizes, replies = [], [], [], []
-        for _ in range(a.reps):
-            for body in (fwd, back):
-                live = c.weight_version()
-                blob = wire(body, live, live + 1)
-                sizes.append(len(blob))
-                dt, reply = timed_post(c, "/update_weights_from_delta", blob, "application/octet-stream")
-                times.append(dt)
-                server_s.append(float(reply.get("seconds", "nan")))
-                replies.append(reply)
         label = f"{100 * frac:g}%"
-        rows.append({"what": f"HTTP sparse delta {label} ({entries:,} entries, {statistics.median(sizes) / 1e6:.2f} "
-                             f"MB body{f', {anchors} anchors' if anchors else ''})",
-                     "ms": median_ms(times), "gbs": plane_bytes / statistics.median(times) / 1e9,
-                     "server_ms": 1e3 * statistics.median(server_s), "stages": stage_medians(replies),
-                     "key": f"http_sparse_{label}",
-                     "peer": f"uniform {label} [wire, pageable body, incr]"})
+        for how, level, as_path in TRANSPORTS:
+            times, server_s, sizes, replies = [], [], [], []
+            for _ in range(a.reps):
+                for body in (fwd, back):
+                    live = c.weight_version()
+                    blob = wire(body, live, live + 1, level)
+                    sizes.append(len(blob))
+                    if as_path:
+                        path = os.path.join(shm, f"mxq-bench-{os.getpid()}.mxqd")
+                        t0 = time.perf_counter()
+                        with open(path, "wb") as f:
+                            f.write(blob)
+                        dt, reply = timed_post(c, "/update_weights_from_delta", json.dumps({"path": path}).encode())
+                        dt = time.perf_counter() - t0
+                        os.unlink(path)
+                    else:
+                        dt, reply = timed_post(c, "/update_weights_from_delta", blob, "application/octet-stream")
+                    if not reply.get("success", False):
+                        raise SystemExit(f"bench_update: sparse {label} ({how}) refused: {reply.get('message')}")
+                    times.append(dt)
+                    server_s.append(float(reply.get("seconds", "nan")))
+                    replies.append(reply)
+            rows.append({"what": f"HTTP sparse delta {label}, {how} ({entries:,} entries, "
+                                 f"{statistics.median(sizes) / 1e6:.2f} MB file{f', {anchors} anchors' if anchors else ''})",
+                         "ms": median_ms(times), "gbs": plane_bytes / statistics.median(times) / 1e9,
+                         "server_ms": 1e3 * statistics.median(server_s), "stages": stage_medians(replies),
+                         "key": f"http_sparse_{label}" + ("" if level else "_raw") + ("_path" if as_path else ""),
+                         "peer": f"uniform {label} [wire, pageable body, incr]"})
 
 
 # ---- (b) CUDA IPC ----------------------------------------------------------------------------------------------
@@ -405,7 +417,7 @@ def run_refit(a):
 
 
 # ---- the table -------------------------------------------------------------------------------------------------
-GOALS = {"http_sparse_1%": 1.5, "ipc_full_engine": 1.2, "ipc_full_trainer": 1.2}
+GOALS = {"http_sparse_1%": 1.5, "http_sparse_1%_raw": 1.5, "http_sparse_1%_raw_path": 1.5, "ipc_full_engine": 1.2, "ipc_full_trainer": 1.2}
 
 
 def verdict(row, refit):

@@ -9,6 +9,8 @@ Only the standard library speaks HTTP, so the package needs numpy, zstandard and
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -42,10 +44,16 @@ class Client:
     tensors with mxq's rules into the live tensor's format, diffs them against the kept planes and sends a
     sparse delta; a record is an anchor on the first call, every `anchor_every` calls (0: never forced), after
     the server's version moved under the client, or where sparse would not be smaller. The server's checksums
-    are then compared with the client's; any failure raises MxqError with the server's reason."""
+    are then compared with the client's; any failure raises MxqError with the server's reason.
+
+    zstd_level: None chooses per delta (raw when zstd barely shrinks it: the server then decompresses
+    nothing), 0 always raw, 1..22 zstd. delta_dir: a directory the server reads too (/dev/shm on the same
+    host): each delta is written there and posted as {"path": ...} instead of as the HTTP body, which the
+    server reads in 4 KiB pieces (cpp-httplib 0.11: about 2 ms per MB, bench/RESULTS.md)."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, *,
-                 anchor_every: int = 0, timeout: float = 600.0, zstd_level: int = 3):
+                 anchor_every: int = 0, timeout: float = 600.0, zstd_level: int | None = None,
+                 delta_dir: str | None = None):
         if anchor_every < 0:
             raise ValueError(f"anchor_every must be >= 0, got {anchor_every}")
         self.base_url = base_url.rstrip("/")
@@ -53,6 +61,7 @@ class Client:
         self.anchor_every = anchor_every
         self.timeout = timeout
         self.zstd_level = zstd_level
+        self.delta_dir = delta_dir
         self._table: dict[str, tuple[str, tuple[int, ...]]] | None = None
         self._planes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._planes_version: int | None = None
@@ -177,7 +186,17 @@ class Client:
             records.append(diff_tensor(name, fmt, shape, old, planes[name]))
         blob = write_delta(Delta(live, new_version, records), level=self.zstd_level)
         quantize_s = time.perf_counter() - t0
-        reply = self._request("POST", "/update_weights_from_delta", blob, "application/octet-stream")
+        if self.delta_dir is None:
+            reply = self._request("POST", "/update_weights_from_delta", blob, "application/octet-stream")
+        else:
+            fd, path = tempfile.mkstemp(prefix="mxq-delta-", suffix=".bin", dir=self.delta_dir)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(blob)
+                reply = self._request("POST", "/update_weights_from_delta",
+                                      json.dumps({"path": os.path.abspath(path)}).encode())
+            finally:
+                os.unlink(path)
         got = _version(reply.get("weight_version", new_version), "/update_weights_from_delta")
         if got != new_version:
             self._forget()

@@ -287,7 +287,7 @@ void add_delta(CLI::App& app, int& exit_code) {
   mak->add_option("--base-version", mk->base_version, "version the delta applies to (default 0)");
   mak->add_option("--new-version", mk->new_version, "version after the delta (default 1)");
   mak->add_flag("--anchor", mk->anchor, "every tensor in full");
-  mak->add_option("--level", mk->level, "zstd level")->check(CLI::Range(1, 22));
+  mak->add_option("--level", mk->level, "zstd level (0: no zstd, the body stored raw)")->check(CLI::Range(0, 22));
   mak->add_option("--threads", mk->threads, "quantization threads (default: all cores)")
       ->check(CLI::Range(1, 1024));
   mak->callback([&exit_code, mk] { exit_code = make(*mk); });
@@ -307,7 +307,7 @@ void add_delta(CLI::App& app, int& exit_code) {
   auto* rec = cmd->add_subcommand("recode", "read a delta, check it, write it again");
   rec->add_option("file", opt->in_path, "delta file")->required();
   rec->add_option("-o,--output", opt->out_path, "output file")->required();
-  rec->add_option("--level", opt->level, "zstd level")->check(CLI::Range(1, 22));
+  rec->add_option("--level", opt->level, "zstd level (0: no zstd, the body stored raw)")->check(CLI::Range(0, 22));
   rec->callback([&exit_code, opt] { exit_code = recode(opt->in_path, opt->out_path, opt->level); });
 
   auto* ben =

@@ -311,14 +311,19 @@ Result<std::vector<uint8_t>> write_delta(const Delta& delta, int zstd_level) {
 }
 
 Result<std::vector<uint8_t>> wrap_body(std::span<const uint8_t> body, int zstd_level) {
-  std::vector<uint8_t> out(kFileHeaderBytes + ZSTD_compressBound(body.size()));
+  const bool raw = zstd_level == kRawBody;
+  std::vector<uint8_t> out(kFileHeaderBytes + (raw ? body.size() : ZSTD_compressBound(body.size())));
   std::memcpy(out.data(), kDeltaMagic, 8);
-  const uint32_t version = kWireVersion, flags = 0;
+  const uint32_t version = kWireVersion, flags = raw ? kRawBodyFlag : 0;
   const uint64_t body_bytes = body.size(), body_hash = XXH3_64bits(body.data(), body.size());
   std::memcpy(out.data() + 8, &version, 4);
   std::memcpy(out.data() + 12, &flags, 4);
   std::memcpy(out.data() + 16, &body_bytes, 8);
   std::memcpy(out.data() + 24, &body_hash, 8);
+  if (raw) {
+    if (!body.empty()) std::memcpy(out.data() + kFileHeaderBytes, body.data(), body.size());
+    return out;
+  }
   const size_t z = ZSTD_compress(out.data() + kFileHeaderBytes, out.size() - kFileHeaderBytes, body.data(),
                                  body.size(), zstd_level);
   if (ZSTD_isError(z)) return fail("zstd compression failed: {}", ZSTD_getErrorName(z));
@@ -493,10 +498,15 @@ Result<uint64_t> body_size(std::span<const uint8_t> file, const ReadLimits& limi
   std::memcpy(&flags, file.data() + 12, 4);
   std::memcpy(&body_bytes, file.data() + 16, 8);
   if (version != kWireVersion) return fail("wire version {}, this reader speaks {}", version, kWireVersion);
-  if (flags != 0) return fail("flags 0x{:08X}, expected 0", flags);
+  if ((flags & ~kRawBodyFlag) != 0) return fail("flags 0x{:08X}, expected 0 or 1 (raw body)", flags);
   if (body_bytes > limits.max_body_bytes)
     return fail("body of {} bytes exceeds the limit of {}", body_bytes, limits.max_body_bytes);
   const auto frame = file.subspan(kFileHeaderBytes);
+  if (flags & kRawBodyFlag) {
+    if (frame.size() != body_bytes)
+      return fail("a raw body of {} bytes after the header, the header says {}", frame.size(), body_bytes);
+    return body_bytes;
+  }
   const size_t frame_bytes = ZSTD_findFrameCompressedSize(frame.data(), frame.size());
   if (ZSTD_isError(frame_bytes) || frame_bytes != frame.size())
     return fail("expected one zstd frame of {} bytes after the header", frame.size());
@@ -512,18 +522,43 @@ Result<uint64_t> body_size(std::span<const uint8_t> file, const ReadLimits& limi
   return body_bytes;
 }
 
+namespace {
+
+bool raw_flag(std::span<const uint8_t> file) {
+  uint32_t flags;
+  std::memcpy(&flags, file.data() + 12, 4);
+  return (flags & kRawBodyFlag) != 0;
+}
+
+Status check_body_hash(std::span<const uint8_t> file, std::span<const uint8_t> body) {
+  uint64_t body_hash;
+  std::memcpy(&body_hash, file.data() + 24, 8);
+  if (XXH3_64bits(body.data(), body.size()) != body_hash) return fail("body XXH3-64 differs from the header");
+  return {};
+}
+
+}  // namespace
+
+Result<std::optional<std::span<const uint8_t>>> raw_body(std::span<const uint8_t> file, const ReadLimits& limits) {
+  MXQ_TRY_ASSIGN(body_bytes, body_size(file, limits));
+  if (!raw_flag(file)) return std::optional<std::span<const uint8_t>>();
+  const auto body = file.subspan(kFileHeaderBytes, static_cast<size_t>(body_bytes));
+  if (auto s = check_body_hash(file, body); !s) return tl::unexpected(s.error());
+  return std::optional(body);
+}
+
 Status decompress_body(std::span<const uint8_t> file, std::span<uint8_t> body) {
   MXQ_TRY_ASSIGN(body_bytes, body_size(file));
   if (body.size() != body_bytes)
     return fail("body buffer of {} bytes for a body of {}", body.size(), body_bytes);
-  uint64_t body_hash;
-  std::memcpy(&body_hash, file.data() + 24, 8);
   const auto frame = file.subspan(kFileHeaderBytes);
-  const size_t got = ZSTD_decompress(body.data(), body.size(), frame.data(), frame.size());
-  if (ZSTD_isError(got) || got != body.size())
+  if (raw_flag(file)) {
+    if (!body.empty()) std::memcpy(body.data(), frame.data(), body.size());
+  } else if (const size_t got = ZSTD_decompress(body.data(), body.size(), frame.data(), frame.size());
+             ZSTD_isError(got) || got != body.size()) {
     return fail("zstd body does not decompress to {} bytes", body_bytes);
-  if (XXH3_64bits(body.data(), body.size()) != body_hash) return fail("body XXH3-64 differs from the header");
-  return {};
+  }
+  return check_body_hash(file, body);
 }
 
 // The header is checked before the frame is touched, and the frame's declared content size against the header

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -68,7 +69,10 @@ Result<std::array<PlaneGeometry, 2>> tensor_geometry(Format format, const std::v
 // check_tensor_delta() refuses.
 Result<std::vector<uint8_t>> encode_delta_body(const Delta& delta);
 // note: level 3 is zstd's default; higher levels gain little on near-random fp8 bytes (measured in the doc).
-// Header + one zstd frame around an encoded body.
+// Header + one zstd frame around an encoded body; level kRawBody: header + the body as it is (flags bit 0,
+// docs/refit-format.md §1), for bodies zstd barely shrinks, which then cost no decompression.
+inline constexpr int kRawBody = 0;
+inline constexpr uint32_t kRawBodyFlag = 1;
 Result<std::vector<uint8_t>> wrap_body(std::span<const uint8_t> body, int zstd_level = 3);
 Result<std::vector<uint8_t>> write_delta(const Delta& delta, int zstd_level = 3);
 Status write_delta_file(const Delta& delta, const std::filesystem::path& path, int zstd_level = 3);
@@ -81,12 +85,16 @@ Result<Delta> read_delta(std::span<const uint8_t> file, const ReadLimits& limits
 Result<Delta> read_delta_file(const std::filesystem::path& path, const ReadLimits& limits = {});
 // A delta file's bytes, unread past what the checks allow: a regular file (a FIFO, a directory or /dev/zero
 // is refused by kind), whose first 8 bytes are the magic (checked before the rest is read), of at most the
-// header plus a zstd frame of limits.max_body_bytes.
+// header plus a zstd frame (or a raw body) of limits.max_body_bytes.
 Result<std::string> read_delta_file_bytes(const std::filesystem::path& path, const ReadLimits& limits = {});
 // The header checks of read_delta and the body decompressed into `body` (which must hold the header's body
 // bytes; body_size() says how many). read_delta is decompress_body + decode_delta_body.
 Result<uint64_t> body_size(std::span<const uint8_t> file, const ReadLimits& limits = {});
 Status decompress_body(std::span<const uint8_t> file, std::span<uint8_t> body);
+// A raw-body file's body where it lies in `file` (header checked, body hash verified); an empty optional for
+// a zstd file (decompress_body then).
+Result<std::optional<std::span<const uint8_t>>> raw_body(std::span<const uint8_t> file,
+                                                          const ReadLimits& limits = {});
 
 // ---- undecoded view (the device path: docs/refit-format.md "Device path")
 // A delta read up to the index sets, which stay in their wire encoding: every span points into the body,

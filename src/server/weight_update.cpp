@@ -78,15 +78,23 @@ UpdateOutcome WeightUpdater::apply_delta_file(std::span<const uint8_t> file, uin
   const refit::ReadLimits limits{max_update_bytes_};
   auto size = refit::body_size(file, limits);
   if (!size) return finish(fail_in("delta", size.error()), version, 0, since(start));
-  // note: a device store decompresses into its pinned staging, so the body uploads without a copy (as
-  // refit::apply_delta_files does).
+  auto raw = refit::raw_body(file, limits);
+  if (!raw) return finish(fail_in("delta", raw.error()), version, 0, since(start));
+  // note: a raw body is read where it lies (the posted bytes); a zstd body on a device store decompresses
+  // into the pinned staging, so it uploads without a copy (as refit::apply_delta_files does).
   std::vector<uint8_t> pageable;
-  std::span<uint8_t> body;
-  if (store_->on_device()) body = store_->memory().host_staging(static_cast<size_t>(*size));
-  if (body.size() < *size) pageable.resize(static_cast<size_t>(*size)), body = pageable;
-  body = body.first(static_cast<size_t>(*size));
-  if (auto s = refit::decompress_body(file, body); !s)
-    return finish(fail_in("delta", s.error()), version, 0, since(start));
+  std::span<const uint8_t> body;
+  if (*raw) {
+    body = **raw;
+  } else {
+    std::span<uint8_t> out;
+    if (store_->on_device()) out = store_->memory().host_staging(static_cast<size_t>(*size));
+    if (out.size() < *size) pageable.resize(static_cast<size_t>(*size)), out = pageable;
+    out = out.first(static_cast<size_t>(*size));
+    if (auto s = refit::decompress_body(file, out); !s)
+      return finish(fail_in("delta", s.error()), version, 0, since(start));
+    body = out;
+  }
   const double decompressed = since(start);
   auto view = refit::parse_delta_view(body);
   if (!view) return finish(fail_in("delta", view.error()), version, 0, since(start));

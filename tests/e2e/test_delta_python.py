@@ -73,11 +73,11 @@ def body_of(data):
     return zstandard.ZstdDecompressor().decompress(data[32:])
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_cpp_reads_what_python_writes(mxq, tmp_path, seed):
+@pytest.mark.parametrize("seed,level", [(0, 3), (1, 3), (2, 3), (0, 0), (1, None)])
+def test_cpp_reads_what_python_writes(mxq, tmp_path, seed, level):
     delta, expect = make_delta(seed)
     path = tmp_path / "d.mxqd"
-    path.write_bytes(mc.write_delta(delta))
+    path.write_bytes(mc.write_delta(delta, level=level))
     r = _run(mxq, "delta", "inspect", "--json", str(path))
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
@@ -110,6 +110,28 @@ def test_cpp_writer_makes_the_python_bytes(mxq, tmp_path, seed):
     assert cpp[:32] == mc.write_delta(delta)[:32]
     back = mc.read_delta(cpp)
     assert mc.encode_body(back) == mc.encode_body(delta)
+
+
+def test_raw_bodies_both_ways(mxq, tmp_path):
+    """Flags bit 0 (refit-format.md §1): the body after the header as it is, the same bytes from both writers."""
+    delta, _ = make_delta(5)
+    py = mc.write_delta(delta, level=0)
+    body = mc.encode_body(delta)
+    assert struct.unpack_from("<I", py, 12)[0] == mcd.RAW_BODY and py[32:] == body
+    src, dst = tmp_path / "py.mxqd", tmp_path / "cpp.mxqd"
+    src.write_bytes(mc.write_delta(delta))
+    r = _run(mxq, "delta", "recode", str(src), "-o", str(dst), "--level", "0")
+    assert r.returncode == 0, r.stderr
+    assert dst.read_bytes() == py
+    assert mc.encode_body(mc.read_delta(py)) == body
+    # the writer's choice: near-random bytes go raw, a compressible body goes through zstd
+    noise = bytes(np.random.default_rng(0).integers(0, 256, 1 << 16, dtype=np.uint8))
+    assert struct.unpack_from("<I", mcd.wrap_body(noise, None), 12)[0] == mcd.RAW_BODY
+    assert struct.unpack_from("<I", mcd.wrap_body(bytes(1 << 16), None), 12)[0] == 0
+    cut = tmp_path / "cut.mxqd"
+    cut.write_bytes(py[:-1])
+    r = _run(mxq, "delta", "inspect", str(cut))
+    assert r.returncode != 0 and "a raw body of" in r.stderr, r.stderr
 
 
 def forge(delta, edit):

@@ -6,6 +6,7 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -70,7 +71,7 @@ bool same(const Delta& a, const Delta& b) {
 TEST(DeltaFile, RoundTripsEveryRecordKind) {
   Model m = small_model();
   ASSERT_TRUE(validate_delta(m.delta, m.table, 3)) << validate_delta(m.delta, m.table, 3).error().message;
-  for (int level : {1, 3, 19}) {
+  for (int level : {kRawBody, 1, 3, 19}) {
     auto file = write_delta(m.delta, level);
     ASSERT_TRUE(file) << file.error().message;
     auto back = read_delta(*file);
@@ -79,6 +80,46 @@ TEST(DeltaFile, RoundTripsEveryRecordKind) {
   }
   EXPECT_TRUE(m.delta.tensors[4].anchor);
   EXPECT_FALSE(m.delta.tensors[0].anchor);
+}
+
+// Flags bit 0: the body stored as it is. It is read where it lies (raw_body: the same bytes as the encoded
+// body, inside the file), decompress_body copies it, and a cut, a longer tail or a changed byte is refused.
+TEST(DeltaFile, ARawBodyIsReadInPlace) {
+  Model m = small_model();
+  auto body = encode_delta_body(m.delta);
+  ASSERT_TRUE(body);
+  auto file = wrap_body(*body, kRawBody);
+  ASSERT_TRUE(file);
+  ASSERT_EQ(file->size(), kFileHeaderBytes + body->size());
+  uint32_t flags;
+  std::memcpy(&flags, file->data() + 12, 4);
+  EXPECT_EQ(flags, kRawBodyFlag);
+  auto in_place = raw_body(*file);
+  ASSERT_TRUE(in_place) << in_place.error().message;
+  ASSERT_TRUE(*in_place);
+  EXPECT_EQ((*in_place)->data(), file->data() + kFileHeaderBytes);
+  EXPECT_TRUE(std::equal((*in_place)->begin(), (*in_place)->end(), body->begin(), body->end()));
+  std::vector<uint8_t> copy(body->size());
+  ASSERT_TRUE(decompress_body(*file, copy));
+  EXPECT_EQ(copy, *body);
+  auto zstd = write_delta(m.delta, 3);
+  ASSERT_TRUE(zstd);
+  auto none = raw_body(*zstd);
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(*none);  // a zstd file: decompress_body's job
+  std::vector<uint8_t> longer = *file, cut = *file, changed = *file;
+  longer.push_back(0);
+  cut.pop_back();
+  changed.back() ^= 1;
+  for (auto* f : {&longer, &cut}) {
+    auto r = raw_body(*f);
+    ASSERT_FALSE(r);
+    EXPECT_NE(r.error().message.find("a raw body of"), std::string::npos) << r.error().message;
+  }
+  auto r = raw_body(changed);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("XXH3-64"), std::string::npos) << r.error().message;
+  EXPECT_FALSE(read_delta(changed));
 }
 
 // The undecoded view (refit's device path) holds the same delta: decoding it gives what the reader gives,
@@ -209,7 +250,10 @@ INSTANTIATE_TEST_SUITE_P(
         FileCase{"bad_magic", [](auto& f) { f[0] = 'X'; }, nullptr, "bad magic"},
         FileCase{"future_version", [](auto& f) { put_u32(f, 8, 2); }, nullptr,
                  "wire version 2"},  // covers G-08
-        FileCase{"flags", [](auto& f) { put_u32(f, 12, 1); }, nullptr, "flags"},
+        FileCase{"flags", [](auto& f) { put_u32(f, 12, 2); }, nullptr, "expected 0 or 1"},
+        // the raw-body flag on a zstd frame: the frame's bytes are not the body's count
+        FileCase{"raw_flag_on_a_frame", [](auto& f) { put_u32(f, 12, kRawBodyFlag); }, nullptr,
+                 "a raw body of"},
         FileCase{"body_over_limit", [](auto& f) { put_u64(f, 16, uint64_t{1} << 40); }, nullptr,
                  "exceeds the limit"},
         FileCase{"body_size_lies", [](auto& f) { put_u64(f, 16, 7); }, nullptr, "declares"},
