@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -381,6 +382,45 @@ TEST(ApplyDeltaChecksum, ValueChangeWithoutItsScaleIsRestored) {
       << s.error().message;
   EXPECT_TRUE(canonical(store) == a);
   EXPECT_EQ(version, 0u);
+}
+
+// A sparse record that changes nothing is verified against the checksum the store holds (its planes are not
+// re-hashed: an untouched embedding would cost a full pass): it lands with the others, and a wrong checksum in
+// it is still refused by name and every other record restored. Host store, and the wire view on it.
+TEST(ApplyDeltaChecksum, AnUnchangedRecordKeepsItsChecksum) {
+  const ModelPlanes a = random_model(12);
+  ModelPlanes b = step(a, 0.1, 13);
+  const std::string& same = kSpecs[3].name;
+  b[same] = a.at(same);
+  for (bool wire : {false, true}) {
+    SCOPED_TRACE(wire ? "wire view" : "decoded delta");
+    WeightStore store = make_store(a, false);
+    Delta d = make_delta(a, b, 0, 1, false);
+    const auto& rec = *std::find_if(d.tensors.begin(), d.tensors.end(), [&](auto& t) { return t.name == same; });
+    ASSERT_FALSE(rec.anchor);
+    ASSERT_TRUE(rec.values.indices.empty() && rec.scales.indices.empty());
+    auto apply = [&](const Delta& delta, uint64_t& version) -> Status {
+      if (!wire) return apply_delta(store, version, delta);
+      auto body = encode_delta_body(delta);
+      if (!body) return tl::unexpected(body.error());
+      auto view = parse_delta_view(*body);
+      if (!view) return tl::unexpected(view.error());
+      return apply_delta(store, version, *view);
+    };
+    Delta wrong = d;
+    std::find_if(wrong.tensors.begin(), wrong.tensors.end(), [&](auto& t) { return t.name == same; })->checksum ^= 1;
+    uint64_t version = 0;
+    const Status refused = apply(wrong, version);
+    ASSERT_FALSE(refused);
+    EXPECT_NE(refused.error().message.find(same + ": canonical checksum"), std::string::npos)
+        << refused.error().message;
+    EXPECT_TRUE(canonical(store) == a);
+    EXPECT_EQ(version, 0u);
+    ASSERT_TRUE(apply(d, version));
+    EXPECT_EQ(version, 1u);
+    EXPECT_TRUE(canonical(store) == b);
+    expect_checksums(store, b);
+  }
 }
 
 // A progress callback sees every tensor once, in record order; cancelling at tensor k restores the old bytes.
