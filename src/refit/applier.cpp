@@ -536,6 +536,8 @@ class Applier {
         if (auto s = store_.sync(); !s) return roll_back(0, last, s.error().message);
         options_.timings->write = ms_since(t_write);
       }
+      if (options_.await_checksums)
+        if (auto s = options_.await_checksums(); !s) return roll_back(0, last, s.error().message);
       return verify_on_device(live_version, {});
     }
     return fail("a resident delta is a DeltaView");

@@ -64,6 +64,10 @@ struct ApplyOptions {
   // One report per verified tensor (stage "refit"); returning false cancels: every byte is restored.
   ProgressFn progress;
   ApplyTimings* timings = nullptr;  // bench hook; null = no timing
+  // Resident deltas (DeltaView::resident) whose expected checksums are still being computed beside the write
+  // (cuda/tensor_update.cpp: on another stream): called after the write, before the checksums are compared;
+  // it fills the view's TensorView::checksum fields. A failure restores every byte.
+  std::function<Status()> await_checksums;
 };
 
 // The engine's tensor table (name -> format, shape) that validate_delta checks a delta against.
