@@ -404,6 +404,75 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
   return {};
 }
 
+// The full refit of a served model's tensor set: the linears of run_bench plus model.embed_tokens.weight and
+// lm_head.weight (bf16 [151936, 4096], 1.24 GB each), in the same store. Their XXH3 chains (one sequential
+// scramble per KiB) bound it, not the bytes: the peer of an update of every tensor (POST
+// /update_weights_from_tensor re-reads the live planes, the second row).
+Status embeddings_rows(int layers, int reps) {
+  auto mem = cuda::cuda_weight_memory();
+  if (!mem) return tl::unexpected(mem.error());
+  const cudaStream_t stream = cuda::weight_memory_stream(**mem);
+  WeightStore store(std::move(*mem));
+  std::vector<Tensor> tensors;
+  size_t total = 0;
+  std::map<std::pair<int64_t, int64_t>, Layout> layouts;
+  for (int l = 0; l < layers; ++l)
+    for (const Shape& s : kShapes) {
+      auto it = layouts.try_emplace({s.n, s.k}, gemv_layout(s.n, s.k)).first;
+      Tensor t{fmt::format("model.layers.{}.{}.weight", l, s.name), s.n * s.k, s.n * s.k / 32, total};
+      if (Status st = store.add(t.name, Format::kMXFP8, {s.n, s.k}, it->second); !st) return st;
+      total += static_cast<size_t>(t.values + t.scales);
+      tensors.push_back(std::move(t));
+    }
+  const size_t first_plain = tensors.size();
+  for (const char* name : {"model.embed_tokens.weight", "lm_head.weight"}) {
+    Tensor t{name, int64_t{151936} * 4096 * 2, 0, total};
+    if (Status st = store.add(t.name, Format::kBF16, {151936, 4096}); !st) return st;
+    total += static_cast<size_t>(t.values);
+    tensors.push_back(std::move(t));
+  }
+  std::vector<uint8_t> host(total);
+  parallel_for(tensors.size(), [&](size_t i) {
+    std::mt19937_64 rng(2000 + i);
+    const Tensor& t = tensors[i];
+    uint8_t* p = host.data() + t.offset;
+    if (i >= first_plain) {
+      // note: bf16 of magnitude 2^-8 .. 2, either sign: a weight, never a NaN or Inf
+      for (int64_t b = 0; b < t.values; b += 2) {
+        const uint64_t r = rng();
+        p[b] = static_cast<uint8_t>(r),
+        p[b + 1] = static_cast<uint8_t>(0x3B + (r >> 8) % 5 + ((r >> 16) & 0x80));
+      }
+      return;
+    }
+    for (int64_t b = 0; b < t.values; ++b) p[b] = value_byte(rng());
+    for (int64_t b = 0; b < t.scales; ++b) p[t.values + b] = scale_byte(rng());
+  });
+  auto dev = DeviceBuffer::alloc(total);
+  if (!dev) return fail("bench refit: a device buffer of {} bytes", total);
+  MXQ_CUDA_CHECK(cudaMemcpy(dev->as(), host.data(), total, cudaMemcpyHostToDevice));
+  std::vector<TensorWrite> w;
+  const auto* base = dev->as<uint8_t>();
+  for (const Tensor& t : tensors)
+    w.push_back({t.name,
+                 {base + t.offset, static_cast<size_t>(t.values)},
+                 {base + t.offset + t.values, static_cast<size_t>(t.scales)}});
+  auto fused = median_ms(stream, 1, reps, [&](int) { return store.apply_tensors(w); });
+  cuda::set_checksum_from_live(store.memory(), true);
+  auto reread = median_ms(stream, 1, reps, [&](int) { return store.apply_tensors(w); });
+  cuda::set_checksum_from_live(store.memory(), false);
+  if (!fused) return tl::unexpected(fused.error());
+  if (!reread) return tl::unexpected(reread.error());
+  const double gb = static_cast<double>(total) / 1e9;
+  fmt::print("served tensor set: {} layers x 7 linears + embed_tokens + lm_head (bf16), {:.3f} GB\n", layers,
+             gb);
+  fmt::print("{:<52} {:>9.3f} {:>9.0f}\n", "full refit + embeddings (fused sums)", *fused,
+             2 * gb / (*fused * 1e-3));
+  fmt::print("{:<52} {:>9.3f} {:>9.0f}\n", "full refit + embeddings, checksum re-read from live", *reread,
+             2 * gb / (*reread * 1e-3));
+  return {};
+}
+
 }  // namespace
 #endif
 
@@ -415,14 +484,19 @@ void add_bench_refit(CLI::App& bench, int& exit_code) {
   cmd->add_option("--layers", *layers, "decoder layers (Qwen3-8B has 36)")->check(CLI::Range(1, 1024));
   cmd->add_option("--reps", *reps, "timed repetitions per row (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--sparse", *fractions, "changed fractions of the bytes, comma-separated")->delimiter(',');
-  cmd->callback([layers, reps, fractions, &exit_code] {
+  auto embeddings = std::make_shared<bool>(false);
+  cmd->add_flag("--embeddings", *embeddings,
+                "also time the full refit of the linears plus embed_tokens and lm_head (bf16), as served");
+  cmd->callback([layers, reps, fractions, embeddings, &exit_code] {
 #if defined(MXQ_HAVE_CUDA)
-    if (Status st = run_bench(*layers, *fractions, std::max(1, *reps)); !st) {
+    Status st = run_bench(*layers, *fractions, std::max(1, *reps));
+    if (st && *embeddings) st = embeddings_rows(*layers, std::max(1, *reps));
+    if (!st) {
       fmt::print(stderr, "mxq bench refit: {}\n", st.error().message);
       exit_code = 1;
     }
 #else
-    (void)layers, (void)reps, (void)fractions;
+    (void)layers, (void)reps, (void)fractions, (void)embeddings;
     fmt::print(stderr, "mxq bench refit: this build has no CUDA backend\n");
     exit_code = kExitBadInput;
 #endif

@@ -46,10 +46,12 @@ Result<PendingSums> PendingSums::start(std::span<const CanonicalSumJob> jobs, cu
     p.outs_.push_back(j.out);
   }
   if (dev.empty()) return p;
-  const size_t sum_bytes = static_cast<size_t>(blocks) * 64, job_bytes = dev.size() * sizeof(ChecksumJobDevice);
+  const size_t sum_bytes = static_cast<size_t>(blocks) * 64,
+               job_bytes = dev.size() * sizeof(ChecksumJobDevice);
   const size_t out_at = (sum_bytes + job_bytes + 15) / 16 * 16, out_bytes = dev.size() * 8;
   MXQ_CUDA_CHECK(cudaStreamCreateWithFlags(&p.stream_, cudaStreamNonBlocking));
-  MXQ_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&p.host_), out_bytes + job_bytes, cudaHostAllocDefault));
+  MXQ_CUDA_CHECK(
+      cudaHostAlloc(reinterpret_cast<void**>(&p.host_), out_bytes + job_bytes, cudaHostAllocDefault));
   cudaEvent_t ready;
   MXQ_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
   struct Destroy {

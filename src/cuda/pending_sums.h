@@ -18,7 +18,8 @@ namespace mxq::cuda {
 
 class PendingSums {
  public:
-  // Queues the sums of `jobs` (device planes, any alignment; *out is written by wait()) behind `after`'s work.
+  // Queues the sums of `jobs` (device planes, any alignment; *out is written by wait()) behind `after`'s
+  // work.
   static Result<PendingSums> start(std::span<const CanonicalSumJob> jobs, cudaStream_t after);
   // Blocks until the sums are in place; an error of the queued work is returned here. Call once.
   Status wait();

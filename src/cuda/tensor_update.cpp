@@ -54,7 +54,8 @@ Result<std::pair<uintptr_t, size_t>> address_range(const void* p) {
     return fail("the CUDA driver has no cuMemGetAddressRange");
   CUdeviceptr base = 0;
   size_t size = 0;
-  if (CUresult r = reinterpret_cast<Fn>(fn)(&base, &size, reinterpret_cast<CUdeviceptr>(p)); r != CUDA_SUCCESS)
+  if (CUresult r = reinterpret_cast<Fn>(fn)(&base, &size, reinterpret_cast<CUdeviceptr>(p));
+      r != CUDA_SUCCESS)
     return fail("cuMemGetAddressRange failed (CUresult {})", static_cast<int>(r));
   return std::pair<uintptr_t, size_t>{static_cast<uintptr_t>(base), size};
 }
@@ -64,7 +65,8 @@ Result<std::pair<uintptr_t, size_t>> address_range(const void* p) {
 Status apply_device_buffer(WeightStore& store, uint64_t& live_version, uint64_t new_version,
                            const refit::TensorManifest& m, const uint8_t* buffer, refit::StageTimes* times) {
   auto t = std::chrono::steady_clock::now();
-  if (!store.on_device()) return fail("a device buffer updates a CUDA store only ({} memory)", store.memory().name());
+  if (!store.on_device())
+    return fail("a device buffer updates a CUDA store only ({} memory)", store.memory().name());
   auto plan = refit::plan_manifest(m, refit::tensor_table(store));
   if (!plan) return tl::unexpected(plan.error());
   WeightMemory& mem = store.memory();
@@ -72,13 +74,16 @@ Status apply_device_buffer(WeightStore& store, uint64_t& live_version, uint64_t 
   // Scratch for the planes the engine quantizes, each 16-byte aligned.
   uint64_t scratch_bytes = 0;
   for (const refit::ManifestStep& s : *plan)
-    if (s.quantize) scratch_bytes += up16(static_cast<uint64_t>(s.planes[0].bytes)) + up16(static_cast<uint64_t>(s.planes[1].bytes));
+    if (s.quantize)
+      scratch_bytes +=
+          up16(static_cast<uint64_t>(s.planes[0].bytes)) + up16(static_cast<uint64_t>(s.planes[1].bytes));
   std::span<uint8_t> scratch;
   if (scratch_bytes > 0) {
     auto got = mem.allocate_scratch(static_cast<size_t>(scratch_bytes));
     if (!got)
-      return fail("{} bytes for the quantized planes could not be had in {} memory ({}); nothing written (W-26)",
-                  scratch_bytes, mem.name(), got.error().message);
+      return fail(
+          "{} bytes for the quantized planes could not be had in {} memory ({}); nothing written (W-26)",
+          scratch_bytes, mem.name(), got.error().message);
     scratch = *got;
   }
   ScratchGuard scratch_guard{mem, scratch};
@@ -109,8 +114,8 @@ Status apply_device_buffer(WeightStore& store, uint64_t& live_version, uint64_t 
     const int64_t mats = static_cast<int64_t>(vb) / std::max<int64_t>(values_bytes(s.live, rows, cols), 1);
     const int64_t src_mat = rows * cols * (traits(t.dtype).element_bits / 8);
     for (int64_t e = 0; e < mats; ++e)
-      if (auto q = quantize(s.live, default_scale_rule(s.live), t.dtype, buffer + t.offset + e * src_mat, rows, cols,
-                            values + e * values_bytes(s.live, rows, cols),
+      if (auto q = quantize(s.live, default_scale_rule(s.live), t.dtype, buffer + t.offset + e * src_mat,
+                            rows, cols, values + e * values_bytes(s.live, rows, cols),
                             scales + e * scales_bytes(s.live, rows, cols), t.name, stream);
           !q)
         return fail("{}; nothing written", q.error().message);
@@ -119,8 +124,8 @@ Status apply_device_buffer(WeightStore& store, uint64_t& live_version, uint64_t 
   }
   // The planes' checksums where they are, on a stream of their own behind the quantize (cuda/pending_sums.h):
   // what the live tensors must hash to after the write. The undo log, the write and the re-read of the live
-  // planes run beside them on the memory's stream: the two sequential XXH3 chains (an embedding's is ~25 ms on
-  // the H200) overlap instead of adding up.
+  // planes run beside them on the memory's stream: the two sequential XXH3 chains (an embedding's is ~25 ms
+  // on the H200) overlap instead of adding up.
   std::vector<CanonicalSumJob> sums;
   for (refit::TensorView& v : view.tensors) sums.push_back({v.values.bytes, v.scales.bytes, &v.checksum});
   auto pending = PendingSums::start(sums, stream);
@@ -165,9 +170,10 @@ Status apply_ipc_manifest(WeightStore& store, uint64_t& live_version, uint64_t n
   void* base = nullptr;
   if (cudaError_t e = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
     (void)cudaGetLastError();  // note: a refused handle is not sticky; clear it so later calls see no error
-    return fail("ipc_handle: cudaIpcOpenMemHandle refused it ({}: {}); a handle of another process's "
-                "allocation on this GPU is expected",
-                cudaGetErrorName(e), cudaGetErrorString(e));
+    return fail(
+        "ipc_handle: cudaIpcOpenMemHandle refused it ({}: {}); a handle of another process's "
+        "allocation on this GPU is expected",
+        cudaGetErrorName(e), cudaGetErrorString(e));
   }
   struct Close {
     void* p;
@@ -179,10 +185,11 @@ Status apply_ipc_manifest(WeightStore& store, uint64_t& live_version, uint64_t n
   if (!range) return fail("ipc_handle: {}", range.error().message);
   const uint64_t avail = range->second - (reinterpret_cast<uintptr_t>(base) - range->first);
   if (m.ipc_offset > avail || m.size > avail - m.ipc_offset)
-    return fail("ipc_offset {} + size {} run past the shared allocation's {} bytes", m.ipc_offset, m.size, avail);
+    return fail("ipc_offset {} + size {} run past the shared allocation's {} bytes", m.ipc_offset, m.size,
+                avail);
   lap(times, "open", t);
-  return apply_device_buffer(store, live_version, new_version, m, static_cast<const uint8_t*>(base) + m.ipc_offset,
-                             times);
+  return apply_device_buffer(store, live_version, new_version, m,
+                             static_cast<const uint8_t*>(base) + m.ipc_offset, times);
 }
 
 }  // namespace mxq::cuda
