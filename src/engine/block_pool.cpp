@@ -1,9 +1,9 @@
 #include "engine/block_pool.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cassert>
+
+#include "base/xxh3.h"
 
 namespace mxq {
 

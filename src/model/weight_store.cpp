@@ -1,9 +1,9 @@
 #include "model/weight_store.h"
 
-#include <xxhash.h>
-
 #include <cassert>
 #include <climits>
+
+#include "base/xxh3.h"
 
 namespace mxq {
 

@@ -1,7 +1,6 @@
 #include "refit/delta_format.h"
 
 #include <fmt/ranges.h>
-#include <xxhash.h>
 #include <zstd.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "base/regular_file.h"
+#include "base/xxh3.h"
 #include "format/codec.h"
 #include "io/utf8_text.h"
 #include "model/weight_store.h"
@@ -272,8 +272,8 @@ Result<std::vector<uint8_t>> encode_delta_body(const Delta& delta) {
   put<uint32_t>(out, static_cast<uint32_t>(delta.tensors.size()));
   for (const TensorDelta& t : delta.tensors) {
     if (t.name.size() > kMaxNameBytes || !printable_name(t.name) || !utf8::is_valid(t.name))
-      return fail("tensor name of {} bytes: expected 1..{} bytes of UTF-8 without control bytes", t.name.size(),
-                  kMaxNameBytes);
+      return fail("tensor name of {} bytes: expected 1..{} bytes of UTF-8 without control bytes",
+                  t.name.size(), kMaxNameBytes);
     if (!names.insert(t.name).second) return fail("{}: two records for one tensor (W-07)", t.name);
     if (auto s = check_tensor_delta(t); !s) return tl::unexpected(s.error());
     put<uint16_t>(out, static_cast<uint16_t>(t.name.size()));
@@ -539,7 +539,8 @@ Status check_body_hash(std::span<const uint8_t> file, std::span<const uint8_t> b
 
 }  // namespace
 
-Result<std::optional<std::span<const uint8_t>>> raw_body(std::span<const uint8_t> file, const ReadLimits& limits) {
+Result<std::optional<std::span<const uint8_t>>> raw_body(std::span<const uint8_t> file,
+                                                         const ReadLimits& limits) {
   MXQ_TRY_ASSIGN(body_bytes, body_size(file, limits));
   if (!raw_flag(file)) return std::optional<std::span<const uint8_t>>();
   const auto body = file.subspan(kFileHeaderBytes, static_cast<size_t>(body_bytes));
