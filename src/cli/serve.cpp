@@ -226,6 +226,8 @@ int run_serve(ServeOptions o) {
 #if MXQ_HAVE_CUDA
   // note: a colocated trainer's CUDA IPC buffer (/update_weights_from_tensor) is read by the CUDA engine only.
   if (on_cuda) weights.set_device_update(cuda::apply_ipc_manifest);
+  // note: and a plain checkpoint that names every live tensor goes to the device and is quantized there
+  if (on_cuda) weights.set_device_checkpoint(cuda::apply_checkpoint_on_device);
 #endif
   server::HttpServer http(o.server, served, loop, metrics, &weights);
   auto port = http.bind();

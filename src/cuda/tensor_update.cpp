@@ -3,6 +3,7 @@
 #include <cuda.h>  // note: the driver API's types only; its one function comes through the runtime's entry point
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cstring>
@@ -190,6 +191,70 @@ Status apply_ipc_manifest(WeightStore& store, uint64_t& live_version, uint64_t n
   lap(times, "open", t);
   return apply_device_buffer(store, live_version, new_version, m,
                              static_cast<const uint8_t*>(base) + m.ipc_offset, times);
+}
+
+namespace {
+
+std::optional<Format> plain_format(Dtype d) {
+  switch (d) {
+    case Dtype::kBF16:
+      return Format::kBF16;
+    case Dtype::kF16:
+      return Format::kF16;
+    case Dtype::kF32:
+      return Format::kF32;
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace
+
+Result<bool> apply_checkpoint_on_device(WeightStore& store, uint64_t& live_version, uint64_t new_version,
+                                        const ModelCheckpoint& ckpt, refit::StageTimes* times) {
+  auto t = std::chrono::steady_clock::now();
+  if (!store.on_device() || ckpt.scheme.kind != SchemeKind::kNone) return false;
+  // note: a tensor the store does not hold (an extra projection, a tied lm_head) is left to the host path, which
+  // refuses or ignores it as a load does
+  for (const auto& [name, meta] : ckpt.files.meta())
+    if (!store.find(name)) return false;
+  refit::TensorManifest m;
+  for (const auto& [name, live] : store.tensors()) {
+    const TensorEntry* e = ckpt.files.find(name);
+    if (!e) return false;
+    const auto dtype = plain_format(e->dtype);
+    if (!dtype || e->shape != live.shape || (!is_quantized(live.format) && *dtype != live.format))
+      return false;
+    m.tensors.push_back({name, *dtype, live.shape, up16(m.size), 0, std::nullopt});
+    m.size = up16(m.size) + e->nbytes();
+  }
+  WeightMemory& mem = store.memory();
+  auto buffer = mem.allocate_scratch(static_cast<size_t>(m.size));
+  if (!buffer) {
+    spdlog::warn(
+        "mxq serve: {} bytes of device scratch for the checkpoint could not be had ({}); it is "
+        "quantized on the host instead",
+        m.size, buffer.error().message);
+    return false;
+  }
+  ScratchGuard guard{mem, *buffer};
+  // note: tensor by tensor through one reused host buffer (the guarded read path, L-19), each copy awaited
+  // before the buffer is refilled
+  std::vector<uint8_t> host;
+  const cudaStream_t stream = weight_memory_stream(mem);
+  for (const refit::ManifestTensor& mt : m.tensors) {
+    const TensorEntry* e = ckpt.files.find(mt.name);
+    host.resize(static_cast<size_t>(e->nbytes()));
+    if (auto s = ckpt.files.read(mt.name, host); !s)
+      return fail("{}; nothing written", s.error().message);
+    MXQ_CUDA_CHECK(cudaMemcpyAsync(buffer->data() + mt.offset, host.data(), host.size(),
+                                   cudaMemcpyHostToDevice, stream));
+    MXQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  lap(times, "read", t);
+  if (auto s = apply_device_buffer(store, live_version, new_version, m, buffer->data(), times); !s)
+    return tl::unexpected(s.error());
+  return true;
 }
 
 }  // namespace mxq::cuda

@@ -3,16 +3,17 @@
 // buffer"). Order of work: plan the manifest on the host (refit::plan_manifest: nothing read yet) -> quantize
 // the source weights that need it into scratch on the device (the startup rule: the bytes a load with
 // --quantization writes; a NaN or Inf block refused by name) -> hash every tensor's canonical planes where
-// they are, on a stream of their own (cuda/pending_sums.h), while refit's resident anchors run on the memory's
-// stream: W-05 check on the device, undo log, one batched write, every live tensor re-read through its layout
-// and hashed -> the new planes' hashes awaited, compared with the manifest's checksums (W-06) and with the
-// live ones. All or nothing: any failure after the first write restores every byte.
+// they are, on a stream of their own (cuda/pending_sums.h), while refit's resident anchors run on the
+// memory's stream: W-05 check on the device, undo log, one batched write, every live tensor re-read through
+// its layout and hashed -> the new planes' hashes awaited, compared with the manifest's checksums (W-06) and
+// with the live ones. All or nothing: any failure after the first write restores every byte.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 
 #include "base/error.h"
+#include "model/open_checkpoint.h"
 #include "model/weight_store.h"
 #include "refit/tensor_manifest.h"
 
@@ -29,5 +30,14 @@ Status apply_device_buffer(WeightStore& store, uint64_t& live_version, uint64_t 
 // allocation on this device), closed before returning. A handle that does not open is refused by name.
 Status apply_ipc_manifest(WeightStore& store, uint64_t& live_version, uint64_t new_version,
                           const refit::TensorManifest& m, refit::StageTimes* times = nullptr);
+
+// POST /update_weights_from_disk on a CUDA store, on the device: a plain checkpoint (bf16/f16/f32, no
+// quantization scheme) that holds every live tensor under its own name and shape, with a live plain tensor's
+// own dtype, is copied to device scratch tensor by tensor and applied as apply_device_buffer applies a
+// trainer's buffer (the engine's quantizers on the device: the bytes of the host path). false, having read no
+// tensor: another checkpoint (pre-quantized, stacked experts the store keeps under other names) or scratch
+// that cannot be had; the caller then takes the host path. An error: the update failed, every byte restored.
+Result<bool> apply_checkpoint_on_device(WeightStore& store, uint64_t& live_version, uint64_t new_version,
+                                        const ModelCheckpoint& ckpt, refit::StageTimes* times);
 
 }  // namespace mxq::cuda

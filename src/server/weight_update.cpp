@@ -106,10 +106,16 @@ UpdateOutcome WeightUpdater::apply_delta_file(std::span<const uint8_t> file, uin
   options.timings = &a;
   Status s = refit::apply_delta(*store_, version, *view, options);
   UpdateOutcome o = finish(std::move(s), version, bytes, since(start));
-  // note: the applier's stages (docs/refit-format.md "Device path"); a host store fills validate, write, checksum.
-  o.stages = {{"decompress", 1e3 * decompressed}, {"parse", 1e3 * (parsed - decompressed)},
-              {"validate", a.validate}, {"stage", a.stage}, {"upload", a.upload}, {"decode", a.decode},
-              {"write", a.write}, {"verify", a.checksum}};
+  // note: the applier's stages (docs/refit-format.md "Device path"); a host store fills validate, write,
+  // checksum.
+  o.stages = {{"decompress", 1e3 * decompressed},
+              {"parse", 1e3 * (parsed - decompressed)},
+              {"validate", a.validate},
+              {"stage", a.stage},
+              {"upload", a.upload},
+              {"decode", a.decode},
+              {"write", a.write},
+              {"verify", a.checksum}};
   return o;
 }
 
@@ -125,6 +131,30 @@ UpdateOutcome WeightUpdater::apply_checkpoint(const std::string& dir, std::optio
   // name (W-08) by the validator below.
   auto ckpt = open_model_checkpoint(dir, /*check_bytes=*/false);
   if (!ckpt) return finish(fail_in("model_path", ckpt.error()), version, 0, since(start));
+  // note: the device quantizes with the startup rule, so it takes a checkpoint only where the startup
+  // quantized one (or nothing is quantized); a pre-quantized start refuses a plain checkpoint (W-08) as before
+  bool quantized_live = false;
+  for (const auto& [name, t] : store_->tensors()) quantized_live = quantized_live || is_quantized(t.format);
+  if (device_checkpoint_ && (load_.quantization || !quantized_live)) {
+    refit::StageTimes times;
+    auto done = device_checkpoint_(*store_, version, target, *ckpt, &times);
+    // note: device scratch too small for the source, its quantized planes and the undo log (W-26, nothing
+    // written): the host path needs less of it
+    if (!done && done.error().message.find("(W-26)") == std::string::npos) {
+      UpdateOutcome o = finish(fail_in("model_path", done.error()), version, 0, since(start));
+      o.stages = std::move(times);
+      return o;
+    }
+    if (done && *done) {
+      uint64_t bytes = 0;
+      for (const auto& [name, t] : store_->tensors())
+        if (auto planes = plane_bytes(t.format, t.shape, name))
+          bytes += static_cast<uint64_t>(planes->values + planes->scales);
+      UpdateOutcome o = finish(Status{}, version, bytes, since(start));
+      o.stages = std::move(times);
+      return o;
+    }
+  }
   LoadOptions options;
   options.threads = load_.threads;
   if (ckpt->scheme.kind == SchemeKind::kNone) options.quantization = load_.quantization;
@@ -172,7 +202,8 @@ UpdateOutcome WeightUpdater::apply_tensor_manifest(const refit::TensorManifest& 
                   0, since(start));
   uint64_t bytes = 0;
   for (const auto& [name, t] : store_->tensors())
-    if (auto planes = plane_bytes(t.format, t.shape, name)) bytes += static_cast<uint64_t>(planes->values + planes->scales);
+    if (auto planes = plane_bytes(t.format, t.shape, name))
+      bytes += static_cast<uint64_t>(planes->values + planes->scales);
   refit::StageTimes times;
   Status s = device_update_(*store_, version, target, m, &times);
   UpdateOutcome o = finish(std::move(s), version, bytes, since(start));

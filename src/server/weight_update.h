@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "model/load_model.h"
+#include "model/open_checkpoint.h"
 #include "model/weight_store.h"
 #include "refit/delta_format.h"
 #include "refit/tensor_manifest.h"
@@ -33,9 +34,13 @@ struct UpdateOutcome {
 
 // The device half of /update_weights_from_tensor (the CUDA build's cuda::apply_ipc_manifest): opens the
 // manifest's buffer and applies it to the store from `version` to `new_version`.
-using DeviceBufferUpdate =
-    std::function<Status(WeightStore& store, uint64_t& version, uint64_t new_version, const refit::TensorManifest&,
-                         refit::StageTimes* times)>;
+using DeviceBufferUpdate = std::function<Status(WeightStore& store, uint64_t& version, uint64_t new_version,
+                                                const refit::TensorManifest&, refit::StageTimes* times)>;
+// The device half of /update_weights_from_disk (cuda::apply_checkpoint_on_device): true when it applied the
+// checkpoint, false when it does not take it (the host path then), an error when the update failed.
+using DeviceCheckpointUpdate =
+    std::function<Result<bool>(WeightStore& store, uint64_t& version, uint64_t new_version,
+                               const ModelCheckpoint& ckpt, refit::StageTimes* times)>;
 
 class WeightUpdater {
  public:
@@ -61,6 +66,9 @@ class WeightUpdater {
   UpdateOutcome apply_tensor_manifest(const refit::TensorManifest& m, std::optional<uint64_t> new_version,
                                       uint64_t& version);
   void set_device_update(DeviceBufferUpdate update) { device_update_ = std::move(update); }
+  // A checkpoint update on the device (cuda/tensor_update.h apply_checkpoint_on_device): false when it does
+  // not take this checkpoint, which apply_checkpoint then quantizes on the host.
+  void set_device_checkpoint(DeviceCheckpointUpdate update) { device_checkpoint_ = std::move(update); }
   // Engine thread only: every live tensor's canonical checksum.
   std::map<std::string, uint64_t> checksums() const;
 
@@ -72,6 +80,7 @@ class WeightUpdater {
   size_t max_update_bytes_;
   refit::TensorTable table_;
   DeviceBufferUpdate device_update_;
+  DeviceCheckpointUpdate device_checkpoint_;
 };
 
 // The delta file at `path` (absolute), read whole; refused by name when it is not a regular file or is larger
