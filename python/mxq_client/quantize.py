@@ -497,6 +497,18 @@ def plain_bytes(fmt: str, x, name: str = "tensor") -> np.ndarray:
     overflow, are refused by name, as the delta validator refuses them (W-05)."""
     if fmt not in PLAIN:
         raise ValueError(f"{name}: {fmt} is not a plain format (expected bf16, f16 or f32)")
+    if not _is_torch(x) and source_dtype(x) == fmt:
+        # note: already in the engine's dtype: the bytes as they are (widening and re-encoding is the identity
+        # for every finite value), only the non-finite check (exponent all ones) is left
+        a = np.ascontiguousarray(x).reshape(-1)
+        bits, exp = {"bf16": (np.uint16, 0x7F80), "f16": (np.uint16, 0x7C00), "f32": (np.uint32, 0x7F800000)}[fmt]
+        bad = (a.view(bits) & bits(exp)) == bits(exp)
+        if bad.any():
+            raise ValueError(f"{name}: element {int(np.flatnonzero(bad)[0])} is NaN or Inf as {fmt} "
+                             f"(source {fmt}); mxq refuses non-finite weights")
+        # note: a copy: the client keeps these planes as the base of the next diff, and a trainer updates its
+        # tensors in place
+        return a.view(np.uint8).copy()
     xf = widen_f32(x, name)
     if _is_torch(xf):
         return _plain_bytes_torch(fmt, x, xf, name)

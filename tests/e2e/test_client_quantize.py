@@ -177,6 +177,31 @@ def test_refuses_bad_sources_and_rules():
         q.plain_bytes("bf16", np.float32([1, 3.4e38]), "n.w")  # overflows bf16's range after RNE
 
 
+def test_plain_bytes_of_the_engines_own_dtype_are_the_bytes():
+    """A source already in the plain format goes as its bytes (the fast path), equal to the path through f32 for
+    every finite value, and a NaN or Inf in it is refused by position, as through f32."""
+    import ml_dtypes
+    rng = np.random.default_rng(6)
+    words = rng.integers(0, 1 << 16, 4096, dtype=np.uint16)
+    for fmt, dt, exp in (("bf16", ml_dtypes.bfloat16, 0x7F80), ("f16", np.float16, 0x7C00)):
+        finite = words[(words & exp) != exp]
+        x = finite.view(dt)
+        assert q.plain_bytes(fmt, x, "w").tobytes() == finite.tobytes()
+        assert q.plain_bytes(fmt, x, "w").tobytes() == q.plain_bytes(fmt, x.astype(np.float32), "w").tobytes()
+        bad = finite.copy()
+        bad[7] = exp | 1  # a NaN
+        with pytest.raises(ValueError, match=f"w: element 7 is NaN or Inf as {fmt}"):
+            q.plain_bytes(fmt, bad.view(dt), "w")
+    f = rng.standard_normal(64).astype(np.float32)
+    kept = q.plain_bytes("f32", f, "w")
+    assert kept.tobytes() == f.tobytes()
+    f[0] += 1  # the trainer's next step, in place: the planes the client kept do not move with it
+    assert kept.tobytes() != f.tobytes()
+    f[3] = np.inf
+    with pytest.raises(ValueError, match="w: element 3 is NaN or Inf as f32"):
+        q.plain_bytes("f32", f, "w")
+
+
 def test_source_dtypes_agree():
     """bf16 values given as bf16, f16 (where exact) and f32 make the same planes (quantize_test SourceDtypesAgree)."""
     rng = np.random.default_rng(5)
