@@ -193,23 +193,6 @@ Status apply_ipc_manifest(WeightStore& store, uint64_t& live_version, uint64_t n
                              static_cast<const uint8_t*>(base) + m.ipc_offset, times);
 }
 
-namespace {
-
-std::optional<Format> plain_format(Dtype d) {
-  switch (d) {
-    case Dtype::kBF16:
-      return Format::kBF16;
-    case Dtype::kF16:
-      return Format::kF16;
-    case Dtype::kF32:
-      return Format::kF32;
-    default:
-      return std::nullopt;
-  }
-}
-
-}  // namespace
-
 Result<bool> apply_checkpoint_on_device(WeightStore& store, uint64_t& live_version, uint64_t new_version,
                                         const ModelCheckpoint& ckpt, refit::StageTimes* times) {
   auto t = std::chrono::steady_clock::now();
@@ -222,7 +205,7 @@ Result<bool> apply_checkpoint_on_device(WeightStore& store, uint64_t& live_versi
   for (const auto& [name, live] : store.tensors()) {
     const TensorEntry* e = ckpt.files.find(name);
     if (!e) return false;
-    const auto dtype = plain_format(e->dtype);
+    const auto dtype = plain_format(e->dtype, name);
     if (!dtype || e->shape != live.shape || (!is_quantized(live.format) && *dtype != live.format))
       return false;
     m.tensors.push_back({name, *dtype, live.shape, up16(m.size), 0, std::nullopt});

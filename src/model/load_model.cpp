@@ -14,19 +14,6 @@
 namespace mxq {
 namespace {
 
-Result<Format> plain_format(Dtype d, std::string_view name) {
-  switch (d) {
-    case Dtype::kBF16:
-      return Format::kBF16;
-    case Dtype::kF16:
-      return Format::kF16;
-    case Dtype::kF32:
-      return Format::kF32;
-    default:
-      return fail("{}: dtype {}, expected BF16, F16 or F32", name, dtype_name(d));
-  }
-}
-
 // Copies a tensor out of the mapping (the guarded path, L-19) and applies the scheme's byte policy (Q-07,
 // Q-08) before anything reaches the store: a refused byte never becomes a live weight.
 Result<std::vector<uint8_t>> read_checked(const Checkpoint& ckpt, const Scheme& scheme,

@@ -18,6 +18,19 @@ Result<nlohmann::json> read_json_file(const std::filesystem::path& path) {
 
 }  // namespace
 
+Result<Format> plain_format(Dtype d, std::string_view name) {
+  switch (d) {
+    case Dtype::kBF16:
+      return Format::kBF16;
+    case Dtype::kF16:
+      return Format::kF16;
+    case Dtype::kF32:
+      return Format::kF32;
+    default:
+      return fail("{}: dtype {}, expected BF16, F16 or F32", name, dtype_name(d));
+  }
+}
+
 Result<std::vector<uint8_t>> read_tensor(const Checkpoint& ckpt, std::string_view name) {
   const TensorEntry* e = ckpt.find(name);
   if (!e) return fail("{}: no tensor '{}'", ckpt.dir(), name);

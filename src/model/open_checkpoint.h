@@ -26,6 +26,9 @@ struct ModelCheckpoint {
   std::vector<WeightSpec> specs;  // the architecture's tensors, as matched
 };
 
+// The plain format of a checkpoint dtype (BF16, F16, F32); any other is refused, naming the tensor.
+Result<Format> plain_format(Dtype d, std::string_view name);
+
 // Copies one tensor's bytes out of the checkpoint through the guarded read path (L-19).
 Result<std::vector<uint8_t>> read_tensor(const Checkpoint& ckpt, std::string_view name);
 
