@@ -7,11 +7,13 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "format/formats.h"
+#include "model/weight_store.h"
 #include "refit/delta_format.h"
 
 namespace mxq::refit::test_model {
@@ -48,6 +50,21 @@ inline void random_entry(Format f, Plane p, std::mt19937& rng, uint8_t* e) {
     e[0] = static_cast<uint8_t>(rng());
     if (f != Format::kMXFP4 && (e[0] & 0x7F) == 0x7F) e[0] ^= 1;  // E4M3 NaN codes
   }
+}
+
+// Both canonical planes of a tensor, and of every tensor of a store by name.
+struct Planes {
+  std::vector<uint8_t> values, scales;
+  bool operator==(const Planes&) const = default;
+};
+using ModelPlanes = std::map<std::string, Planes>;
+
+// Live native bytes, padding included: a rollback must restore these too.
+inline ModelPlanes native(const WeightStore& store) {
+  ModelPlanes m;
+  for (const auto& [name, t] : store.tensors())
+    m[name] = {{t.values.begin(), t.values.end()}, {t.scales.begin(), t.scales.end()}};
+  return m;
 }
 
 }  // namespace mxq::refit::test_model
