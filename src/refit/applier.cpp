@@ -583,7 +583,11 @@ class Applier {
  private:
   uint64_t from() const { return delta_.base_version; }
   uint64_t to() const { return delta_.new_version; }
-  Status hook(const StagePoint& p) const { return options_.fault ? options_.fault(p) : Status{}; }
+  Status hook(const StagePoint& p) const {
+    if (p.stage == ApplyStage::kValidated && options_.before_write)
+      if (auto s = options_.before_write(); !s) return s;
+    return options_.fault ? options_.fault(p) : Status{};
+  }
   // The undo log in host memory (log_), from options_.allocate_undo when the caller gives one.
   Status allocate_host_log() {
     const size_t log_bytes = offsets_.back();

@@ -68,6 +68,10 @@ struct ApplyOptions {
   // (cuda/tensor_update.cpp: on another stream): called after the write, before the checksums are compared;
   // it fills the view's TensorView::checksum fields. A failure restores every byte.
   std::function<Status()> await_checksums;
+  // Called once, after every check and before the first write (stage kValidated, after the undo log and on
+  // the device path the upload and decode): work that ran beside the checks (the server's body hash) says
+  // here whether the delta may be written. A failure refuses the delta with nothing written.
+  std::function<Status()> before_write;
 };
 
 // The engine's tensor table (name -> format, shape) that validate_delta checks a delta against.

@@ -530,6 +530,8 @@ bool raw_flag(std::span<const uint8_t> file) {
   return (flags & kRawBodyFlag) != 0;
 }
 
+}  // namespace
+
 Status check_body_hash(std::span<const uint8_t> file, std::span<const uint8_t> body) {
   uint64_t body_hash;
   std::memcpy(&body_hash, file.data() + 24, 8);
@@ -537,14 +539,13 @@ Status check_body_hash(std::span<const uint8_t> file, std::span<const uint8_t> b
   return {};
 }
 
-}  // namespace
-
 Result<std::optional<std::span<const uint8_t>>> raw_body(std::span<const uint8_t> file,
-                                                         const ReadLimits& limits) {
+                                                         const ReadLimits& limits, bool check_hash) {
   MXQ_TRY_ASSIGN(body_bytes, body_size(file, limits));
   if (!raw_flag(file)) return std::optional<std::span<const uint8_t>>();
   const auto body = file.subspan(kFileHeaderBytes, static_cast<size_t>(body_bytes));
-  if (auto s = check_body_hash(file, body); !s) return tl::unexpected(s.error());
+  if (check_hash)
+    if (auto s = check_body_hash(file, body); !s) return tl::unexpected(s.error());
   return std::optional(body);
 }
 

@@ -91,10 +91,14 @@ Result<std::string> read_delta_file_bytes(const std::filesystem::path& path, con
 // bytes; body_size() says how many). read_delta is decompress_body + decode_delta_body.
 Result<uint64_t> body_size(std::span<const uint8_t> file, const ReadLimits& limits = {});
 Status decompress_body(std::span<const uint8_t> file, std::span<uint8_t> body);
-// A raw-body file's body where it lies in `file` (header checked, body hash verified); an empty optional for
-// a zstd file (decompress_body then).
+// A raw-body file's body where it lies in `file` (header checked, and the body hash unless `check_hash` is
+// false: the caller then runs check_body_hash before it writes anything); an empty optional for a zstd file
+// (decompress_body then).
 Result<std::optional<std::span<const uint8_t>>> raw_body(std::span<const uint8_t> file,
-                                                          const ReadLimits& limits = {});
+                                                         const ReadLimits& limits = {},
+                                                         bool check_hash = true);
+// The header's body hash (XXH3-64) against `body`.
+Status check_body_hash(std::span<const uint8_t> file, std::span<const uint8_t> body);
 
 // ---- undecoded view (the device path: docs/refit-format.md "Device path")
 // A delta read up to the index sets, which stay in their wire encoding: every span points into the body,

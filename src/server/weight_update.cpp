@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 
 #include "model/open_checkpoint.h"
 #include "refit/applier.h"
@@ -78,14 +79,24 @@ UpdateOutcome WeightUpdater::apply_delta_file(std::span<const uint8_t> file, uin
   const refit::ReadLimits limits{max_update_bytes_};
   auto size = refit::body_size(file, limits);
   if (!size) return finish(fail_in("delta", size.error()), version, 0, since(start));
-  auto raw = refit::raw_body(file, limits);
+  auto raw = refit::raw_body(file, limits, /*check_hash=*/false);
   if (!raw) return finish(fail_in("delta", raw.error()), version, 0, since(start));
-  // note: a raw body is read where it lies (the posted bytes); a zstd body on a device store decompresses
-  // into the pinned staging, so it uploads without a copy (as refit::apply_delta_files does).
+  // note: a raw body is read where it lies (the posted bytes), and its hash runs on another thread beside the
+  // parse and the applier's checks (validate; on the device path also stage, upload, decode): the applier
+  // writes only once it passed (before_write). A zstd body on a device store decompresses into the pinned
+  // staging, so it uploads without a copy (as refit::apply_delta_files does), and is hashed there.
   std::vector<uint8_t> pageable;
   std::span<const uint8_t> body;
+  std::future<Status> hashed;
+  double hash_ms = 0;
   if (*raw) {
     body = **raw;
+    hashed = std::async(std::launch::async, [file, body, &hash_ms] {
+      const auto t0 = SteadyClock::now();
+      Status s = refit::check_body_hash(file, body);
+      hash_ms = 1e3 * since(t0);
+      return s;
+    });
   } else {
     std::span<uint8_t> out;
     if (store_->on_device()) out = store_->memory().host_staging(static_cast<size_t>(*size));
@@ -95,19 +106,34 @@ UpdateOutcome WeightUpdater::apply_delta_file(std::span<const uint8_t> file, uin
       return finish(fail_in("delta", s.error()), version, 0, since(start));
     body = out;
   }
+  std::optional<Status> hash_verdict;
+  auto body_hash = [&]() -> Status {
+    if (!hash_verdict) hash_verdict = hashed.valid() ? hashed.get() : Status{};
+    return *hash_verdict;
+  };
   const double decompressed = since(start);
   auto view = refit::parse_delta_view(body);
-  if (!view) return finish(fail_in("delta", view.error()), version, 0, since(start));
+  // note: a body that fails its hash was damaged on the way: that is the reason given, whatever else fails
+  if (!view) {
+    Status h = body_hash();
+    return finish(fail_in("delta", h ? view.error() : h.error()), version, 0, since(start));
+  }
+  // note: a delta of no records reaches no write, so no before_write: its hash is awaited here
+  if (view->tensors.empty())
+    if (Status h = body_hash(); !h) return finish(fail_in("delta", h.error()), version, 0, since(start));
   uint64_t bytes = 0;
   for (const refit::TensorView& t : view->tensors) bytes += t.values.bytes.size() + t.scales.bytes.size();
   const double parsed = since(start);
   refit::ApplyTimings a;
   refit::ApplyOptions options;
   options.timings = &a;
+  options.before_write = body_hash;
   Status s = refit::apply_delta(*store_, version, *view, options);
+  // note: joined either way (hash_ms is read below); on a failure a damaged body is the reason given
+  if (Status h = body_hash(); !s && !h) s = tl::unexpected(h.error());
   UpdateOutcome o = finish(std::move(s), version, bytes, since(start));
   // note: the applier's stages (docs/refit-format.md "Device path"); a host store fills validate, write,
-  // checksum.
+  // checksum. A raw body's hash ran beside parse .. decode ("body hash", last).
   o.stages = {{"decompress", 1e3 * decompressed},
               {"parse", 1e3 * (parsed - decompressed)},
               {"validate", a.validate},
@@ -116,6 +142,7 @@ UpdateOutcome WeightUpdater::apply_delta_file(std::span<const uint8_t> file, uin
               {"decode", a.decode},
               {"write", a.write},
               {"verify", a.checksum}};
+  if (*raw) o.stages.emplace_back("body hash", hash_ms);
   return o;
 }
 
@@ -132,7 +159,8 @@ UpdateOutcome WeightUpdater::apply_checkpoint(const std::string& dir, std::optio
   auto ckpt = open_model_checkpoint(dir, /*check_bytes=*/false);
   if (!ckpt) return finish(fail_in("model_path", ckpt.error()), version, 0, since(start));
   // note: the device quantizes with the startup rule, so it takes a checkpoint only where the startup
-  // quantized one (or nothing is quantized); a pre-quantized start refuses a plain checkpoint (W-08) as before
+  // quantized one (or nothing is quantized); a pre-quantized start refuses a plain checkpoint (W-08) as
+  // before
   bool quantized_live = false;
   for (const auto& [name, t] : store_->tensors()) quantized_live = quantized_live || is_quantized(t.format);
   if (device_checkpoint_ && (load_.quantization || !quantized_live)) {

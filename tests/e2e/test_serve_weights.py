@@ -248,6 +248,29 @@ def test_W12_same_delta_twice_and_wrong_base_are_refused(serve_factory, live):
     assert m.value("mxq:weight_version") == 1
 
 
+def test_raw_body_damaged_on_the_way_is_refused_by_its_hash(serve_factory, live):
+    """A raw body (wire flags bit 0) is parsed and checked while its XXH3-64 runs beside, and nothing is written
+    before the hash passed: a changed checksum byte (the body still parses and validates) and a changed record
+    count (it no longer parses) are both refused as a damaged body, every byte stays, and the intact delta lands."""
+    s = start(serve_factory)
+    tokens, sums = greedy(s), checksums(s)
+    rec = flip_signs(live, DOWN0)
+    recs = [rec] + [identity(live, n) for n in sorted(live) if n != DOWN0]
+    good = mcd.write_delta(mcd.Delta(0, 1, recs), level=0)
+    assert struct.unpack_from("<I", good, 12)[0] == mcd.RAW_BODY
+    # the first record's checksum: header 32, versions and count 20, then name, format, rank and dims, kind
+    at = 32 + 20 + 2 + len(rec.name.encode()) + 1 + len(rec.format) + 1 + 8 * len(rec.shape) + 1
+    for where in (at, 32 + 16):
+        bad = bytearray(good)
+        bad[where] ^= 0x40
+        status, j = post_delta(s, bytes(bad))
+        assert_refused(status, j, needle="XXH3-64")
+    assert version(s) == "0" and checksums(s) == sums and greedy(s) == tokens
+    status, j = post_delta(s, good, expect=200)
+    assert [n for n, _ in j["stages_ms"]][-1] == "body hash", j
+    assert checksums(s)[DOWN0] == hex16(rec.checksum)
+
+
 def test_W09_W13_checksum_mismatch_on_tensor_k_restores_everything(serve_factory, live):
     """Tensor 2 of 3 carries a wrong checksum: success false naming it, every byte restored (checksums and greedy
     tokens exactly as before), the version not published."""

@@ -405,6 +405,46 @@ TEST(ApplyDeltaChecksum, AnUnchangedRecordKeepsItsChecksum) {
   }
 }
 
+// before_write runs once, after every check and before the first write: its refusal leaves every byte and the
+// version (the server's body hash, computed beside the checks); a delta the checks refuse never reaches it.
+TEST(ApplyDeltaBeforeWrite, RunsOnceBeforeTheFirstWriteAndItsRefusalWritesNothing) {
+  const ModelPlanes a = random_model(14), b = step(a, 0.1, 15);
+  for (bool wire : {false, true}) {
+    SCOPED_TRACE(wire ? "wire view" : "decoded delta");
+    WeightStore store = make_store(a, true);
+    const ModelPlanes before = native(store);
+    const Delta d = make_delta(a, b, 0, 1, false);
+    auto body = encode_delta_body(d);
+    ASSERT_TRUE(body);
+    auto view = parse_delta_view(*body);
+    ASSERT_TRUE(view);
+    int calls = 0;
+    bool ok = false;
+    ApplyOptions o;
+    o.before_write = [&]() -> Status {
+      ++calls;
+      EXPECT_TRUE(native(store) == before) << "written before before_write";
+      return ok ? Status{} : fail("body XXH3-64 differs from the header");
+    };
+    auto apply = [&](uint64_t& v) { return wire ? apply_delta(store, v, *view, o) : apply_delta(store, v, d, o); };
+    uint64_t version = 0;
+    const Status refused = apply(version);
+    ASSERT_FALSE(refused);
+    EXPECT_NE(refused.error().message.find("XXH3-64"), std::string::npos) << refused.error().message;
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(version, 0u);
+    EXPECT_TRUE(native(store) == before);
+    uint64_t wrong_base = 5;
+    EXPECT_FALSE(apply(wrong_base));  // W-12: refused by the checks, before_write never asked
+    EXPECT_EQ(calls, 1);
+    ok = true;
+    ASSERT_TRUE(apply(version));
+    EXPECT_EQ(calls, 2);
+    EXPECT_EQ(version, 1u);
+    EXPECT_TRUE(canonical(store) == b);
+  }
+}
+
 // A progress callback sees every tensor once, in record order; cancelling at tensor k restores the old bytes.
 TEST(ApplyDeltaProgress, ReportsEachTensorAndCancelsByRollingBack) {
   const ModelPlanes a = random_model(10), b = step(a, 0.1, 11);
