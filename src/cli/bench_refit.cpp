@@ -92,29 +92,37 @@ uint8_t value_byte(uint64_t r) {
 }
 uint8_t scale_byte(uint64_t r) { return static_cast<uint8_t>(118 + r % 16); }
 
-// The 7 Qwen3-8B MXFP8 linears of `layers` layers in the GEMV layout, added to `store` and appended to
-// `tensors` at consecutive offsets of a flat canonical image of `total` bytes.
-Status add_linears(WeightStore& store, int layers, std::vector<Tensor>& tensors, size_t& total) {
+// A CUDA store holding the 7 Qwen3-8B MXFP8 linears of `layers` layers in the GEMV layout, each at its offset
+// in a flat canonical image of `total` bytes.
+struct LinearStore {
+  WeightStore store;
+  cudaStream_t stream = nullptr;
+  std::vector<Tensor> tensors;
+  size_t total = 0;
+};
+
+Result<LinearStore> linear_store(int layers) {
+  auto mem = cuda::cuda_weight_memory();
+  if (!mem) return tl::unexpected(mem.error());
+  const cudaStream_t stream = cuda::weight_memory_stream(**mem);
+  LinearStore b{WeightStore(std::move(*mem)), stream, {}, 0};
   std::map<std::pair<int64_t, int64_t>, Layout> layouts;
   for (int l = 0; l < layers; ++l)
     for (const Shape& s : kShapes) {
       auto it = layouts.try_emplace({s.n, s.k}, gemv_layout(s.n, s.k)).first;
-      Tensor t{fmt::format("model.layers.{}.{}.weight", l, s.name), s.n * s.k, s.n * s.k / 32, total};
-      if (Status st = store.add(t.name, Format::kMXFP8, {s.n, s.k}, it->second); !st) return st;
-      total += static_cast<size_t>(t.values + t.scales);
-      tensors.push_back(std::move(t));
+      Tensor t{fmt::format("model.layers.{}.{}.weight", l, s.name), s.n * s.k, s.n * s.k / 32, b.total};
+      if (Status st = b.store.add(t.name, Format::kMXFP8, {s.n, s.k}, it->second); !st)
+        return tl::unexpected(st.error());
+      b.total += static_cast<size_t>(t.values + t.scales);
+      b.tensors.push_back(std::move(t));
     }
-  return {};
+  return b;
 }
 
 Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
-  auto mem = cuda::cuda_weight_memory();
-  if (!mem) return tl::unexpected(mem.error());
-  const cudaStream_t stream = cuda::weight_memory_stream(**mem);
-  WeightStore store(std::move(*mem));
-  std::vector<Tensor> tensors;
-  size_t total = 0;
-  if (Status st = add_linears(store, layers, tensors, total); !st) return st;
+  auto bench = linear_store(layers);
+  if (!bench) return tl::unexpected(bench.error());
+  auto& [store, stream, tensors, total] = *bench;
   // Canonical image A in pinned host memory, random non-zero bytes; a device copy of it.
   uint8_t* pinned = nullptr;
   MXQ_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned), total, cudaHostAllocDefault));
@@ -416,13 +424,9 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
 // scramble per KiB) bound it, not the bytes: the peer of an update of every tensor (POST
 // /update_weights_from_tensor re-reads the live planes, the second row).
 Status embeddings_rows(int layers, int reps) {
-  auto mem = cuda::cuda_weight_memory();
-  if (!mem) return tl::unexpected(mem.error());
-  const cudaStream_t stream = cuda::weight_memory_stream(**mem);
-  WeightStore store(std::move(*mem));
-  std::vector<Tensor> tensors;
-  size_t total = 0;
-  if (Status st = add_linears(store, layers, tensors, total); !st) return st;
+  auto bench = linear_store(layers);
+  if (!bench) return tl::unexpected(bench.error());
+  auto& [store, stream, tensors, total] = *bench;
   const size_t first_plain = tensors.size();
   for (const char* name : {"model.embed_tokens.weight", "lm_head.weight"}) {
     Tensor t{name, int64_t{151936} * 4096 * 2, 0, total};

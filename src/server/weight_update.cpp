@@ -20,6 +20,15 @@ double since(SteadyClock::time_point start) {
   return std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
 
+// Bytes of every live tensor's canonical planes: what a full update (every tensor) writes.
+uint64_t live_plane_bytes(const WeightStore& store) {
+  uint64_t bytes = 0;
+  for (const auto& [name, t] : store.tensors())
+    if (auto planes = plane_bytes(t.format, t.shape, name))
+      bytes += static_cast<uint64_t>(planes->values + planes->scales);
+  return bytes;
+}
+
 }  // namespace
 
 Result<uint64_t> parse_version(std::string_view field, std::string_view text) {
@@ -174,11 +183,7 @@ UpdateOutcome WeightUpdater::apply_checkpoint(const std::string& dir, std::optio
       return o;
     }
     if (done && *done) {
-      uint64_t bytes = 0;
-      for (const auto& [name, t] : store_->tensors())
-        if (auto planes = plane_bytes(t.format, t.shape, name))
-          bytes += static_cast<uint64_t>(planes->values + planes->scales);
-      UpdateOutcome o = finish(Status{}, version, bytes, since(start));
+      UpdateOutcome o = finish(Status{}, version, live_plane_bytes(*store_), since(start));
       o.stages = std::move(times);
       return o;
     }
@@ -228,10 +233,7 @@ UpdateOutcome WeightUpdater::apply_tensor_manifest(const refit::TensorManifest& 
   if (target <= version)
     return finish(fail("weight_version {}: must exceed the live version {} (W-12)", target, version), version,
                   0, since(start));
-  uint64_t bytes = 0;
-  for (const auto& [name, t] : store_->tensors())
-    if (auto planes = plane_bytes(t.format, t.shape, name))
-      bytes += static_cast<uint64_t>(planes->values + planes->scales);
+  const uint64_t bytes = live_plane_bytes(*store_);
   refit::StageTimes times;
   Status s = device_update_(*store_, version, target, m, &times);
   UpdateOutcome o = finish(std::move(s), version, bytes, since(start));
