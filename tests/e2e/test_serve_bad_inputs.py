@@ -321,7 +321,10 @@ def test_H11_text_past_any_tokenizer_limit_is_refused_by_a_byte_cap(abuse_server
 
 
 def test_H13_many_timed_out_long_requests_then_a_normal_one(serve_factory):
-    server = serve_factory()  # its own server: abandoned work that is not dropped must not reach other tests
+    # its own server: abandoned work that is not dropped must not reach other tests. A 512-token step budget holds
+    # about one of these prompts per step, so the bound below measures the dropping, not how many abandoned
+    # prompts the CPU default (2048) packs into the step already running (5.4 s on CI with it).
+    server = serve_factory("--max-num-batched-tokens", 512)
     m = server.model_id
     # note: the spec's 10 k-token prompts exceed this model's context, and one 2000-token prefill is a ~12 s step
     # on the 2 CI cores, longer than the 5 s bound by itself; 384 tokens (~2 KB of JSON, ~1-2 s) keep the bound
@@ -356,6 +359,8 @@ def test_H13_many_timed_out_long_requests_then_a_normal_one(serve_factory):
     took = time.monotonic() - t0
     assert r["usage"]["completion_tokens"] == 8
     assert took < 5, f"a normal request took {took:.1f} s after 200 abandoned long ones"
+    prefilled = server.metrics().value("mxq:prompt_tokens_total") - r["usage"]["prompt_tokens"]
+    assert prefilled < 10 * n, f"{prefilled:.0f} prompt tokens of the 200 abandoned requests were prefilled"
     server.wait_idle(10)
     rc = server.stop(60)
     assert rc == 0, f"exit {rc} after SIGTERM:\n{server.log()}"
