@@ -20,69 +20,10 @@ struct Qwen3Model::Scratch {
 };
 
 Result<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg, const WeightStore& store, Backend& backend) {
-  if (cfg.architecture != "Qwen3ForCausalLM" && cfg.architecture != "Qwen3MoeForCausalLM")
-    return fail("architecture '{}' is not supported (expected Qwen3ForCausalLM or Qwen3MoeForCausalLM)",
-                cfg.architecture);
-  if (cfg.rope.type != "default")
-    return fail("{}: rope_type '{}' is not supported (expected 'default')", cfg.architecture, cfg.rope.type);
-  if (cfg.num_key_value_heads <= 0 || cfg.num_attention_heads % cfg.num_key_value_heads != 0)
-    return fail("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", cfg.architecture,
-                cfg.num_attention_heads, cfg.num_key_value_heads);
-  if (cfg.is_moe() && (cfg.num_experts_per_tok < 1 || cfg.num_experts_per_tok > cfg.num_experts))
-    return fail("{}: num_experts_per_tok {} outside [1, num_experts = {}]", cfg.architecture,
-                cfg.num_experts_per_tok, cfg.num_experts);
-
+  auto w = bind_qwen3_weights(cfg, store);
+  if (!w) return tl::unexpected(w.error());
   Qwen3Model m(cfg, backend);
-  std::string missing;
-  auto get = [&](const std::string& name) -> const QTensor* {
-    const QTensor* t = store.find(name);
-    if (!t && missing.empty()) missing = name;
-    return t;
-  };
-  auto get_opt = [&](const std::string& name) { return store.find(name); };
-  m.embed_tokens_ = get("model.embed_tokens.weight");
-  m.norm_ = get("model.norm.weight");
-  // note: tied checkpoints reuse the embedding matrix as lm_head (HF tie_word_embeddings).
-  m.lm_head_ = cfg.tie_word_embeddings ? m.embed_tokens_ : get("lm_head.weight");
-  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
-    DecoderLayer l{};
-    l.input_layernorm = get(p + "input_layernorm.weight");
-    l.post_attention_layernorm = get(p + "post_attention_layernorm.weight");
-    l.q_proj = get(p + "self_attn.q_proj.weight");
-    l.k_proj = get(p + "self_attn.k_proj.weight");
-    l.v_proj = get(p + "self_attn.v_proj.weight");
-    l.o_proj = get(p + "self_attn.o_proj.weight");
-    l.q_norm = get(p + "self_attn.q_norm.weight");
-    l.k_norm = get(p + "self_attn.k_norm.weight");
-    if (cfg.attention_bias) {
-      l.q_bias = get(p + "self_attn.q_proj.bias");
-      l.k_bias = get(p + "self_attn.k_proj.bias");
-      l.v_bias = get(p + "self_attn.v_proj.bias");
-      l.o_bias = get(p + "self_attn.o_proj.bias");
-    }
-    l.sparse = cfg.layer_is_sparse(i);
-    if (!l.sparse) {
-      l.gate_proj = get(p + "mlp.gate_proj.weight");
-      l.up_proj = get(p + "mlp.up_proj.weight");
-      l.down_proj = get(p + "mlp.down_proj.weight");
-    } else {
-      l.router = get(p + "mlp.gate.weight");
-      l.gate_up_proj = get_opt(p + "mlp.experts.gate_up_proj");
-      if (l.gate_up_proj) {
-        l.experts_down_proj = get(p + "mlp.experts.down_proj");
-      } else {
-        for (int64_t e = 0; e < cfg.num_experts; ++e) {
-          const std::string ep = fmt::format("{}mlp.experts.{}.", p, e);
-          l.expert_gate.push_back(get(ep + "gate_proj.weight"));
-          l.expert_up.push_back(get(ep + "up_proj.weight"));
-          l.expert_down.push_back(get(ep + "down_proj.weight"));
-        }
-      }
-    }
-    m.layers_.push_back(std::move(l));
-  }
-  if (!missing.empty()) return fail("{}: weight '{}' is not in the weight store", cfg.architecture, missing);
+  m.w_ = std::move(*w);
   m.scratch_ = std::make_shared<Scratch>();
   return m;
 }
@@ -134,12 +75,12 @@ Status Qwen3Model::forward(std::span<const int32_t> ids, SequenceKv& kv, float* 
   for (int64_t t = 0; t < n; ++t) s.positions[t] = kv.length + t;
 
   // model.embed_tokens
-  if (auto st = b.embedding(ids.data(), n, *embed_tokens_, s.residual.get()); !st) return st;
+  if (auto st = b.embedding(ids.data(), n, *w_.embed_tokens, s.residual.get()); !st) return st;
   // layers[0].input_layernorm (each later input_layernorm is fused with the residual add below)
-  b.rms_norm(s.residual.get(), n, H, *layers_[0].input_layernorm, eps, s.normed.get());
+  b.rms_norm(s.residual.get(), n, H, *w_.layers[0].input_layernorm, eps, s.normed.get());
 
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const DecoderLayer& l = layers_[i];
+  for (size_t i = 0; i < w_.layers.size(); ++i) {
+    const Qwen3LayerWeights& l = w_.layers[i];
     // self_attn.q_proj / k_proj / v_proj
     if (auto st = b.linear(s.normed.get(), n, *l.q_proj, -1, l.q_bias, s.q.get()); !st) return st;
     if (auto st = b.linear(s.normed.get(), n, *l.k_proj, -1, l.k_bias, s.k.get()); !st) return st;
@@ -165,20 +106,20 @@ Status Qwen3Model::forward(std::span<const int32_t> ids, SequenceKv& kv, float* 
                        : mlp(l, n, s.normed.get(), s.hidden.get());
     if (!st) return st;
     // residual add, then the next layer's input_layernorm or the final model.norm
-    const QTensor& next_norm = i + 1 < layers_.size() ? *layers_[i + 1].input_layernorm : *norm_;
+    const QTensor& next_norm = i + 1 < w_.layers.size() ? *w_.layers[i + 1].input_layernorm : *w_.norm;
     b.add_rms_norm(s.hidden.get(), s.residual.get(), n, H, next_norm, eps, s.normed.get());
   }
   kv.length += n;
 
   // lm_head, on the last position only (generation needs no other logits)
-  if (auto st = b.linear(s.normed.get() + (n - 1) * H, 1, *lm_head_, -1, nullptr, s.logits.get()); !st)
+  if (auto st = b.linear(s.normed.get() + (n - 1) * H, 1, *w_.lm_head, -1, nullptr, s.logits.get()); !st)
     return st;
   b.to_host(s.logits.get(), c.vocab_size, logits_host);
   return {};
 }
 
 // Qwen3MLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))
-Status Qwen3Model::mlp(const DecoderLayer& l, int64_t n, const float* x, float* out) {
+Status Qwen3Model::mlp(const Qwen3LayerWeights& l, int64_t n, const float* x, float* out) {
   Backend& b = *backend_;
   Scratch& s = *scratch_;
   const int64_t im = config_.intermediate_size;
@@ -190,7 +131,7 @@ Status Qwen3Model::mlp(const DecoderLayer& l, int64_t n, const float* x, float* 
 
 // Qwen3MoeSparseMoeBlock: router over mlp.gate, then each selected expert on the tokens routed to it, its
 // output scaled by the routing weight and summed in expert order (HF's index_add_ loop over expert_hit).
-Status Qwen3Model::sparse_moe_block(const DecoderLayer& l, int64_t n, const float* x, float* out) {
+Status Qwen3Model::sparse_moe_block(const Qwen3LayerWeights& l, int64_t n, const float* x, float* out) {
   Backend& b = *backend_;
   Scratch& s = *scratch_;
   const ModelConfig& c = config_;

@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "io/config.h"
 #include "model/backend.h"
+#include "model/qwen3_weights.h"
 #include "model/weight_store.h"
 
 namespace mxq {
@@ -24,8 +25,8 @@ struct SequenceKv {
 
 class Qwen3Model {
  public:
-  // Resolves every tensor the config needs in `store` (which must outlive the model, as must `backend`).
-  // Refuses by name: an unsupported architecture or rope_type, inconsistent head counts, a missing tensor.
+  // Binds every tensor the config needs in `store` (bind_qwen3_weights; the store must outlive the model, as
+  // must `backend`). Refuses by name what bind_qwen3_weights refuses.
   static Result<Qwen3Model> create(const ModelConfig& config, const WeightStore& store, Backend& backend);
 
   // Runs `ids` (the next tokens of the sequence, at positions kv.length ..) through the model, appends their
@@ -37,30 +38,16 @@ class Qwen3Model {
   Backend& backend() const { return *backend_; }
 
  private:
-  // The weights of one Qwen3DecoderLayer / Qwen3MoeDecoderLayer, by their HF module names.
-  struct DecoderLayer {
-    const QTensor *input_layernorm, *post_attention_layernorm;
-    const QTensor *q_proj, *k_proj, *v_proj, *o_proj, *q_norm, *k_norm;
-    const QTensor *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr, *o_bias = nullptr;
-    bool sparse = false;
-    // Qwen3MLP
-    const QTensor *gate_proj = nullptr, *up_proj = nullptr, *down_proj = nullptr;
-    // Qwen3MoeSparseMoeBlock: mlp.gate, then experts either stacked or one module per expert
-    const QTensor* router = nullptr;
-    const QTensor *gate_up_proj = nullptr, *experts_down_proj = nullptr;
-    std::vector<const QTensor*> expert_gate, expert_up, expert_down;
-  };
   struct Scratch;
 
   Qwen3Model(const ModelConfig& config, Backend& backend) : config_(config), backend_(&backend) {}
   Status ensure_scratch(int64_t tokens);
-  Status mlp(const DecoderLayer& layer, int64_t tokens, const float* x, float* out);
-  Status sparse_moe_block(const DecoderLayer& layer, int64_t tokens, const float* x, float* out);
+  Status mlp(const Qwen3LayerWeights& layer, int64_t tokens, const float* x, float* out);
+  Status sparse_moe_block(const Qwen3LayerWeights& layer, int64_t tokens, const float* x, float* out);
 
   ModelConfig config_;
   Backend* backend_;
-  const QTensor *embed_tokens_ = nullptr, *norm_ = nullptr, *lm_head_ = nullptr;
-  std::vector<DecoderLayer> layers_;
+  Qwen3Weights w_;
   std::shared_ptr<Scratch> scratch_;
 };
 

@@ -25,6 +25,7 @@
 #include "cuda/weight_memory_cuda.h"
 #include "layout/probe.h"
 #include "model/qwen3_cuda_parts.h"
+#include "model/qwen3_weights.h"
 #include "model/step_profile_cuda.h"
 
 namespace mxq::cuda {
@@ -115,19 +116,12 @@ int64_t Qwen3Cuda::kv_bytes() const { return static_cast<int64_t>(b_->kv.bytes()
 
 Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const WeightStore& store,
                                                      const Qwen3CudaOptions& opt) {
-  // --- what the engine runs, refused by name ---
-  if (c.architecture != "Qwen3ForCausalLM" && c.architecture != "Qwen3MoeForCausalLM")
-    return fail("architecture '{}' is not supported (expected Qwen3ForCausalLM or Qwen3MoeForCausalLM)",
-                c.architecture);
-  if (c.rope.type != "default")
-    return fail("{}: rope_type '{}' is not supported (expected 'default')", c.architecture, c.rope.type);
+  // --- what the engine runs, refused by name (the forward's own refusals first) ---
+  if (auto st = check_qwen3_config(c); !st) return tl::unexpected(st.error());
   if (c.head_dim != 64 && c.head_dim != 128)
     return fail("{}: head_dim {} is not supported by the CUDA engine (64 or 128)", c.architecture,
                 c.head_dim);
   if (c.attention_bias) return fail("{}: attention_bias is not supported by the CUDA engine", c.architecture);
-  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0)
-    return fail("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", c.architecture,
-                c.num_attention_heads, c.num_key_value_heads);
   if (c.hidden_size % 32 != 0 || c.intermediate_size % 32 != 0 || c.moe_intermediate_size % 32 != 0)
     return fail(
         "{}: hidden_size {} / intermediate_size {} / moe_intermediate_size {}: expected multiples of 32",
@@ -159,24 +153,16 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
   Weights& w = *m->w_;
   Buffers& b = *m->b_;
 
-  // --- weights, by HF module name ---
-  std::string missing;
+  // --- weights, by HF module name (model/qwen3_weights.h), as the kernels read them ---
+  auto bound = bind_qwen3_weights(c, store);
+  if (!bound) return tl::unexpected(bound.error());
   Error bad;
-  auto get = [&](const std::string& name) -> const QTensor* {
-    const QTensor* t = store.find(name);
-    if (!t && missing.empty()) missing = name;
-    return t;
-  };
-  auto bf16 = [&](const std::string& name) -> const uint16_t* {
-    const QTensor* t = get(name);
-    if (!t) return nullptr;
+  auto bf16 = [&](const QTensor* t) -> const uint16_t* {
     if (t->format != Format::kBF16 && bad.message.empty())
-      bad = Error{fmt::format("{}: {} (expected bf16)", name, traits(t->format).name)};
+      bad = Error{fmt::format("{}: {} (expected bf16)", t->name, traits(t->format).name)};
     return reinterpret_cast<const uint16_t*>(t->values.data());
   };
-  auto lin = [&](const std::string& name, int64_t expert = -1) -> Lin {
-    const QTensor* t = get(name);
-    if (!t) return {};
+  auto lin = [&](const QTensor* t, int64_t expert = -1) -> Lin {
     auto l = linear_weights(t->name, t->format, t->shape, t->values, t->scales, expert);
     if (!l) {
       if (bad.message.empty()) bad = l.error();
@@ -186,45 +172,39 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
     const double experts = expert < 0 ? 1.0 : static_cast<double>(t->shape[0]);
     return Lin{*l, &t->name, static_cast<double>(t->values.size() + t->scales.size()) / experts};
   };
-  w.embed_tokens = bf16("model.embed_tokens.weight");
-  w.norm = bf16("model.norm.weight");
-  // note: tied checkpoints reuse the embedding matrix as lm_head (HF tie_word_embeddings).
-  w.lm_head = lin(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
+  w.embed_tokens = bf16(bound->embed_tokens);
+  w.norm = bf16(bound->norm);
+  w.lm_head = lin(bound->lm_head);
+  for (const Qwen3LayerWeights& bl : bound->layers) {
     Weights::Layer l{};
-    l.input_layernorm = bf16(p + "input_layernorm.weight");
-    l.post_attention_layernorm = bf16(p + "post_attention_layernorm.weight");
-    l.q_proj = lin(p + "self_attn.q_proj.weight");
-    l.k_proj = lin(p + "self_attn.k_proj.weight");
-    l.v_proj = lin(p + "self_attn.v_proj.weight");
-    l.o_proj = lin(p + "self_attn.o_proj.weight");
-    l.q_norm = bf16(p + "self_attn.q_norm.weight");
-    l.k_norm = bf16(p + "self_attn.k_norm.weight");
-    l.sparse = c.layer_is_sparse(i);
+    l.input_layernorm = bf16(bl.input_layernorm);
+    l.post_attention_layernorm = bf16(bl.post_attention_layernorm);
+    l.q_proj = lin(bl.q_proj);
+    l.k_proj = lin(bl.k_proj);
+    l.v_proj = lin(bl.v_proj);
+    l.o_proj = lin(bl.o_proj);
+    l.q_norm = bf16(bl.q_norm);
+    l.k_norm = bf16(bl.k_norm);
+    l.sparse = bl.sparse;
     if (!l.sparse) {
-      l.gate_proj = lin(p + "mlp.gate_proj.weight");
-      l.up_proj = lin(p + "mlp.up_proj.weight");
-      l.down_proj = lin(p + "mlp.down_proj.weight");
+      l.gate_proj = lin(bl.gate_proj);
+      l.up_proj = lin(bl.up_proj);
+      l.down_proj = lin(bl.down_proj);
     } else {
-      l.router = lin(p + "mlp.gate.weight");
-      if (store.find(p + "mlp.experts.gate_up_proj")) {
-        for (int64_t e = 0; e < c.num_experts; ++e) {
-          l.gate_up.push_back(lin(p + "mlp.experts.gate_up_proj", e));
-          l.down.push_back(lin(p + "mlp.experts.down_proj", e));
-        }
-      } else {
-        for (int64_t e = 0; e < c.num_experts; ++e) {
-          const std::string ep = fmt::format("{}mlp.experts.{}.", p, e);
-          l.gate.push_back(lin(ep + "gate_proj.weight"));
-          l.up.push_back(lin(ep + "up_proj.weight"));
-          l.down.push_back(lin(ep + "down_proj.weight"));
+      l.router = lin(bl.router);
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        if (bound->stacked_experts) {
+          l.gate_up.push_back(lin(bl.gate_up_proj, e));
+          l.down.push_back(lin(bl.experts_down_proj, e));
+        } else {
+          l.gate.push_back(lin(bl.expert_gate[e]));
+          l.up.push_back(lin(bl.expert_up[e]));
+          l.down.push_back(lin(bl.expert_down[e]));
         }
       }
     }
     w.layers.push_back(std::move(l));
   }
-  if (!missing.empty()) return fail("{}: weight '{}' is not in the weight store", c.architecture, missing);
   if (!bad.message.empty()) return fail_in(c.architecture, bad);
   // the grouped decode linears' pointer tables (cuda/moe_grouped_linear.h), over the same expert views
   for (size_t i = 0; i < w.layers.size(); ++i) {

@@ -17,53 +17,111 @@ std::string module_of(const std::string& name) {
   return name;
 }
 
-}  // namespace
-
-Result<std::vector<WeightSpec>> qwen3_weight_specs(const ModelConfig& cfg, bool stacked_experts) {
+// Calls f(spec, slot) for every tensor the config needs, in checkpoint order, where `slot` is the field of
+// `w` that binds it: the one list of names that the checkpoint check and the binding share.
+template <class F>
+void for_each_weight(const ModelConfig& cfg, bool stacked_experts, Qwen3Weights& w, F&& f) {
   const int64_t h = cfg.hidden_size, d = cfg.head_dim, q = cfg.num_attention_heads * d,
                 kv = cfg.num_key_value_heads * d, v = cfg.vocab_size;
-  std::vector<WeightSpec> s;
-  s.push_back({"model.embed_tokens.weight", {v, h}, false});
+  auto plain = [&](std::string name, std::vector<int64_t> shape, const QTensor*& slot) {
+    f(WeightSpec{std::move(name), std::move(shape), false}, slot);
+  };
+  auto linear = [&](std::string name, std::vector<int64_t> shape, const QTensor*& slot) {
+    f(WeightSpec{std::move(name), std::move(shape), true}, slot);
+  };
+  w.stacked_experts = stacked_experts;
+  w.layers.assign(static_cast<size_t>(cfg.num_hidden_layers), {});
+  plain("model.embed_tokens.weight", {v, h}, w.embed_tokens);
   for (int i = 0; i < cfg.num_hidden_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
-    s.push_back({p + "input_layernorm.weight", {h}, false});
-    s.push_back({p + "post_attention_layernorm.weight", {h}, false});
-    s.push_back({p + "self_attn.q_proj.weight", {q, h}, true});
-    s.push_back({p + "self_attn.k_proj.weight", {kv, h}, true});
-    s.push_back({p + "self_attn.v_proj.weight", {kv, h}, true});
-    s.push_back({p + "self_attn.o_proj.weight", {h, q}, true});
+    Qwen3LayerWeights& l = w.layers[static_cast<size_t>(i)];
+    plain(p + "input_layernorm.weight", {h}, l.input_layernorm);
+    plain(p + "post_attention_layernorm.weight", {h}, l.post_attention_layernorm);
+    linear(p + "self_attn.q_proj.weight", {q, h}, l.q_proj);
+    linear(p + "self_attn.k_proj.weight", {kv, h}, l.k_proj);
+    linear(p + "self_attn.v_proj.weight", {kv, h}, l.v_proj);
+    linear(p + "self_attn.o_proj.weight", {h, q}, l.o_proj);
     if (cfg.attention_bias) {
-      s.push_back({p + "self_attn.q_proj.bias", {q}, false});
-      s.push_back({p + "self_attn.k_proj.bias", {kv}, false});
-      s.push_back({p + "self_attn.v_proj.bias", {kv}, false});
-      s.push_back({p + "self_attn.o_proj.bias", {h}, false});
+      plain(p + "self_attn.q_proj.bias", {q}, l.q_bias);
+      plain(p + "self_attn.k_proj.bias", {kv}, l.k_bias);
+      plain(p + "self_attn.v_proj.bias", {kv}, l.v_bias);
+      plain(p + "self_attn.o_proj.bias", {h}, l.o_bias);
     }
-    s.push_back({p + "self_attn.q_norm.weight", {d}, false});
-    s.push_back({p + "self_attn.k_norm.weight", {d}, false});
-    if (cfg.layer_is_sparse(i)) {
+    plain(p + "self_attn.q_norm.weight", {d}, l.q_norm);
+    plain(p + "self_attn.k_norm.weight", {d}, l.k_norm);
+    l.sparse = cfg.layer_is_sparse(i);
+    if (l.sparse) {
       const int64_t e = cfg.num_experts, im = cfg.moe_intermediate_size;
-      s.push_back({p + "mlp.gate.weight", {e, h}, false});  // the router stays in its dtype
+      plain(p + "mlp.gate.weight", {e, h}, l.router);  // the router stays in its dtype
       if (stacked_experts) {
-        s.push_back({p + "mlp.experts.gate_up_proj", {e, 2 * im, h}, true});
-        s.push_back({p + "mlp.experts.down_proj", {e, h, im}, true});
+        linear(p + "mlp.experts.gate_up_proj", {e, 2 * im, h}, l.gate_up_proj);
+        linear(p + "mlp.experts.down_proj", {e, h, im}, l.experts_down_proj);
       } else {
-        for (int64_t x = 0; x < e; ++x) {
+        l.expert_gate.assign(static_cast<size_t>(e), nullptr);
+        l.expert_up.assign(static_cast<size_t>(e), nullptr);
+        l.expert_down.assign(static_cast<size_t>(e), nullptr);
+        for (size_t x = 0; x < static_cast<size_t>(e); ++x) {
           const std::string ep = fmt::format("{}mlp.experts.{}.", p, x);
-          s.push_back({ep + "gate_proj.weight", {im, h}, true});
-          s.push_back({ep + "up_proj.weight", {im, h}, true});
-          s.push_back({ep + "down_proj.weight", {h, im}, true});
+          linear(ep + "gate_proj.weight", {im, h}, l.expert_gate[x]);
+          linear(ep + "up_proj.weight", {im, h}, l.expert_up[x]);
+          linear(ep + "down_proj.weight", {h, im}, l.expert_down[x]);
         }
       }
     } else {
       const int64_t im = cfg.intermediate_size;
-      s.push_back({p + "mlp.gate_proj.weight", {im, h}, true});
-      s.push_back({p + "mlp.up_proj.weight", {im, h}, true});
-      s.push_back({p + "mlp.down_proj.weight", {h, im}, true});
+      linear(p + "mlp.gate_proj.weight", {im, h}, l.gate_proj);
+      linear(p + "mlp.up_proj.weight", {im, h}, l.up_proj);
+      linear(p + "mlp.down_proj.weight", {h, im}, l.down_proj);
     }
   }
-  s.push_back({"model.norm.weight", {h}, false});
-  if (!cfg.tie_word_embeddings) s.push_back({"lm_head.weight", {v, h}, false});
+  plain("model.norm.weight", {h}, w.norm);
+  // note: tied checkpoints reuse the embedding matrix as lm_head (HF tie_word_embeddings).
+  if (cfg.tie_word_embeddings)
+    w.lm_head = w.embed_tokens;
+  else
+    plain("lm_head.weight", {v, h}, w.lm_head);
+}
+
+}  // namespace
+
+Result<std::vector<WeightSpec>> qwen3_weight_specs(const ModelConfig& cfg, bool stacked_experts) {
+  std::vector<WeightSpec> s;
+  Qwen3Weights unbound;
+  for_each_weight(cfg, stacked_experts, unbound, [&](WeightSpec spec, const QTensor*&) { s.push_back(spec); });
   return s;
+}
+
+Status check_qwen3_config(const ModelConfig& cfg) {
+  if (cfg.architecture != "Qwen3ForCausalLM" && cfg.architecture != "Qwen3MoeForCausalLM")
+    return fail("architecture '{}' is not supported (expected Qwen3ForCausalLM or Qwen3MoeForCausalLM)",
+                cfg.architecture);
+  if (cfg.rope.type != "default")
+    return fail("{}: rope_type '{}' is not supported (expected 'default')", cfg.architecture, cfg.rope.type);
+  if (cfg.num_key_value_heads <= 0 || cfg.num_attention_heads % cfg.num_key_value_heads != 0)
+    return fail("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", cfg.architecture,
+                cfg.num_attention_heads, cfg.num_key_value_heads);
+  if (cfg.is_moe() && (cfg.num_experts_per_tok < 1 || cfg.num_experts_per_tok > cfg.num_experts))
+    return fail("{}: num_experts_per_tok {} outside [1, num_experts = {}]", cfg.architecture,
+                cfg.num_experts_per_tok, cfg.num_experts);
+  return {};
+}
+
+Result<Qwen3Weights> bind_qwen3_weights(const ModelConfig& cfg, const WeightStore& store) {
+  if (auto st = check_qwen3_config(cfg); !st) return tl::unexpected(st.error());
+  bool stacked = false;
+  for (int i = 0; i < cfg.num_hidden_layers; ++i)
+    if (cfg.layer_is_sparse(i)) {
+      stacked = store.find(fmt::format("model.layers.{}.mlp.experts.gate_up_proj", i)) != nullptr;
+      break;
+    }
+  Qwen3Weights w;
+  std::string missing;
+  for_each_weight(cfg, stacked, w, [&](const WeightSpec& spec, const QTensor*& slot) {
+    slot = store.find(spec.name);
+    if (!slot && missing.empty()) missing = spec.name;
+  });
+  if (!missing.empty()) return fail("{}: weight '{}' is not in the weight store", cfg.architecture, missing);
+  return w;
 }
 
 Result<std::vector<WeightSpec>> check_qwen3_tensors(const ModelConfig& cfg, const Scheme& scheme,
