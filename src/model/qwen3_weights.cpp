@@ -87,7 +87,8 @@ void for_each_weight(const ModelConfig& cfg, bool stacked_experts, Qwen3Weights&
 Result<std::vector<WeightSpec>> qwen3_weight_specs(const ModelConfig& cfg, bool stacked_experts) {
   std::vector<WeightSpec> s;
   Qwen3Weights unbound;
-  for_each_weight(cfg, stacked_experts, unbound, [&](WeightSpec spec, const QTensor*&) { s.push_back(spec); });
+  for_each_weight(cfg, stacked_experts, unbound,
+                  [&](WeightSpec spec, const QTensor*&) { s.push_back(spec); });
   return s;
 }
 
