@@ -12,14 +12,14 @@
 #include <vector>
 
 #include "cpu/rope.h"
-#include "cuda/attention_prefill.h"
-#include "cuda/embedding.h"
-#include "cuda/moe_route.h"
-#include "cuda/paged_attention_decode.h"
-#include "cuda/qk_norm_rope_cache.h"
-#include "cuda/rms_norm.h"
-#include "cuda/sample.h"
-#include "cuda/swiglu.h"
+#include "cuda/attention/attention_prefill.h"
+#include "cuda/ops/embedding.h"
+#include "cuda/ops/moe_route.h"
+#include "cuda/attention/paged_attention_decode.h"
+#include "cuda/attention/qk_norm_rope_cache.h"
+#include "cuda/ops/rms_norm.h"
+#include "cuda/ops/sample.h"
+#include "cuda/ops/swiglu.h"
 
 namespace {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "cuda/check.h"
+#include "cuda/common/check.h"
 
 namespace mxq::cli {
 

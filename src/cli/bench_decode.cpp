@@ -26,7 +26,7 @@
 #if MXQ_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/pdl.h"
+#include "cuda/common/pdl.h"
 #include "engine/cuda_runner.h"
 #include "model/qwen3_cuda.h"
 #include "model/step_profile_cuda.h"
@@ -44,7 +44,7 @@ struct DecodeOptions {
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
   bool breakdown = false;  // CUDA: per-op profile of one decode step per batch size
-  bool no_pdl = false;     // CUDA: plain launches instead of programmatic dependent launch (cuda/pdl.h)
+  bool no_pdl = false;     // CUDA: plain launches instead of programmatic dependent launch (cuda/common/pdl.h)
 };
 
 // The table's format column: the projections' format, "-a8" in the W8A8 mode (--activation-quant mxfp8).

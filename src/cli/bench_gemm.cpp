@@ -19,9 +19,9 @@
 #include <span>
 
 #include "cli/bench_cuda.h"
-#include "cuda/check.h"
-#include "cuda/gemm_mx.h"
-#include "cuda/gemv_layout.h"
+#include "cuda/common/check.h"
+#include "cuda/linear/gemm_mx.h"
+#include "cuda/linear/gemv_layout.h"
 #endif
 
 namespace mxq::cli {

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "cli/bench_cuda.h"
-#include "cuda/check.h"
-#include "cuda/gemv_mx_launch.h"
+#include "cuda/common/check.h"
+#include "cuda/linear/gemv_mx_launch.h"
 
 namespace mxq::cli {
 namespace {

@@ -1,4 +1,4 @@
-// mxq bench linear: the CUDA linear dispatch table (cuda/linear.h: MXFP8 / MXFP4 / FP8-B128 by M) and GPU
+// mxq bench linear: the CUDA linear dispatch table (cuda/linear/linear.h: MXFP8 / MXFP4 / FP8-B128 by M) and GPU
 // quantize on Qwen3 shapes, against the copy bandwidth, cuBLAS bf16 and cuBLASLt FP8-B128 measured in the
 // same run. Registered under `mxq bench` by add_bench_linear.
 
@@ -22,16 +22,16 @@
 
 #include "cli/bench_cuda.h"
 #include "cli/bench_gemv_trace.h"
-#include "cuda/check.h"
-#include "cuda/gemm_fp8_b128_sm90.h"
-#include "cuda/gemm_mx.h"
-#include "cuda/gemv_fp8_b128.h"
-#include "cuda/gemv_mx.h"
-#include "cuda/gemv_mx_launch.h"
-#include "cuda/linear.h"
-#include "cuda/pdl.h"
-#include "cuda/quantize_launch.h"
-#include "cuda/read_ceiling.h"
+#include "cuda/common/check.h"
+#include "cuda/linear/gemm_fp8_b128_sm90.h"
+#include "cuda/linear/gemm_mx.h"
+#include "cuda/linear/gemv_fp8_b128.h"
+#include "cuda/linear/gemv_mx.h"
+#include "cuda/linear/gemv_mx_launch.h"
+#include "cuda/linear/linear.h"
+#include "cuda/common/pdl.h"
+#include "cuda/quantize/quantize_launch.h"
+#include "cuda/ceiling/read_ceiling.h"
 #endif
 
 namespace mxq::cli {
@@ -108,7 +108,7 @@ Result<RotatedWeights> rotated(std::mt19937_64& rng, Format f, int64_t n, int64_
   return w;
 }
 
-// The read-only ceiling at this byte count (cuda/read_ceiling.h): median µs of one launch reading `bytes`
+// The read-only ceiling at this byte count (cuda/ceiling/read_ceiling.h): median µs of one launch reading `bytes`
 // once, over rotated copies as the kernels' weights are, the faster of the kernel's two variants.
 Result<double> read_ceiling_us(std::mt19937_64& rng, int64_t bytes, cudaStream_t stream) {
   const int64_t padded = (bytes + 15) / 16 * 16;

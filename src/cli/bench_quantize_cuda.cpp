@@ -2,8 +2,8 @@
 // bf16 / f32 [N, K] -> MXFP8 (every scale rule), MXFP4, FP8-B128 on Qwen3 shapes, GB/s = input read + values
 // + scales written, against the device-to-device copy rate (read + written) measured in the same process.
 // CUDA-graph event medians over L2-rotated copies of the input; fresh random non-zero inputs. The bf16
-// kernels launch with PDL as the process default (cuda/pdl.h). `%same`: against a plain copy kernel
-// (cuda/copy16.cu) moving the same total bytes in the same graph setup, since one launch of a few MB cannot
+// kernels launch with PDL as the process default (cuda/common/pdl.h). `%same`: against a plain copy kernel
+// (cuda/ceiling/copy16.cu) moving the same total bytes in the same graph setup, since one launch of a few MB cannot
 // reach the 2 GiB copy rate. `mxq bench quantize --device cuda` adds the launch-shape table
 // (quantize_launch.h's QuantLaunch, PDL on and off).
 #if defined(MXQ_HAVE_CUDA)
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "cli/bench_cuda.h"
-#include "cuda/check.h"
-#include "cuda/quantize_launch.h"
+#include "cuda/common/check.h"
+#include "cuda/quantize/quantize_launch.h"
 #include "format/formats.h"
 
 namespace mxq::cli {

@@ -32,10 +32,10 @@
 #include <thread>
 
 #include "cli/bench_cuda.h"
-#include "cuda/check.h"
-#include "cuda/copy_ceiling.h"
-#include "cuda/gemv_layout.h"
-#include "cuda/weight_memory_cuda.h"
+#include "cuda/common/check.h"
+#include "cuda/ceiling/copy_ceiling.h"
+#include "cuda/linear/gemv_layout.h"
+#include "cuda/refit/weight_memory_cuda.h"
 #include "refit/applier.h"
 #include "refit/delta_format.h"
 #endif

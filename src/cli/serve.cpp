@@ -28,8 +28,8 @@
 #if MXQ_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/tensor_update.h"
-#include "cuda/weight_memory_cuda.h"
+#include "cuda/refit/tensor_update.h"
+#include "cuda/refit/weight_memory_cuda.h"
 #include "engine/cuda_runner.h"
 #include "model/qwen3_cuda.h"
 #endif

@@ -5,8 +5,8 @@
 
 #include "cpu/philox.h"
 #include "cpu/sampling.h"
-#include "cuda/check.h"
-#include "cuda/sample.h"
+#include "cuda/common/check.h"
+#include "cuda/ops/sample.h"
 
 namespace mxq::cuda {
 

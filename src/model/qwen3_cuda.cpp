@@ -12,17 +12,17 @@
 #include <vector>
 
 #include "cpu/rope.h"
-#include "cuda/attention_prefill.h"
-#include "cuda/check.h"
-#include "cuda/embedding.h"
-#include "cuda/linear.h"
-#include "cuda/moe_grouped_linear.h"
-#include "cuda/paged_attention_decode.h"
-#include "cuda/qk_norm_rope_cache.h"
-#include "cuda/rms_norm.h"
-#include "cuda/sample.h"
-#include "cuda/swiglu.h"
-#include "cuda/weight_memory_cuda.h"
+#include "cuda/attention/attention_prefill.h"
+#include "cuda/common/check.h"
+#include "cuda/ops/embedding.h"
+#include "cuda/linear/linear.h"
+#include "cuda/linear/moe_grouped_linear.h"
+#include "cuda/attention/paged_attention_decode.h"
+#include "cuda/attention/qk_norm_rope_cache.h"
+#include "cuda/ops/rms_norm.h"
+#include "cuda/ops/sample.h"
+#include "cuda/ops/swiglu.h"
+#include "cuda/refit/weight_memory_cuda.h"
 #include "layout/probe.h"
 #include "model/qwen3_cuda_parts.h"
 #include "model/qwen3_weights.h"
@@ -68,7 +68,7 @@ LoadTarget cuda_load_target() {
       case Format::kMXFP8:
       case Format::kMXFP4:
       case Format::kFP8_B128: {
-        // The native layout of cuda/linear.h's kernels (one per format, read by the GEMV and the GEMM alike),
+        // The native layout of cuda/linear/linear.h's kernels (one per format, read by the GEMV and the GEMM alike),
         // probed from linear_prepare so refit writes through it.
         if (!*arch) {
           int device = 0;
@@ -206,7 +206,7 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
     w.layers.push_back(std::move(l));
   }
   if (!bad.message.empty()) return fail_in(c.architecture, bad);
-  // the grouped decode linears' pointer tables (cuda/moe_grouped_linear.h), over the same expert views
+  // the grouped decode linears' pointer tables (cuda/linear/moe_grouped_linear.h), over the same expert views
   for (size_t i = 0; i < w.layers.size(); ++i) {
     Weights::Layer& l = w.layers[i];
     if (!l.sparse) continue;
@@ -239,7 +239,7 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
     if (l.sparse && l.router.w.format != Format::kBF16)
       return fail("{}: mlp.gate in {}, expected bf16", c.architecture, traits(l.router.w.format).name);
 
-  // --- stream, the linear dispatch table (cuda/linear.h) ---
+  // --- stream, the linear dispatch table (cuda/linear/linear.h) ---
   const int64_t T = std::max<int64_t>(o.max_num_batched_tokens, o.max_num_seqs);
   int device = 0;
   MXQ_CUDA_CHECK(cudaGetDevice(&device));

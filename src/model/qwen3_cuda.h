@@ -1,6 +1,6 @@
 // Qwen3ForCausalLM and Qwen3MoeForCausalLM on the GPU: the same model as model/qwen3.h, batched over the
 // tokens of one engine step and paged (vLLM layout, docs/cuda-ops.md), reading its weights in place from a
-// CUDA WeightStore (src/cuda/weight_memory_cuda.h) in each kernel's native layout.
+// CUDA WeightStore (src/cuda/refit/weight_memory_cuda.h) in each kernel's native layout.
 //
 // Memory: everything is allocated once in create(), at capacity, and never moves, so a CUDA graph captured
 // over forward() stays valid across steps and refits (refit writes the weight buffers in place):
@@ -33,7 +33,7 @@ class MoeGroupedWeights;
 class StepProfiler;
 
 // The load target of the CUDA engine: the store in device memory, MXFP8 / MXFP4 / FP8-B128 projections in
-// the native layout of the linear dispatch table (cuda/linear.h linear_prepare, probed so refit writes
+// the native layout of the linear dispatch table (cuda/linear/linear.h linear_prepare, probed so refit writes
 // through it; one layout per format serves every M), everything else row-major. Refuses by name what the
 // engine cannot run: formats with no table entry on the device's arch, F16/F32 tensors (the ops read BF16),
 // attention biases, head_dim other than 64 or 128.
@@ -46,7 +46,7 @@ struct Qwen3CudaOptions {
   int32_t block_size = 16;
   double gpu_memory_utilization = 0.9;  // fraction of device memory for weights + buffers + KV blocks
   int64_t num_blocks = 0;               // > 0: this many KV blocks (tests), else from the utilization
-  // kMXFP8: the W8A8 mode (cuda/linear.h) for every MXFP8 / MXFP4 projection, experts included: activations
+  // kMXFP8: the W8A8 mode (cuda/linear/linear.h) for every MXFP8 / MXFP4 projection, experts included: activations
   // quantized to MXFP8 per 1x32 block and dequantized before the weight-only kernels. kBF16: weight-only.
   Format act_quant = Format::kBF16;
 };

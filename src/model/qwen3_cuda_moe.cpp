@@ -4,9 +4,9 @@
 
 #include <vector>
 
-#include "cuda/moe_route.h"
-#include "cuda/quantize_act.h"
-#include "cuda/swiglu.h"
+#include "cuda/ops/moe_route.h"
+#include "cuda/quantize/quantize_act.h"
+#include "cuda/ops/swiglu.h"
 #include "model/qwen3_cuda_parts.h"
 #include "model/step_profile_cuda.h"
 
@@ -22,7 +22,7 @@ Result<const uint16_t*> Qwen3Cuda::moe_input(const MoeGroupedWeights& w, const u
 
 // Qwen3MoeSparseMoeBlock: router over mlp.gate, the token → expert grouping on the device, then each expert
 // on its group of rows, outputs summed per token in expert order (moe_combine, as HF's loop over experts).
-// Decode steps run every expert group in one grouped launch per projection (cuda/moe_grouped_linear.h),
+// Decode steps run every expert group in one grouped launch per projection (cuda/linear/moe_grouped_linear.h),
 // driven by the grouping on the device: nothing waits for the host, so the step is graph-captured. Other
 // steps (prefill, mixed) read the grouping back and run each expert through the dispatch table (its GEMM
 // entries at large M).

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/check.h"
-#include "cuda/linear.h"
-#include "cuda/moe_grouped_linear.h"
+#include "cuda/common/check.h"
+#include "cuda/linear/linear.h"
+#include "cuda/linear/moe_grouped_linear.h"
 #include "model/qwen3_cuda.h"
 
 namespace mxq::cuda {
@@ -21,7 +21,7 @@ namespace mxq::cuda {
     if (mxq_rc_ != cudaSuccess) return fail("{}: {} ({} rows)", op, cudaGetErrorName(mxq_rc_), rows); \
   } while (0)
 
-// One linear layer (or one expert of a stacked tensor) as cuda/linear.h runs it.
+// One linear layer (or one expert of a stacked tensor) as cuda/linear/linear.h runs it.
 struct Qwen3Cuda::Lin {
   LinearWeights w;
   const std::string* name = nullptr;  // the store's tensor name, for errors

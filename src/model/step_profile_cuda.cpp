@@ -1,6 +1,6 @@
 #include "model/step_profile_cuda.h"
 
-#include "cuda/check.h"
+#include "cuda/common/check.h"
 
 namespace mxq::cuda {
 

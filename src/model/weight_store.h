@@ -3,7 +3,7 @@
 // checkpoint loader, online quantization, full updates and sparse deltas all go through it (apply_tensors
 // is its batched form, apply_sparse refit's sparse form).
 // The live bytes sit in the store's WeightMemory, chosen at construction: host memory by default, CUDA
-// device memory with cuda::cuda_weight_memory() (src/cuda/weight_memory_cuda.h). For a device store the
+// device memory with cuda::cuda_weight_memory() (src/cuda/refit/weight_memory_cuda.h). For a device store the
 // QTensor spans hold device addresses, and the span arguments of the write / read functions may be device
 // or host memory (weight_memory.h); checksums are computed on the device.
 #pragma once

@@ -1,7 +1,7 @@
 // The CUDA engine (engine/cuda_runner.h over model/qwen3_cuda.h) against the CPU model (model/qwen3.h, itself
 // held against transformers by tests/model/qwen3_golden_test.cpp), on random Qwen3 checkpoints written fresh
 // per run: dense, MoE with stacked experts, MoE with one module per expert; bf16, MXFP8, MXFP4 and FP8-B128
-// (online), every linear through the dispatch table (cuda/linear.h): prompts of 37 and 100 tokens take its
+// (online), every linear through the dispatch table (cuda/linear/linear.h): prompts of 37 and 100 tokens take its
 // GEMM entries (gemm_mx, cuBLASLt FP8), decode steps its GEMV.
 // note: the golden checkpoints (tests/golden/.../ckpt) have head_dim 16, which the CUDA attention ops do not
 // take (64, 128): the CUDA load refuses them by name (tested below), so these tests write head_dim 64
@@ -22,8 +22,8 @@
 #include <random>
 
 #include "cpu/softmax.h"
-#include "cuda/linear.h"
-#include "cuda/pdl.h"
+#include "cuda/linear/linear.h"
+#include "cuda/common/pdl.h"
 #include "engine/cuda_runner.h"
 #include "engine/kv_cache.h"
 #include "format/codec.h"
@@ -458,7 +458,7 @@ TEST_P(EngineCuda, GraphReplayEqualsEager) {
   expect_same_tokens(*a, *b);
 }
 
-// Programmatic dependent launch (cuda/pdl.h) changes when kernels start, never what they compute: graph
+// Programmatic dependent launch (cuda/common/pdl.h) changes when kernels start, never what they compute: graph
 // replays with PDL equal eager steps with plain launches, bit for bit.
 TEST_P(EngineCuda, PdlEqualsPlainLaunch) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/check.h"
+#include "cuda/common/check.h"
 
 namespace mxq::cuda::test {
 

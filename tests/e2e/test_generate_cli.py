@@ -111,7 +111,7 @@ def test_sampling_without_a_seed_is_seeded_randomly_and_reports_the_seed():
 
 
 def test_activation_quant_mxfp8_changes_the_numerics_not_the_interface():
-    # W8A8: the MXFP8 projections see their input quantized to MXFP8 per 1x32 (cuda/linear.h); the CPU engine
+    # W8A8: the MXFP8 projections see their input quantized to MXFP8 per 1x32 (cuda/linear/linear.h); the CPU engine
     # runs it too. Same prompt and length, other logprobs.
     base = generate("Once upon a time", "--max-new-tokens", 8, "--ignore-eos", "--device", "cpu", "--json")
     a8 = generate("Once upon a time", "--max-new-tokens", 8, "--ignore-eos", "--device", "cpu", "--json",
