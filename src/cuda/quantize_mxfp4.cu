@@ -86,9 +86,9 @@ cudaError_t launch_quantize_mxfp4_ct(const uint16_t* x, int64_t rows, int64_t co
                                      QuantLaunch shape) {
   const int64_t blocks = rows * (cols / 32);
   if (blocks == 0) return cudaSuccess;
-  // note: measured (bench/RESULTS.md, quant7): 2 is faster up to 6144x4096 (25M elements: 0.5% there, 1.3%
-  // at 4096x4096, 14% at 2048x768; at 1536x2048 the two swap places between PDL on and off), 4 is 1.3-2.5%
-  // faster at 4096x12288 and 24576x4096; 8 is slowest everywhere.
+  // note: measured (bench/RESULTS.md, GPU quantize): 2 is faster up to 6144x4096 (25M elements: 0.5% there,
+  // 1.3% at 4096x4096, 14% at 2048x768; at 1536x2048 the two swap places between PDL on and off), 4 is
+  // 1.3-2.5% faster at 4096x12288 and 24576x4096; 8 is slowest everywhere.
   const int u = shape.unroll != 0 ? shape.unroll : (rows * cols < (int64_t{1} << 25) ? 2 : 4);
   if (u != 2 && u != 4 && u != 8) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((blocks * 4 + kThreads * u - 1) / (kThreads * u)));
