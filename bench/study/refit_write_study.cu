@@ -5,7 +5,7 @@
 // Build and run on the GPU machine:
 //   nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -o refit_write_study refit_write_study.cu
 //   ./refit_write_study
-// Results: bench/RESULTS.md, session 7.
+// Results: bench/RESULTS.md, Refit write study.
 #include <cuda_runtime.h>
 #include <cstdint>
 #include <cstdio>

@@ -49,7 +49,8 @@ class Client:
     zstd_level: None chooses per delta (raw when zstd barely shrinks it: the server then decompresses
     nothing), 0 always raw, 1..22 zstd. delta_dir: a directory the server reads too (/dev/shm on the same
     host): each delta is written there and posted as {"path": ...} instead of as the HTTP body, which the
-    server reads in 4 KiB pieces (cpp-httplib 0.11: about 2 ms per MB, bench/RESULTS.md)."""
+    server reads in 4 KiB pieces (cpp-httplib 0.11: about 2 ms per MB, bench/RESULTS.md, Weight-update
+    latency)."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, *,
                  anchor_every: int = 0, timeout: float = 600.0, zstd_level: int | None = None,

@@ -44,7 +44,7 @@ struct DecodeOptions {
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
   bool breakdown = false;  // CUDA: per-op profile of one decode step per batch size
-  bool no_pdl = false;     // CUDA: plain launches instead of programmatic dependent launch (cuda/common/pdl.h)
+  bool no_pdl = false;  // CUDA: plain launches instead of programmatic dependent launch (cuda/common/pdl.h)
 };
 
 // The table's format column: the projections' format, "-a8" in the W8A8 mode (--activation-quant mxfp8).

@@ -1,5 +1,5 @@
-// mxq bench linear: the CUDA linear dispatch table (cuda/linear/linear.h: MXFP8 / MXFP4 / FP8-B128 by M) and GPU
-// quantize on Qwen3 shapes, against the copy bandwidth, cuBLAS bf16 and cuBLASLt FP8-B128 measured in the
+// mxq bench linear: the CUDA linear dispatch table (cuda/linear/linear.h: MXFP8 / MXFP4 / FP8-B128 by M) and
+// GPU quantize on Qwen3 shapes, against the copy bandwidth, cuBLAS bf16 and cuBLASLt FP8-B128 measured in the
 // same run. Registered under `mxq bench` by add_bench_linear.
 
 #include <CLI/CLI.hpp>
@@ -108,8 +108,8 @@ Result<RotatedWeights> rotated(std::mt19937_64& rng, Format f, int64_t n, int64_
   return w;
 }
 
-// The read-only ceiling at this byte count (cuda/ceiling/read_ceiling.h): median µs of one launch reading `bytes`
-// once, over rotated copies as the kernels' weights are, the faster of the kernel's two variants.
+// The read-only ceiling at this byte count (cuda/ceiling/read_ceiling.h): median µs of one launch reading
+// `bytes` once, over rotated copies as the kernels' weights are, the faster of the kernel's two variants.
 Result<double> read_ceiling_us(std::mt19937_64& rng, int64_t bytes, cudaStream_t stream) {
   const int64_t padded = (bytes + 15) / 16 * 16;
   auto bufs = replicate(random_codes(rng, static_cast<size_t>(padded), false), copies_for(padded));

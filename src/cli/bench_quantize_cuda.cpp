@@ -3,8 +3,8 @@
 // + scales written, against the device-to-device copy rate (read + written) measured in the same process.
 // CUDA-graph event medians over L2-rotated copies of the input; fresh random non-zero inputs. The bf16
 // kernels launch with PDL as the process default (cuda/common/pdl.h). `%same`: against a plain copy kernel
-// (cuda/ceiling/copy16.cu) moving the same total bytes in the same graph setup, since one launch of a few MB cannot
-// reach the 2 GiB copy rate. `mxq bench quantize --device cuda` adds the launch-shape table
+// (cuda/ceiling/copy16.cu) moving the same total bytes in the same graph setup, since one launch of a few MB
+// cannot reach the 2 GiB copy rate. `mxq bench quantize --device cuda` adds the launch-shape table
 // (quantize_launch.h's QuantLaunch, PDL on and off).
 #if defined(MXQ_HAVE_CUDA)
 #include <fmt/format.h>

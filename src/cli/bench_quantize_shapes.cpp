@@ -1,7 +1,7 @@
 // The launch-shape table of `mxq bench quantize --device cuda`: each bf16 quantize kernel (MXFP8 ceil, MXFP4
 // ct, FP8-B128) at every cuda::QuantLaunch it accepts, with programmatic dependent launch off and on, beside
-// the plain copy kernel (cuda/ceiling/copy16.cu) moving the same total bytes under the same PDL setting. GB/s = bf16
-// read + values + scales written; %copy against the 2 GiB device copy, %same against that copy kernel.
+// the plain copy kernel (cuda/ceiling/copy16.cu) moving the same total bytes under the same PDL setting. GB/s
+// = bf16 read + values + scales written; %copy against the 2 GiB device copy, %same against that copy kernel.
 // CUDA-graph event medians (20 launches a graph, each reading another L2-rotated copy of the input).
 #if defined(MXQ_HAVE_CUDA)
 #include <fmt/format.h>

@@ -27,7 +27,8 @@ bool cuda_device_visible();
 // --activation-quant (generate, serve, bench decode): "auto" (the default) → what the checkpoint declares
 // (`declared`, Scheme::activations: kMXFP8 for compressed-tensors' dynamic MXFP8 input_activations, the W8A8
 // mode; weight-only otherwise), "none" → kBF16 (weight-only), "mxfp8" → kMXFP8 (the W8A8 mode of the MXFP8 /
-// MXFP4 projections, cuda/linear/linear.h); mxfp8 with projections in another format (linear_format, after any
+// MXFP4 projections, cuda/linear/linear.h); mxfp8 with projections in another format (linear_format, after
+// any
 // --quantization) is refused by name, since it would change nothing.
 Result<Format> parse_activation_quant(std::string_view flag, Format linear_format,
                                       Format declared = Format::kBF16);

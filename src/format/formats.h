@@ -67,7 +67,8 @@ static_assert(traits(Format::kMXFP8).block_cols == 32 && traits(Format::kMXFP4).
 static_assert(traits(Format::kFP8_B128).block_rows == 128 && traits(Format::kFP8_B128).block_cols == 128);
 
 constexpr bool is_quantized(Format f) { return traits(f).scale != ScaleKind::kNone; }
-// MX formats (E8M0 scale per 1x32): MXFP8, MXFP4. The W8A8 mode (cuda/linear/linear.h) applies to exactly these.
+// MX formats (E8M0 scale per 1x32): MXFP8, MXFP4. The W8A8 mode (cuda/linear/linear.h) applies to exactly
+// these.
 constexpr bool is_mx(Format f) { return traits(f).scale == ScaleKind::kE8M0; }
 
 // Bytes of the values plane of a [rows, cols] tensor (MXFP4 packs two elements per byte).

@@ -55,10 +55,10 @@ class CpuBackend final : public Backend {
                 float* y) override {
     const float* b = nullptr;
     if (bias) b = vector_f32(*bias, bias_);
-    // The W8A8 mode (cuda/linear/linear.h): MX projections see x quantize-dequantized through MXFP8. note: x is
-    // rounded to bf16 first, as every W8A8 deployment's activations are (and the CUDA engine's): quantizing
-    // the f32 activations instead moves elements near an E4M3 rounding boundary by a whole E4M3 step
-    // against the CUDA engine (0.18 of the logit scale on the dense engine test, H200).
+    // The W8A8 mode (cuda/linear/linear.h): MX projections see x quantize-dequantized through MXFP8. note: x
+    // is rounded to bf16 first, as every W8A8 deployment's activations are (and the CUDA engine's):
+    // quantizing the f32 activations instead moves elements near an E4M3 rounding boundary by a whole E4M3
+    // step against the CUDA engine (0.18 of the logit scale on the dense engine test, H200).
     if (act_quant_ == Format::kMXFP8 && is_mx(w.format)) {
       const int64_t k = weight_view(w, expert).cols;
       act_bf16_.resize(static_cast<size_t>(m * k));

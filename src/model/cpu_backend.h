@@ -10,8 +10,9 @@
 namespace mxq {
 
 // `threads` = total parallelism (0 = one per hardware thread, the shared default pool). act_quant: kBF16, or
-// kMXFP8 for the W8A8 mode (cuda/linear/linear.h): every MXFP8 / MXFP4 projection sees its x quantized to MXFP8 per
-// 1x32 block and dequantized (cpu/quantize_act.h, on the activations rounded to bf16). Only those two.
+// kMXFP8 for the W8A8 mode (cuda/linear/linear.h): every MXFP8 / MXFP4 projection sees its x quantized to
+// MXFP8 per 1x32 block and dequantized (cpu/quantize_act.h, on the activations rounded to bf16). Only those
+// two.
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0, Format act_quant = Format::kBF16);
 
 // How the CPU ops see a live weight: one matrix of it (`expert` >= 0 picks one of a stacked [E, N, K]), or a

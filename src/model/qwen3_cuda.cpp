@@ -68,8 +68,8 @@ LoadTarget cuda_load_target() {
       case Format::kMXFP8:
       case Format::kMXFP4:
       case Format::kFP8_B128: {
-        // The native layout of cuda/linear/linear.h's kernels (one per format, read by the GEMV and the GEMM alike),
-        // probed from linear_prepare so refit writes through it.
+        // The native layout of cuda/linear/linear.h's kernels (one per format, read by the GEMV and the GEMM
+        // alike), probed from linear_prepare so refit writes through it.
         if (!*arch) {
           int device = 0;
           MXQ_CUDA_CHECK(cudaGetDevice(&device));

@@ -46,8 +46,9 @@ struct Qwen3CudaOptions {
   int32_t block_size = 16;
   double gpu_memory_utilization = 0.9;  // fraction of device memory for weights + buffers + KV blocks
   int64_t num_blocks = 0;               // > 0: this many KV blocks (tests), else from the utilization
-  // kMXFP8: the W8A8 mode (cuda/linear/linear.h) for every MXFP8 / MXFP4 projection, experts included: activations
-  // quantized to MXFP8 per 1x32 block and dequantized before the weight-only kernels. kBF16: weight-only.
+  // kMXFP8: the W8A8 mode (cuda/linear/linear.h) for every MXFP8 / MXFP4 projection, experts included:
+  // activations quantized to MXFP8 per 1x32 block and dequantized before the weight-only kernels. kBF16:
+  // weight-only.
   Format act_quant = Format::kBF16;
 };
 

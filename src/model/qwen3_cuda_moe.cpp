@@ -22,10 +22,10 @@ Result<const uint16_t*> Qwen3Cuda::moe_input(const MoeGroupedWeights& w, const u
 
 // Qwen3MoeSparseMoeBlock: router over mlp.gate, the token → expert grouping on the device, then each expert
 // on its group of rows, outputs summed per token in expert order (moe_combine, as HF's loop over experts).
-// Decode steps run every expert group in one grouped launch per projection (cuda/linear/moe_grouped_linear.h),
-// driven by the grouping on the device: nothing waits for the host, so the step is graph-captured. Other
-// steps (prefill, mixed) read the grouping back and run each expert through the dispatch table (its GEMM
-// entries at large M).
+// Decode steps run every expert group in one grouped launch per projection
+// (cuda/linear/moe_grouped_linear.h), driven by the grouping on the device: nothing waits for the host, so
+// the step is graph-captured. Other steps (prefill, mixed) read the grouping back and run each expert through
+// the dispatch table (its GEMM entries at large M).
 Status Qwen3Cuda::sparse_moe_block(size_t i, int64_t rows, bool decode) {
   const Weights::Layer& l = w_->layers[i];
   const ModelConfig& c = config_;

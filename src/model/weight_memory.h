@@ -1,8 +1,8 @@
 // Where a WeightStore keeps its live bytes, and the few operations that touch them. The store decides what to
 // write (checks, names, checksum bookkeeping); a WeightMemory only moves bytes through a Layout and hashes
-// them. Host memory (this file's host_weight_memory) is the reference; src/cuda/refit/weight_memory_cuda.h keeps
-// the live buffers in CUDA device memory and runs the same operations as kernels (libmxq does not link CUDA,
-// so the seam is this interface, chosen when the store is created).
+// them. Host memory (this file's host_weight_memory) is the reference; src/cuda/refit/weight_memory_cuda.h
+// keeps the live buffers in CUDA device memory and runs the same operations as kernels (libmxq does not link
+// CUDA, so the seam is this interface, chosen when the store is created).
 //
 // Memory spaces. `native` spans are always this memory's live buffers. Scratch spans come from
 // allocate_scratch. Other spans (canonical planes, sparse indices / bytes / undo) may be host memory or this
@@ -57,7 +57,8 @@ enum class NewBytePolicy : uint8_t {
   kF32,
 };
 
-// Whether one entry's bytes break `policy` (host; the CUDA kernels' twin, src/cuda/refit/new_byte_policy.cuh).
+// Whether one entry's bytes break `policy` (host; the CUDA kernels' twin,
+// src/cuda/refit/new_byte_policy.cuh).
 bool new_entry_refused(NewBytePolicy policy, const uint8_t* entry);
 
 // A whole new plane (an anchor written from this memory's spans) for check_planes.

@@ -476,9 +476,10 @@ class Applier {
     return verify_on_device(live_version, sparse);
   }
 
-  // Anchors whose planes already sit in the store's memory (DeltaView::resident; src/cuda/refit/tensor_update.h):
-  // their new bytes are checked where they are (check_planes: the device for a CUDA store), the old planes go
-  // to the undo log, then one batched write and the checksums, as on the device path.
+  // Anchors whose planes already sit in the store's memory (DeltaView::resident;
+  // src/cuda/refit/tensor_update.h): their new bytes are checked where they are (check_planes: the device for
+  // a CUDA store), the old planes go to the undo log, then one batched write and the checksums, as on the
+  // device path.
   Status run_resident(uint64_t& live_version) {
     if constexpr (!kDecoded) {
       if (delta_.tensors.empty()) {

@@ -1,11 +1,12 @@
 // SGLang's weight-update routes (and vLLM's /reset_prefix_cache) on `mxq serve`: /update_weights_from_delta,
-// /update_weights_from_disk, /update_weights_from_tensor, /get_weight_version, /update_weight_version, /weights_checker,
-// /pause_generation, /continue_generation, /flush_cache, /reset_prefix_cache and /get_model_info
-// (docs/serve.md "Weight updates"). Handlers parse and validate; every read or write of the weights, the
-// version and the prefix cache is a task on the engine thread (EngineLoop::run_task), so updates run one at a
-// time between two steps (W-15) and requests in flight keep running across them.
+// /update_weights_from_disk, /update_weights_from_tensor, /get_weight_version, /update_weight_version,
+// /weights_checker, /pause_generation, /continue_generation, /flush_cache, /reset_prefix_cache and
+// /get_model_info (docs/serve.md "Weight updates"). Handlers parse and validate; every read or write of the
+// weights, the version and the prefix cache is a task on the engine thread (EngineLoop::run_task), so updates
+// run one at a time between two steps (W-15) and requests in flight keep running across them.
 // /update_weights_from_tensor takes mxq's own manifest of a CUDA IPC buffer (not SGLang's pickled torch
-// objects, W-25); its device half is the CUDA build's (cuda/refit/tensor_update.h), a CPU engine refuses it by name.
+// objects, W-25); its device half is the CUDA build's (cuda/refit/tensor_update.h), a CPU engine refuses it
+// by name.
 #include <spdlog/spdlog.h>
 
 #include <array>

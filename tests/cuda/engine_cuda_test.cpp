@@ -1,13 +1,13 @@
 // The CUDA engine (engine/cuda_runner.h over model/qwen3_cuda.h) against the CPU model (model/qwen3.h, itself
 // held against transformers by tests/model/qwen3_golden_test.cpp), on random Qwen3 checkpoints written fresh
 // per run: dense, MoE with stacked experts, MoE with one module per expert; bf16, MXFP8, MXFP4 and FP8-B128
-// (online), every linear through the dispatch table (cuda/linear/linear.h): prompts of 37 and 100 tokens take its
-// GEMM entries (gemm_mx, cuBLASLt FP8), decode steps its GEMV.
-// note: the golden checkpoints (tests/golden/.../ckpt) have head_dim 16, which the CUDA attention ops do not
-// take (64, 128): the CUDA load refuses them by name (tested below), so these tests write head_dim 64
-// checkpoints of the same kinds. Both sides run the same weight bytes; what differs is the CUDA engine's
-// bf16 activations (the CPU forward is f32), hence one tolerance for every format's weight-only steps;
-// FP8-B128 steps above the GEMV's M range also quantize activations (W8A8) and have their own, as have the
+// (online), every linear through the dispatch table (cuda/linear/linear.h): prompts of 37 and 100 tokens take
+// its GEMM entries (gemm_mx, cuBLASLt FP8), decode steps its GEMV. note: the golden checkpoints
+// (tests/golden/.../ckpt) have head_dim 16, which the CUDA attention ops do not take (64, 128): the CUDA load
+// refuses them by name (tested below), so these tests write head_dim 64 checkpoints of the same kinds. Both
+// sides run the same weight bytes; what differs is the CUDA engine's bf16 activations (the CPU forward is
+// f32), hence one tolerance for every format's weight-only steps; FP8-B128 steps above the GEMV's M range
+// also quantize activations (W8A8) and have their own, as have the
 // "_a8" cases: the W8A8 mode (--activation-quant mxfp8) on both sides, MXFP8 and MXFP4 weights, dense and MoE
 // (the grouped decode linears included).
 #include <gtest/gtest.h>
@@ -458,8 +458,8 @@ TEST_P(EngineCuda, GraphReplayEqualsEager) {
   expect_same_tokens(*a, *b);
 }
 
-// Programmatic dependent launch (cuda/common/pdl.h) changes when kernels start, never what they compute: graph
-// replays with PDL equal eager steps with plain launches, bit for bit.
+// Programmatic dependent launch (cuda/common/pdl.h) changes when kernels start, never what they compute:
+// graph replays with PDL equal eager steps with plain launches, bit for bit.
 TEST_P(EngineCuda, PdlEqualsPlainLaunch) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   std::mt19937_64 rng(seed_ ^ 0x9d1);

@@ -1,5 +1,6 @@
-"""tools/refit_sparsity.py's measuring code (the RL sparsity study, bench/RESULTS.md): on tiny random Qwen3
-checkpoints, mxq delta make/inspect's per-tensor changed counts equal an independent numpy quantizer's."""
+"""tools/refit_sparsity.py's measuring code (the RL sparsity study, bench/RESULTS.md, Refit delta sparsity):
+on tiny random Qwen3 checkpoints, mxq delta make/inspect's per-tensor changed counts equal an independent
+numpy quantizer's."""
 import subprocess
 import sys
 

@@ -142,10 +142,11 @@ INSTANTIATE_TEST_SUITE_P(Builtins, LayoutRoundTrip, ::testing::ValuesIn(kRoundTr
                            return name;
                          });
 
-// The CUDA GEMV values layout, as its contract in cuda/linear/gemv_layout.h states it (the CUDA backend probes its
-// own prepare_gemv_values; libmxq cannot link it): per row, K in groups of G = 64 (MXFP8) or 128 (MXFP4)
-// elements, the last possibly shorter; with J = group/16, element k0 + 16j + 4t + e goes to k0 + 4J·t + 4j +
-// e. Runs of 4 elements stay whole (4 bytes of MXFP8, 2 of MXFP4), so the probe must learn it as separable.
+// The CUDA GEMV values layout, as its contract in cuda/linear/gemv_layout.h states it (the CUDA backend
+// probes its own prepare_gemv_values; libmxq cannot link it): per row, K in groups of G = 64 (MXFP8) or 128
+// (MXFP4) elements, the last possibly shorter; with J = group/16, element k0 + 16j + 4t + e goes to k0 + 4J·t
+// + 4j + e. Runs of 4 elements stay whole (4 bytes of MXFP8, 2 of MXFP4), so the probe must learn it as
+// separable.
 struct GemvCase {
   Format format;
   int64_t rows, cols;

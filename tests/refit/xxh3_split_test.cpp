@@ -1,8 +1,9 @@
 // The XXH3-64 identities the device refit kernels rely on, checked on the host against libxxhash with the
-// same helpers (cuda/refit/xxh3_device.cuh is plain C++): refit_batch.cu builds each 1 KiB block's lane sums from
-// whole stripes (lane h of a pair: stripes 2k + h, keys picked by a parity mask), the pair's two partial sums
-// added; its chain folds each block's sum into the previous scramble (scramble_add); sum_delta.cu updates
-// kept sums word by word with (new term - old term). The GPU tests check the kernels themselves bitwise.
+// same helpers (cuda/refit/xxh3_device.cuh is plain C++): refit_batch.cu builds each 1 KiB block's lane sums
+// from whole stripes (lane h of a pair: stripes 2k + h, keys picked by a parity mask), the pair's two partial
+// sums added; its chain folds each block's sum into the previous scramble (scramble_add); sum_delta.cu
+// updates kept sums word by word with (new term - old term). The GPU tests check the kernels themselves
+// bitwise.
 #include <gtest/gtest.h>
 #include <xxhash.h>
 

@@ -3,7 +3,8 @@
 // x is first quantized per 1x128 (quantize_act.h, E4M3 + f32); cuBLASLt then runs D = op(A)·op(B) with
 // A = x_q (K x M column-major, ld K, transa = T, scale mode VEC128_32F), B = W (K x N column-major, ld K,
 // transb = N, BLK128x128_32F), D = y (M x N in CUBLASLT_ORDER_ROW, ld N, bf16), f32 accumulate.
-// What the H200 (CUDA 13.0, driver 580) showed, GPU test Fp8B128CublasLt.ScaleLayoutProbe (bench/RESULTS.md):
+// What the H200 (CUDA 13.0, driver 580) showed, GPU test Fp8B128CublasLt.ScaleLayoutProbe
+// (bench/history/RESULTS-log.md, "What the device showed about cuBLASLt block-scaled FP8"):
 //   - the heuristic refuses block scale modes whose scale pointers are not set yet (INVALID_VALUE);
 //   - M must be a multiple of 4 (M = 17, 18, 33: NOT_SUPPORTED): run() pads M to 4 (pad rows in scratch,
 //     D into a scratch, then one copy of the M real rows), an extra pass over y only when M % 4 != 0;

@@ -5,7 +5,7 @@
 // gemm_fp8_b128_cublaslt.h): E4M3 [N, K] row-major, f32 block scales at nb·ws_ld + kb (rows padded to 4).
 // Shapes: N and K multiples of 128, any M >= 1 (TMA zero-fills rows past M, their outputs are never stored).
 // Status: correct (GPU tests) but not in the linear table: cuBLASLt measured faster at every M tried
-// (bench/RESULTS.md, fp8gemm7: the GEMM alone at M = 4096 reached 0.73-0.79x of cuBLASLt's TFLOP/s).
+// (bench/RESULTS.md, FP8-B128 linear: the GEMM alone at M = 4096 reached 0.73-0.79x of cuBLASLt's TFLOP/s).
 // Tile: 128 x rows (M) x BN W rows (N, 128 or 64), K in 128-wide stages (one scale block a stage).
 // Persistent: grid = min(tiles, SMs); CTA b runs tiles b, b + grid, ... in a raster order that walks N
 // inside groups of 8 M-blocks (the ~132 tiles in flight share 8 x tiles and ~17 W tiles in L2).
@@ -22,7 +22,8 @@
 // note: W's scale (one float per stage, the same for the whole tile) is read from global (L1) one stage
 // ahead. note: a variant with two partials in flight per warpgroup (stage i+1's wgmmas issued before stage i
 // is promoted, stores overlapping the next tile; ptxas kept it asynchronous) measured 4-23% slower at M =
-// 4096 (bench/RESULTS.md, fp8gemm7 call 2): it holds each slot until the next stage has landed.
+// 4096 (bench/history/RESULTS-log.md, "FP8-B128: our sm_90a wgmma GEMM vs cuBLASLt", call 2): it holds each
+// slot until the next stage has landed.
 #include <cuda.h>
 #include <cuda_bf16.h>
 
@@ -315,9 +316,10 @@ cudaError_t launch_gemm_fp8_b128_sm90(const uint8_t* xq, const float* xs, int64_
   // note: an unknown SM count plans for the H200's 132.
   const int sms = device_sms() > 0 ? device_sms() : 132;
   // kAuto: 64-wide W tiles when 128-wide ones fill at most half the SMs (small M), else 128 (less
-  // shared-memory traffic per FLOP). note: bench/RESULTS.md (fp8gemm7, call 1): at M = 128 64-wide tiles
-  // were 1.2-1.3x faster on q/o and down (32 tiles of 128), a tie on gate_up (192); at M = 512 128-wide won
-  // everywhere, q/o's 128 tiles included. kN128Pair is never picked: it measured 1.4-2.1x slower than kN128.
+  // shared-memory traffic per FLOP). note: bench/history/RESULTS-log.md
+  // ("FP8-B128: our sm_90a wgmma GEMM vs cuBLASLt", call 1): at M = 128 64-wide tiles were 1.2-1.3x faster on
+  // q/o and down (32 tiles of 128), a tie on gate_up (192); at M = 512 128-wide won everywhere, q/o's 128
+  // tiles included. kN128Pair is never picked: it measured 1.4-2.1x slower than kN128.
   const int64_t tiles128 = static_cast<int64_t>((m + kBM - 1) / kBM) * (n / 128);
   switch (tile) {
     case Fp8GemmTile::kN128:

@@ -2,9 +2,10 @@
 // design):
 //   y[M,N] bf16 = x[M,K] bf16 · W[N,K]^T, W in FP8-B128's native layout (gemm_fp8_b128_cublaslt.h), x first
 //   quantized per 1x128 (quantize_act.h) into Fp8B128Gemm's scratch, as for cuBLASLt.
-// Shapes: N and K multiples of 128 (fp8_b128_sm90_takes). Not routed by the linear table (cuda/linear/linear.h):
-// cuBLASLt measured faster at M = 128, 512 and 4096 on the Qwen3-8B shapes (bench/RESULTS.md, fp8gemm7);
-// `mxq bench linear` times it beside cuBLASLt, the GPU tests check it against the CPU twin and cuBLASLt.
+// Shapes: N and K multiples of 128 (fp8_b128_sm90_takes). Not routed by the linear table
+// (cuda/linear/linear.h): cuBLASLt measured faster at M = 128, 512 and 4096 on the Qwen3-8B shapes
+// (bench/history/RESULTS-log.md, "FP8-B128: our sm_90a wgmma GEMM vs cuBLASLt"); `mxq bench linear` times it
+// beside cuBLASLt, the GPU tests check it against the CPU twin and cuBLASLt.
 #pragma once
 
 #include <cuda_runtime_api.h>

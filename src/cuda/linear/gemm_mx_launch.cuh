@@ -109,8 +109,9 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
     // Activation tile: M <= 64 takes the smallest of 32 / 64 rows that holds it (one tile; K splits fill
     // the GPU); else the one with the smaller estimated time, waves x rows per tile, a 128-row tile costing
     // 1.15x half a 256-row one (shorter wgmmas, same decode work).
-    // note: bench/RESULTS.md run 3: 128 always below 2 waves made 6144x4096 at M = 512 1.5 waves (91 µs vs
-    // 59 µs with 256), while it halved 4096x4096 at M = 32..512 and gate_up at M = 32..128.
+    // note: bench/history/RESULTS-log.md, "Large-M GEMM (prefill)", variant runs 3-4: 128 always below 2
+    // waves made 6144x4096 at M = 512 1.5 waves (91 µs vs 59 µs with 256), while it halved 4096x4096 at
+    // M = 32..512 and gate_up at M = 32..128.
     const int64_t waves256 = (static_cast<int64_t>(tiles_n) * ((m + 255) / 256) + sms - 1) / sms;
     const int64_t waves128 = (static_cast<int64_t>(tiles_n) * ((m + 127) / 128) + sms - 1) / sms;
     const int bm = m <= 32 ? 32 : m <= 64 ? 64 : waves128 * 115 < waves256 * 200 ? 128 : 256;
@@ -122,8 +123,9 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
                   mn = static_cast<int64_t>(m) * n;
     const int splits = splitk_splits(tiles, (k + kStageK - 1) / kStageK, sms, mn, ws_floats);
     // note: without a split the grid is persistent, one block per SM walking the tiles (the Qwen3-8B sums at
-    // M = 4096 2-4% faster for MXFP8 and 1-3% for MXFP4 on the H200, bench/RESULTS.md session 9);
-    // MXQ_GEMM_SM90_GRID=tiles launches one block a tile, to measure both from one build.
+    // M = 4096 2-4% faster for MXFP8 and 1-3% for MXFP4 on the H200, bench/history/RESULTS-log.md,
+    // "Session 9 (lead) — issue #4: MX GEMM persistent grid"); MXQ_GEMM_SM90_GRID=tiles launches one block a
+    // tile, to measure both from one build.
     static const bool one_per_tile = measurement_switch("MXQ_GEMM_SM90_GRID", "tiles");
     const int64_t blocks = splits > 1 || one_per_tile ? tiles : std::min<int64_t>(tiles, sms);
     const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(splits));

@@ -35,9 +35,11 @@ inline constexpr int kSm90BlockN = 128, kSm90Threads = 384;
 inline constexpr int kWGroupBytes = 64, kWSlotBytes = kSm90BlockN * kWGroupBytes;
 // Pipeline shapes by activation tile: x stages and weight slots (8: 8 groups of weights in flight).
 // note: the x ring of 256-row tiles (32 KB a stage) keeps 4 stages as before (5 stages with 6 weight slots
-// measured the same, bench/RESULTS.md "gemm6"); the smaller tiles' rings have room for more.
+// measured the same, bench/history/RESULTS-log.md, "MX GEMM: weights staged through shared memory"); the
+// smaller tiles' rings have room for more.
 constexpr int sm90_x_stages(int bm) { return bm == 256 ? 4 : 6; }
-// note: 7 slots measured 4-20% slower than 8 at M = 4096 (down_proj most; bench/RESULTS.md session 10).
+// note: 7 slots measured 4-20% slower than 8 at M = 4096 (down_proj most; bench/history/RESULTS-log.md,
+// "Session 10 (lead) — issue #4: the MX GEMM's epilogue").
 inline constexpr int kSm90WSlots = 8;
 constexpr int sm90_stage_bytes(int bm) { return bm * kStageK * 2; }
 // A consumer warp's epilogue buffer: 64 activation rows of its 16 weight columns (32 bytes).
@@ -54,10 +56,11 @@ static_assert(sm90_smem_bytes(256) <= 227 * 1024 && sm90_smem_bytes(128) <= 227 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-// The bytes from shared pointer p to the next 1024-byte boundary (128-byte swizzle atoms). note: add them
-// to the pointer: an offset keeps the result in the shared window, so reads and writes through it compile
-// to LDS / STS; rounding through an integer made them generic loads (LD.E, long-scoreboard latency;
-// bench/RESULTS.md session 10).
+// The bytes from shared pointer p to the next 1024-byte boundary (128-byte swizzle atoms). note: add them to
+// the pointer: an offset keeps the result in the shared window, so reads and writes through it compile to LDS
+// / STS; rounding through an integer made them generic loads (LD.E, long-scoreboard latency;
+// bench/history/RESULTS-log.md,
+// "Session 10 (lead) — issue #4: the MX GEMM's epilogue and shared-memory loads").
 __device__ __forceinline__ uint32_t pad_to_1024(const void* p) {
   return (1024u - (smem_addr(p) & 1023u)) & 1023u;
 }
@@ -182,7 +185,8 @@ __device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[16], const uint32_
 // t&1 of each half-word (MXFP4). sc: the stage's two scale bytes (bits 0-15); h: the stage's half of an
 // MXFP4 group; gb: the group's bytes (64, or a tail group's 16..48: runs of gb/4 bytes at (gb/4)·t').
 // Same values in the same fragment slots as the session-5 kernel's decode (16-byte global loads, then 4 quad
-// shuffles for MXFP8, 2 for MXFP4): its outputs were bitwise equal on the GPU (bench/RESULTS.md, gemm6).
+// shuffles for MXFP8, 2 for MXFP4): its outputs were bitwise equal on the GPU (bench/history/RESULTS-log.md,
+// "MX GEMM: weights staged through shared memory").
 // note: 16-byte reads of [row][64 B]: a quarter warp (2 rows) reads 128 contiguous bytes, conflict-free;
 // the MXFP4 8-byte reads (a half warp, 4 rows) are 2-way conflicted (rows r and r+2 share banks).
 template <class Fmt, bool kTail>
@@ -331,9 +335,10 @@ __device__ __forceinline__ void sm90_produce(int warp, int lane, const TileAt& t
 // split gridDim.x == tiles, one tile a block); both rings run on across a block's tiles, so the next tile's
 // loads overlap this one's last stages and epilogue.
 // note: two stages queued per consumer (4 A-register sets, wait_group 2, 5 x stages and 6 weight slots)
-// measured 1-2% slower at M = 4096, decoding stage s+2 into a 4th set before waiting for stage s-1 4%
-// slower (MXFP8; MXFP4 equal), and a kernel whose decoding moved to 2 warps of the producer warpgroup (bf16
-// A tiles in shared memory, SS wgmma in the consumers) 1.5x slower (bench/RESULTS.md, session 9).
+// measured 1-2% slower at M = 4096, decoding stage s+2 into a 4th set before waiting for stage s-1 4% slower
+// (MXFP8; MXFP4 equal), and a kernel whose decoding moved to 2 warps of the producer warpgroup (bf16 A tiles
+// in shared memory, SS wgmma in the consumers) 1.5x slower (bench/history/RESULTS-log.md,
+// "Session 9 (lead) — issue #4: MX GEMM persistent grid; studies that did not win").
 template <class Fmt, bool kTail, int kBM>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     gemm_mx_sm90(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int m,

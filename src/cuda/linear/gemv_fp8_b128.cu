@@ -11,8 +11,9 @@
 // its elements 16t+4j..+3 in k-slots (2t, 2t+1, 2t+8, 2t+9); x is read with the same assignment, and a dot
 // product does not care which k sits in which slot. A 16/32/48-element tail group is read per MMA.
 // note: a streaming form (a per-warp cp.async shared-memory ring) measured 10-75% slower at every M <= 32 on
-// the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and was removed. The process-wide GemvKernel switch
-// (gemv_mx_launch.h): kRegister runs the per-group loop, anything else (kAuto too) the step body at m <= 8.
+// the Qwen3-8B shapes (bench/history/RESULTS-log.md, "GEMV at M <= 32: read-only ceiling") and was removed.
+// The process-wide GemvKernel switch (gemv_mx_launch.h): kRegister runs the per-group loop, anything else
+// (kAuto too) the step body at m <= 8.
 // M 17..32 (3, 4 n-tiles) serves sm_80's table; sm_90a's takes cuBLASLt from M = 9 (cuda/linear/linear.cpp).
 #include "cuda/linear/gemv_fp8_b128_launch.h"
 #include "cuda/linear/gemv_grouped.cuh"
@@ -180,7 +181,8 @@ cudaError_t launch_gemv_parts_fp8_b128(const uint16_t* x, int m, const GemvParts
                                        cudaStream_t stream) {
   const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
   // note: everything but kRegister takes the step body (m <= 8): 6-10% faster than the per-group loop at
-  // M = 1 and 8 on every Qwen3-8B shape on the H200 (bench/RESULTS.md, session 3 final run).
+  // M = 1 and 8 on every Qwen3-8B shape on the H200 (bench/history/RESULTS-log.md,
+  // "Session 3 final whole-tree run").
   const bool step = gemv_kernel() != GemvKernel::kRegister;
   int tiles = 0;
   for (int q = 0; q < p.count; ++q) tiles += (p.n[q] + kRowsPerTile - 1) / kRowsPerTile;

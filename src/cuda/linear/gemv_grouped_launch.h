@@ -1,5 +1,5 @@
-// Unchecked grouped expert GEMV launchers (nvcc side); cuda/linear/moe_grouped_linear.cpp checks the arguments and
-// calls these. Contract and layouts: cuda/linear/moe_grouped_linear.h and gemv_grouped.cuh.
+// Unchecked grouped expert GEMV launchers (nvcc side); cuda/linear/moe_grouped_linear.cpp checks the
+// arguments and calls these. Contract and layouts: cuda/linear/moe_grouped_linear.h and gemv_grouped.cuh.
 #pragma once
 
 #include <cuda_runtime_api.h>

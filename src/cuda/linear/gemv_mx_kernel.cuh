@@ -5,11 +5,13 @@
 // of 8 activation rows per 8 of M, up to 4 for M <= 32). The MMAs of one 32-element scale block accumulate
 // from zero; the E8M0 scale multiplies that partial in f32.
 // note: 1, 2 or 4 warps per tile with longer K slices measured slower on every Qwen3 shape, as did a
-// ping-pong register pipeline (bench/RESULTS.md, runs 3-4): 8 warps split one tile's K.
+// ping-pong register pipeline (bench/history/RESULTS-log.md, "Variants measured", runs 3-4): 8 warps split
+// one tile's K.
 // Grid: one block per 16-row tile, or persistent (gemv_mx_persist_kernel: min(tiles, 2 per SM) blocks, each
 // walking tiles b, b + grid, ..., its warps prefetching the next tile's first step while they compute the
 // last of the current one), bitwise the same. note: persistence measured only 4% faster, on the multi-wave
-// MXFP8 m = 1 shapes; at one tile per block and for MXFP4 it was slower (bench/RESULTS.md, session 4 gemv5).
+// MXFP8 m = 1 shapes; at one tile per block and for MXFP4 it was slower (bench/history/RESULTS-log.md,
+// "GEMV at M = 1: persistent blocks and the MXFP4 scale vote").
 #pragma once
 
 #include <cuda_bf16.h>
@@ -412,7 +414,8 @@ __device__ __forceinline__ void gemv_mx_tiles(const __nv_bfloat16* __restrict__ 
   // note: under PDL (pdl.h) the first step's weights are in flight while the kernel before this one still
   // writes x; nothing the step writes is touched before this point. A bulk L2 prefetch of each tile's first
   // 4 KiB per row here, and a per-lane L2 prefetch of the next step, measured no faster in the 36-layer
-  // Qwen3-8B decode (bench/RESULTS.md, session 4) and were dropped.
+  // Qwen3-8B decode (bench/history/RESULTS-log.md, "Session 4 — Qwen3-8B shapes at all 36 layers") and were
+  // dropped.
   pdl::enter();
   // note: x is read only past the wait; its rows are the same for every tile of this call.
   const bool small = warp_rows_small<Fmt>(
@@ -585,7 +588,7 @@ cudaError_t launch_gemv(const uint16_t* x, int m, const GemvParts& p, int k, boo
       MXQ_GEMV_PERSIST(false);
   }
   // note: 3 and 4 n-tiles (M 17..32) spill 130-230 bytes here (ptxas, sm_90a) and still measured as fast as
-  // the streaming kernel at M = 24 (bench/RESULTS.md, GEMV M <= 32).
+  // the streaming kernel at M = 24 (bench/history/RESULTS-log.md, "GEMV at M <= 32: read-only ceiling").
   if (m <= 8) {
     if (step)
       MXQ_GEMV_LAUNCH(1, true);

@@ -42,11 +42,11 @@ cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p
 // shared-memory ring kernel (gemv_mx_ring.cuh; kRingDeep's configuration) where it fits; else the register
 // kernel (gemv_mx_kernel.cuh), with the branch-free step body at m <= 8 for MXFP8 and FP8-B128 and the
 // per-group loop for MXFP4 (the step body measured 2-12% faster for the first two and 1-25% slower for
-// MXFP4 on the H200, bench/RESULTS.md); for MXFP8 at m = 1 with more row tiles than 2 per SM where the
-// ring does not fit, persistent blocks. The others force one kernel, to measure and test each from one
-// build (tests, `mxq bench linear --gemv-study`): kRegister, the per-group loop at every m; kRegisterStep,
-// the step body at m <= 8. The FP8-B128 GEMV reads kRegister (per-group loop) vs anything else (step body
-// at m <= 8).
+// MXFP4 on the H200, bench/history/RESULTS-log.md, "Session 3 final whole-tree run"); for MXFP8 at m = 1 with
+// more row tiles than 2 per SM where the ring does not fit, persistent blocks. The others force one kernel,
+// to measure and test each from one build (tests, `mxq bench linear --gemv-study`): kRegister, the per-group
+// loop at every m; kRegisterStep, the step body at m <= 8. The FP8-B128 GEMV reads kRegister (per-group loop)
+// vs anything else (step body at m <= 8).
 enum class GemvKernel : int {
   kAuto = 0,
   kRegister = 1,      // register kernel, per-group loop at every m (= kAuto for MXFP4)

@@ -10,12 +10,14 @@
 // Qwen3-8B shape at m = 1, so kAuto never takes it). The ring kernel runs the step body's math; for MXFP4
 // the step body and the loop give the same bits (either scale path yields the same f32 scale).
 // Scales: at one n-tile a per-group warp vote sends groups without scale byte 0 or 255 through b << 23
-// (kScaleVote; 5.4% / 3.9% faster on gate_up / down at m = 1, equal elsewhere; MXQ_GEMV_SCALE=exact runs
-// the previous e8m0_to_f32-only path, bench/RESULTS.md session 4 gemv5).
+// (kScaleVote; 5.4% / 3.9% faster on gate_up / down at m = 1, equal elsewhere; MXQ_GEMV_SCALE=exact runs the
+// previous e8m0_to_f32-only path, bench/history/RESULTS-log.md,
+// "GEMV at M = 1: persistent blocks and the MXFP4 scale vote").
 // Arch: sm_80+ (mma.sync bf16). Decode: nibble bits placed as bf16 bits (code << 6, sign << 12) are
 // the value · 2^-126 (code 1 = 0.5 becomes a bf16 subnormal); one bf16x2 multiply by 2^126 makes them exact.
 // note: a two-step prmt table decode (magnitude → selector byte with the sign in bit 6 → bf16 bytes; exact,
-// 15 instead of 18 ops per word) measured 5% slower in sum on the H200 (bench/RESULTS.md, run 8).
+// 15 instead of 18 ops per word) measured 5% slower in sum on the H200 (bench/history/RESULTS-log.md,
+// "GEMV decode variants", 8b).
 
 #include "cuda/linear/gemv_grouped.cuh"
 #include "cuda/linear/gemv_mx_kernel.cuh"
@@ -47,7 +49,8 @@ struct Mxfp4Decode {
 };
 
 // The previous scale path (e8m0_to_f32 for every scale, no vote), kept to measure both from one build
-// (MXQ_GEMV_SCALE=exact, bench/RESULTS.md).
+// (MXQ_GEMV_SCALE=exact, bench/history/RESULTS-log.md,
+// "GEMV at M = 1: persistent blocks and the MXFP4 scale vote").
 struct Mxfp4ExactScaleDecode : Mxfp4Decode {
   static constexpr bool kScaleVote = false;
 };
@@ -79,7 +82,8 @@ cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p
   const GemvKernel kernel = gemv_kernel();
   // note: kAuto at m = 1 takes the ring kernel with 3 stages at 2 blocks per SM (kRingDeep) where it fits:
   // 51.0 against the per-group loop's 55.2 us over the four Qwen3-8B shapes on the H200 (down equal, the
-  // others 8-17% faster); at m = 8 every ring variant measured 15-30% slower (bench/RESULTS.md, session 6).
+  // others 8-17% faster); at m = 8 every ring variant measured 15-30% slower (bench/history/RESULTS-log.md,
+  // "GEMV at M = 1: the shared-memory ring").
   const GemvKernel ring = kernel == GemvKernel::kAuto && m == 1 ? GemvKernel::kRingDeep : kernel;
   const bool step =
       kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kPersistStep || gemv_ring(kernel);

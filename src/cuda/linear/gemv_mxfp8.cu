@@ -9,8 +9,8 @@
 // "bits" and the step body at m = 1, "cvt" and the per-group loop for m > 1; at m = 1 with more row tiles
 // than 2 per SM, its persistent form (gemv_mx_persist_kernel: blocks walk tiles, warps prefetch across them).
 // note: a streaming kernel (persistent blocks fed by a per-warp cp.async shared-memory ring) measured 25-75%
-// slower at M <= 16 and 8% faster only at M = 32 on the Qwen3-8B shapes (bench/RESULTS.md, GEMV M <= 32) and
-// was removed. Decode
+// slower at M <= 16 and 8% faster only at M = 32 on the Qwen3-8B shapes (bench/history/RESULTS-log.md,
+// "GEMV at M <= 32: read-only ceiling") and was removed. Decode
 // ("bits"): each E4M3 byte s.eeee.mmm becomes the bf16 bits s at 15, eeee.mmm at 10..4, i.e. the value ·
 // 2^-120 exactly (codes 1..7 land on bf16 subnormals, which mma.sync keeps); the 2^120 is folded into the
 // E8M0 scale multiply (FoldedScale). Three integer ops per bf16x2 pair. A warp whose activation rows all stay
@@ -86,26 +86,29 @@ cudaError_t launch_gemv_grouped_mxfp8(const GroupedGemvArgs& a, cudaStream_t str
 
 cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p, int k,
                                     cudaStream_t stream) {
-  // note: the env switch exists to measure both decodes from one build (bench/RESULTS.md).
+  // note: the env switch exists to measure both decodes from one build (bench/history/RESULTS-log.md,
+  // "GEMV decode variants").
   static const bool use_cvt = measurement_switch("MXQ_GEMV_DECODE", "cvt");
   const GemvKernel kernel = gemv_kernel();
-  // note: kAuto takes the step body (m <= 8): on the H200 it measured 2-12% faster than the per-group loop
-  // at M = 1 and 1-8% at M = 8 on every Qwen3-8B shape (bench/RESULTS.md, session 3 final run).
+  // note: kAuto takes the step body (m <= 8): on the H200 it measured 2-12% faster than the per-group loop at
+  // M = 1 and 1-8% at M = 8 on every Qwen3-8B shape (bench/history/RESULTS-log.md,
+  // "Session 3 final whole-tree run").
   const bool step = kernel != GemvKernel::kRegister;
   // note: kAuto takes persistent blocks at m = 1 when the grid has more tiles than fit at once (Qwen3-8B
   // qkv 384 and gate_up 1536 tiles against 264 slots): 3.7% and 3.9% faster there on the H200; with one
   // tile per block (q/o, down: 256) the persistent kernel measured 3-6% slower, and at m = 8 2-8% slower
-  // on every shape (bench/RESULTS.md, session 4 gemv5).
+  // on every shape (bench/history/RESULTS-log.md, "GEMV at M = 1: persistent blocks").
   const bool persist = gemv_persistent(kernel) || (kernel == GemvKernel::kAuto && m == 1 && !use_cvt &&
                                                    gemv::gemv_parts_tiles(p) > gemv::gemv_persist_blocks());
   // note: kAuto at m = 1 takes the ring kernel with 3 stages at 2 blocks per SM (kRingDeep) where it fits:
   // 59.2 against the step body's 66.3 us over the four Qwen3-8B shapes on the H200, gate_up at 90% of copy;
-  // at m = 8 every ring variant measured 7-12% slower (bench/RESULTS.md, session 6 gemv6).
+  // at m = 8 every ring variant measured 7-12% slower (bench/history/RESULTS-log.md,
+  // "GEMV at M = 1: the shared-memory ring").
   const GemvKernel ring = kernel == GemvKernel::kAuto && m == 1 ? GemvKernel::kRingDeep : kernel;
   // note: the bits decode only at m = 1. At m = 2..8 its small-activation check (warp_rows_small: one L2
   // round trip per row before the first step) made M = 8 26-37% slower on the Qwen3-8B shapes; the cvt
   // decode is exact and needs none: 1-13% slower than bits was before it had the check, 12-25% faster than
-  // bits with it (bench/RESULTS.md, session 12). With cvt, kAuto at m = 2..8 takes the per-group loop:
+  // bits with it (bench/RESULTS.md, GEMV at M <= 32). With cvt, kAuto at m = 2..8 takes the per-group loop:
   // 9.05 / 14.41 / 40.10 / 22.48 against the step body's 9.38 / 14.71 / 40.05 / 23.49 us at M = 8 (same
   // bits: cvt has no scale vote to merge).
   if (use_cvt || m > 1) {

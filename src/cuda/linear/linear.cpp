@@ -41,12 +41,12 @@ constexpr int64_t kAnyM = std::numeric_limits<int>::max();
 // (M padded to 4) measured faster than the FP8-B128 GEMV in sum from M = 16 on (90.9 vs 120.7 µs at M = 16,
 // a tie at M = 8 where the GEMV wins q/o and qkv), so sm_90a's GEMV stops at M = 8 (its 2-n-tile kernel
 // serves M 9..16 at the M = 16 cost); sm_80, which has no cuBLASLt entry, takes the GEMV to M = 32
-// (bench/RESULTS.md, "GEMV M <= 32").
+// (bench/history/RESULTS-log.md, "GEMV at M <= 32: read-only ceiling").
 constexpr int64_t kFp8GemvMaxMSm90 = 8;
-// note: with split-K and 32/64-row activation tiles (session 5), sm_90a's MX GEMM is flat at ~15-80 µs for
-// M = 8..48 on the Qwen3-8B shapes (sum 158 µs MXFP8) while the GEMV grows with M (sum 126 µs at M = 16, 231
-// at 32); per shape the crossovers fall at M 19.5..22.6, so sm_90a's MX GEMV stops at 20 (bench/RESULTS.md,
-// session 5).
+// note: with split-K and 32/64-row activation tiles, sm_90a's MX GEMM is flat at ~15-80 µs for M = 8..48 on
+// the Qwen3-8B shapes (sum 158 µs MXFP8) while the GEMV grows with M (sum 126 µs at M = 16, 231 at 32); per
+// shape the crossovers fall at M 19.5..22.6, so sm_90a's MX GEMV stops at 20 (bench/RESULTS.md, GEMV at
+// M <= 32).
 constexpr int64_t kMxGemvMaxMSm90 = 20;
 // note: the closed table (see linear.h); a (format, arch, M) with no entry is refused as missing. gemm_mx
 // picks its wgmma (sm_90a) or mma.sync (sm_80) kernel itself; both read the GEMV's native layout.

@@ -12,8 +12,8 @@
 // Anything else is a missing entry: check_linear_supported refuses it at load naming format, arch and
 // tensor; linear() refuses it the same way if asked anyway.
 // W8A8 mode (LinearWeights::act = MXFP8, for MXFP8 weights, and W4A8 for MXFP4 ones): x is first quantized to
-// MXFP8 per 1x32 block of a row and dequantized to bf16 (fake_quant_mxfp8, cuda/quantize/quantize_act.h), then the
-// table's weight-only kernel for (format, arch, M) runs on it: "dequantize both, bf16 product, f32
+// MXFP8 per 1x32 block of a row and dequantized to bf16 (fake_quant_mxfp8, cuda/quantize/quantize_act.h),
+// then the table's weight-only kernel for (format, arch, M) runs on it: "dequantize both, bf16 product, f32
 // accumulate" (the products of two dequantized MX values are exact in the MMA). On Hopper this is a
 // numerics mode (the activations of an MXFP8 W8A8 deployment, e.g. Blackwell's mm_mxfp8), not a speed-up:
 // sm_90 has no MX block-scaled MMA.

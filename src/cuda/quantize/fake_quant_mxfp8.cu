@@ -1,5 +1,5 @@
-// MXFP8 activation quantize-dequantize (the W8A8 mode of the MX linears, cuda/linear/linear.h): bf16 x [m, k] →
-// bf16 y [m, k], each 1x32 block of a row quantized as the MXFP8 weight quantizer does (rule ceil, byte for
+// MXFP8 activation quantize-dequantize (the W8A8 mode of the MX linears, cuda/linear/linear.h): bf16 x [m, k]
+// → bf16 y [m, k], each 1x32 block of a row quantized as the MXFP8 weight quantizer does (rule ceil, byte for
 // byte quantize_mxfp8.cu's elements and scale) and dequantized: y = bf16_rn(f32(e4m3) · 2^(b-127)), the f32
 // product exact (at most 2^135.8 and at least 2^-136; above f32's range it is inf, as on the CPU), one RNE
 // rounding to bf16. A block holding an Inf or NaN comes out as 32 NaN (E8M0 255, the MX NaN scale), so a

@@ -194,8 +194,8 @@ cudaError_t launch_quantize_fp8_b128(const uint16_t* x, int64_t rows, int64_t co
   if (rows == 0 || cols == 0) return cudaSuccess;
   int ctas = shape.ctas_per_sm;
   if (ctas < -1 || ctas > 4) return cudaErrorInvalidValue;
-  // note: measured (bench/RESULTS.md, quant7): while the tiles fit one round of the striding grid at 3 CTAs
-  // per SM (<= 396 on an H200, the 30B-A3B expert shapes: one round, no loop) it beats one CTA per tile:
+  // note: measured (bench/RESULTS.md, GPU quantize): while the tiles fit one round of the striding grid at 3
+  // CTAs per SM (<= 396 on an H200, the 30B-A3B expert shapes: one round, no loop) it beats one CTA per tile:
   // 4.88 / 3.64 us with PDL (5.14 / 3.92 without) against earlier sessions' 5.44 / 3.93 (no PDL). Above,
   // one CTA per tile (earlier sessions' numbers) was as fast or faster on every 8B shape (striding grid:
   // 16.4 / 22.2 / 81.2 / 41.1 us against 16.0-16.2 / 21.9-22.0 / 74.1 / 39.4); 1 and 2 CTAs per SM were

@@ -1,9 +1,10 @@
 // Unchecked quantize launchers (nvcc side); quantize.cpp checks the arguments and reads back `bad_block`.
 // Every kernel reads bf16 [rows, cols] row-major and writes canonical planes (spec/formats.md). A block that
 // holds NaN or Inf lowers *bad_block (initialised to ~0) to its index: blocks are numbered row-major over the
-// scales plane. The three bf16 launchers take the programmatic-dependent-launch path (cuda/common/pdl.h: every
-// block waits for the previous kernel of the stream before it reads x) and a launch shape `QuantLaunch`
-// whose defaults are the measured best (bench/RESULTS.md); the bench and the GPU tests try the others.
+// scales plane. The three bf16 launchers take the programmatic-dependent-launch path (cuda/common/pdl.h:
+// every block waits for the previous kernel of the stream before it reads x) and a launch shape `QuantLaunch`
+// whose defaults are the measured best (bench/RESULTS.md, GPU quantize); the bench and the GPU tests try the
+// others.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,7 +17,7 @@ namespace mxq::cuda {
 // default: MXFP8 2, MXFP4 2 below 2^25 elements and 4 from there).
 // ctas_per_sm: FP8-B128 only; 0 = one CTA per 128x128 tile, 1..4 = a grid of ctas_per_sm x SMs CTAs striding
 // over the tiles with the next tile's loads issued before the current tile's reduction; -1 = the measured
-// default: 3 while the tiles fit one round of it (<= 3 x SMs tiles), else 0 (bench/RESULTS.md, quant7).
+// default: 3 while the tiles fit one round of it (<= 3 x SMs tiles), else 0 (bench/RESULTS.md, GPU quantize).
 // Another value is refused (cudaErrorInvalidValue).
 struct QuantLaunch {
   int unroll = 0;

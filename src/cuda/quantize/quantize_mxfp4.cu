@@ -14,11 +14,11 @@
 //   c4 = bf16(t + 256) - bf16(256) + 4  rounds t to an even integer: the code in [4, 8),
 // and the E2M1 code (RNE, ties to the even code, saturating at 6) is min(c1, c2, c4, 7): each ci is exact in
 // its own range and not below the exact code elsewhere. Checked exhaustively on the host for every finite
-// bf16 |x| and every scale 2^-127..2^127 (see tests/cuda/quantize/quantize_test.cpp, EveryBf16Value, for the GPU).
-// The block's amax is an integer max of the |x| bit patterns (monotone for non-negative bf16; Inf and NaN
-// are the largest patterns, so one compare flags a non-finite block).
-// note: the same loop as quantize_mx_kernel.cuh, kept here: through that skeleton the unroll 4 and 8 forms
-// compiled 5-13% slower (session 12).
+// bf16 |x| and every scale 2^-127..2^127 (see tests/cuda/quantize/quantize_test.cpp, EveryBf16Value, for the
+// GPU). The block's amax is an integer max of the |x| bit patterns (monotone for non-negative bf16; Inf and
+// NaN are the largest patterns, so one compare flags a non-finite block). note: the same loop as
+// quantize_mx_kernel.cuh, kept here: through that skeleton the unroll 4 and 8 forms compiled 5-13% slower
+// (session 12).
 #include "cuda/common/pdl.cuh"
 #include "cuda/quantize/quantize_encode.cuh"
 #include "cuda/quantize/quantize_launch.h"
@@ -86,9 +86,9 @@ cudaError_t launch_quantize_mxfp4_ct(const uint16_t* x, int64_t rows, int64_t co
                                      QuantLaunch shape) {
   const int64_t blocks = rows * (cols / 32);
   if (blocks == 0) return cudaSuccess;
-  // note: measured (bench/RESULTS.md, quant7): 2 is faster up to 6144x4096 (25M elements: 0.5% there, 1.3%
-  // at 4096x4096, 14% at 2048x768; at 1536x2048 the two swap places between PDL on and off), 4 is 1.3-2.5%
-  // faster at 4096x12288 and 24576x4096; 8 is slowest everywhere.
+  // note: measured (bench/RESULTS.md, GPU quantize): 2 is faster up to 6144x4096 (25M elements: 0.5% there,
+  // 1.3% at 4096x4096, 14% at 2048x768; at 1536x2048 the two swap places between PDL on and off), 4 is
+  // 1.3-2.5% faster at 4096x12288 and 24576x4096; 8 is slowest everywhere.
   const int u = shape.unroll != 0 ? shape.unroll : (rows * cols < (int64_t{1} << 25) ? 2 : 4);
   if (u != 2 && u != 4 && u != 8) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((blocks * 4 + kThreads * u - 1) / (kThreads * u)));

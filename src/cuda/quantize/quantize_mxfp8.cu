@@ -34,8 +34,8 @@ cudaError_t launch_quantize_mxfp8_ceil(const uint16_t* x, int64_t rows, int64_t 
                                        QuantLaunch shape) {
   const int64_t blocks = rows * (cols / 32);
   if (blocks == 0) return cudaSuccess;
-  // note: 2 was fastest on every Qwen3 shape (bench/RESULTS.md, quant7: 2.5% over 4 at 4096x4096, 10% at
-  // 2048x768; 8 was slowest everywhere).
+  // note: 2 was fastest on every Qwen3 shape (bench/RESULTS.md, GPU quantize: 2.5% over 4 at 4096x4096, 10%
+  // at 2048x768; 8 was slowest everywhere).
   return quant::launch_quantize_mx<Mxfp8CeilEnc>(x, blocks, values, scales, bad_block, stream,
                                                  shape.unroll == 0 ? 2 : shape.unroll);
 }

@@ -1,7 +1,7 @@
 // Where a source pointer lives: device (or managed) memory, or host memory. A full refit asks this of every
 // source plane; DeviceRanges answers later pointers inside a device allocation already seen without a driver
-// query (session 7 measured ~0.24 ms of every 7.16 GB full refit outside its kernels, with two
-// cudaPointerGetAttributes calls a tensor among the suspects: bench/RESULTS.md).
+// query (a 7.16 GB full refit measured ~0.24 ms outside its kernels, with two cudaPointerGetAttributes calls
+// a tensor among the suspects: bench/history/RESULTS-log.md, "Session 7 (lead) — full refit write forms").
 #pragma once
 
 #include <cstddef>

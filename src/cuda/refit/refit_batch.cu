@@ -124,7 +124,8 @@ __global__ void __launch_bounds__(kThreads, 4)
 // whole lines (the plain kernel's stores cover half of 32 sectors per instruction); otherwise the lane
 // stores its stripes through the layout. Other separable planes take the per-unit path of the plain kernel.
 // 33 KB of shared memory a block, so 4 blocks fit an SM (16 warps, register-bound); the whole-tile form
-// (66.5 KB, 3 blocks) measured 4.47-4.74 ms against this form's 4.45-4.48 ms (bench/RESULTS.md, session 5).
+// (66.5 KB, 3 blocks) measured 4.47-4.74 ms against this form's 4.45-4.48 ms (bench/history/RESULTS-log.md,
+// "Full refit: the half-buffer staged write").
 // The chain's ring reuses the buffer once the tile is stored.
 constexpr int kChunkUnits = 1024 / 16, kHalfSkewUnits = kChunkUnits / 2 + 1, kTileChunks = kWarps * kPairs;
 constexpr size_t kStagedSmem = sizeof(uint4) * kTileChunks * kHalfSkewUnits;

@@ -295,7 +295,8 @@ __device__ __forceinline__ void chain(const BatchTensorDevice& t, bool write, ui
       const int n = stage_blocks(b);
       // note: scramble_add folds the next block's sum into the multiply of this one (the dependent path is
       // shift, xor, one wide multiply-add); the stage's last scramble adds nothing. (Reading a stage's sums
-      // into registers 16 at a time ahead of their steps measured no faster: bench/RESULTS.md, session 6.)
+      // into registers 16 at a time ahead of their steps measured no faster: bench/history/RESULTS-log.md,
+      // "Session 6 final whole-tree runs".)
       uint64_t v = acc + cur[0];
       if (n == kStageBlocks) {
 #pragma unroll 16

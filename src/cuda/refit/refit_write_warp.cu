@@ -3,10 +3,11 @@
 // 64 KiB tile. CPU twin: to_native (layout/layout.cpp) + canonical_checksum (model/weight_store.cpp,
 // libxxhash), as refit_batch.cu.
 //
-// Why. A standalone study on the H200 (bench/RESULTS.md, session 7) moved 7.163 GB with the XXH3 lane sums
-// computed and stored as here: 85.7% of cudaMemcpy with one 64 KiB tile per 4-warp block, 87.3% with 16 KiB
-// tiles, 90.3% with one warp per 4 KiB; the plain copies 94-97%. A warp that does one unit and exits leaves
-// its slot to the next at once, so the SM always has loads in flight; a block's warps wait for the slowest.
+// Why. A standalone study on the H200 (bench/RESULTS.md, Refit write study) moved 7.163 GB with the XXH3 lane
+// sums computed and stored as here: 85.7% of cudaMemcpy with one 64 KiB tile per 4-warp block, 87.3% with
+// 16 KiB tiles, 90.3% with one warp per 4 KiB; the plain copies 94-97%. A warp that does one unit and exits
+// leaves its slot to the next at once, so the SM always has loads in flight; a block's warps wait for the
+// slowest.
 //
 // Units. Tile g of the tile map (64 KiB of one plane, as refit_batch.cu) is units 16g..16g+15 of the grid;
 // unit u of it is plane bytes [64 KiB·l + 4 KiB·u, +4 KiB), l the tensor's local tile. Lane l loads bytes
@@ -29,9 +30,9 @@
 // of the write and the last segment, the smallest tensors, leaves the shortest tail; a model of the
 // Qwen3-8B bench (7.163 GB: 108 tensors of 52 MB, 72 of 17, 72 of 4.3) finds no cut of up to 16
 // segments better than its 3 size classes, and 8 equal segments ~0.35 ms worse.
-// Session 7 measured the other forms (bench/RESULTS.md): the chain in the warp that completes a tensor,
-// counted by atomics (5.1-7.0 ms for 7.163 GB), and the chains in one kernel after the whole write (5.1
-// ms: 3.90 write + 0.95 chains).
+// The other forms measured (bench/history/RESULTS-log.md, "Session 7 (lead) — full refit write forms"): the
+// chain in the warp that completes a tensor, counted by atomics (5.1-7.0 ms for 7.163 GB), and the chains in
+// one kernel after the whole write (5.1 ms: 3.90 write + 0.95 chains).
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -123,10 +123,10 @@ Status apply_device_buffer(WeightStore& store, uint64_t& live_version, uint64_t 
     v.values.bytes = {values, vb};
     v.scales.bytes = {scales, sb};
   }
-  // The planes' checksums where they are, on a stream of their own behind the quantize (cuda/refit/pending_sums.h):
-  // what the live tensors must hash to after the write. The undo log, the write and the re-read of the live
-  // planes run beside them on the memory's stream: the two sequential XXH3 chains (an embedding's is ~25 ms
-  // on the H200) overlap instead of adding up.
+  // The planes' checksums where they are, on a stream of their own behind the quantize
+  // (cuda/refit/pending_sums.h): what the live tensors must hash to after the write. The undo log, the write
+  // and the re-read of the live planes run beside them on the memory's stream: the two sequential XXH3 chains
+  // (an embedding's is ~25 ms on the H200) overlap instead of adding up.
   std::vector<CanonicalSumJob> sums;
   for (refit::TensorView& v : view.tensors) sums.push_back({v.values.bytes, v.scales.bytes, &v.checksum});
   auto pending = PendingSums::start(sums, stream);

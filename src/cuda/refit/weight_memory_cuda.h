@@ -39,14 +39,16 @@ struct CudaMemoryOptions {
   // the tails instead of re-reading every plane. A scatter without old bytes, or write_plane, drops a
   // tensor's sums until its next full hash.
   bool incremental_checksums = false;
-  // Batched full writes stage each 64 KiB tile in shared memory with cp.async before it is hashed and
-  // stored in whole lines (refit_batch.cu "Staged write"): same bytes and sums; measured 4.63 ms against
-  // 5.16 ms for the plain kernel on 7.16 GB (bench/RESULTS.md, 2026-11-30 refit5). false: the plain kernel.
+  // Batched full writes stage each 64 KiB tile in shared memory with cp.async before it is hashed and stored
+  // in whole lines (refit_batch.cu "Staged write"): same bytes and sums; measured 4.63 ms against 5.16 ms for
+  // the plain kernel on 7.16 GB (bench/history/RESULTS-log.md,
+  // "`mxq bench refit`, NVIDIA H200, branch `refit5`"). false: the plain kernel.
   bool staged_full_write = true;
   // Batched full writes whose planes are all identity or GEMV transpose4 run one warp per 4 KiB with the
-  // chains overlapped on side streams (refit_write_warp.cu) instead of one 4-warp block per 64 KiB tile:
-  // same bytes and sums. Off by default: on the H200 (session 8, bench/RESULTS.md) it measured 4.22-4.40 ms
-  // for 7.163 GB against 4.14-4.28 for the staged tile kernel. Takes precedence over staged_full_write.
+  // chains overlapped on side streams (refit_write_warp.cu) instead of one 4-warp block per 64 KiB tile: same
+  // bytes and sums. Off by default: on the H200 it measured 4.22-4.40 ms for 7.163 GB against 4.14-4.28 for
+  // the staged tile kernel (bench/history/RESULTS-log.md,
+  // "Session 8 (lead) — full refit from device reaches 80%"). Takes precedence over staged_full_write.
   bool warp_full_write = false;
   // false: full writes and checksums take the per-plane kernels and the two-kernel hash of the previous
   // path (refit_plane.cu, xxh3_checksum.cu) instead of refit_batch.cu (a fallback; slower).

@@ -1,5 +1,5 @@
-// The refit benchmark's copy ceiling kernel (cuda/ceiling/copy_ceiling.h) against memcpy, bitwise: every variant,
-// byte counts from one 16-byte unit to several grid strides with a ragged remainder, the destination
+// The refit benchmark's copy ceiling kernel (cuda/ceiling/copy_ceiling.h) against memcpy, bitwise: every
+// variant, byte counts from one 16-byte unit to several grid strides with a ragged remainder, the destination
 // poisoned.
 #include "cuda/ceiling/copy_ceiling.h"
 

@@ -1,11 +1,12 @@
-// The grouped expert linear (cuda/linear/moe_grouped_linear.h) against its CPU twin (cpu/moe_grouped_linear.h) on
-// fresh random canonical planes of a stacked [E · parts, n, k] tensor in linear_prepare's native layout and a
-// fresh routing (cpu/moe_route on random router logits, some experts biased so their groups fill every token:
-// per-expert counts from 0 to T, past the 8- and 16-row chunks), outputs poisoned first: every entry's row
-// within the format's NMSE tolerance, rows past the entries untouched; ragged n, K with and without a tail
-// group, 1 or 2 parts, x gathered through sorted_rows or in entry order, device token count below capacity,
-// none routed. The quantized formats also equal the dense GEMV (gemv_mx.h, gemv_fp8_b128.h) run per expert on
-// the same rows in the grouped launch's chunks, bit for bit: one tile body serves both.
+// The grouped expert linear (cuda/linear/moe_grouped_linear.h) against its CPU twin
+// (cpu/moe_grouped_linear.h) on fresh random canonical planes of a stacked [E · parts, n, k] tensor in
+// linear_prepare's native layout and a fresh routing (cpu/moe_route on random router logits, some experts
+// biased so their groups fill every token: per-expert counts from 0 to T, past the 8- and 16-row chunks),
+// outputs poisoned first: every entry's row within the format's NMSE tolerance, rows past the entries
+// untouched; ragged n, K with and without a tail group, 1 or 2 parts, x gathered through sorted_rows or in
+// entry order, device token count below capacity, none routed. The quantized formats also equal the dense
+// GEMV (gemv_mx.h, gemv_fp8_b128.h) run per expert on the same rows in the grouped launch's chunks, bit for
+// bit: one tile body serves both.
 #include "cuda/linear/moe_grouped_linear.h"
 
 #include <array>

@@ -1,7 +1,7 @@
-// The W8A8 mode's MXFP8 activation quantize-dequantize (cuda/quantize/quantize_act.h fake_quant_mxfp8) against its
-// CPU twin, bitwise: random rows over wide exponent ranges (bf16's whole normal range included, so the f32
-// dequantize overflows to inf where a block's amax rounds up past bf16's top), every bf16 bit pattern
-// (consecutive patterns as blocks, and each pattern beside a random large element), zero blocks, bf16
+// The W8A8 mode's MXFP8 activation quantize-dequantize (cuda/quantize/quantize_act.h fake_quant_mxfp8)
+// against its CPU twin, bitwise: random rows over wide exponent ranges (bf16's whole normal range included,
+// so the f32 dequantize overflows to inf where a block's amax rounds up past bf16's top), every bf16 bit
+// pattern (consecutive patterns as blocks, and each pattern beside a random large element), zero blocks, bf16
 // subnormals, and blocks holding Inf or NaN (32 NaN out); y poisoned first. Also the refusals.
 #include <gtest/gtest.h>
 

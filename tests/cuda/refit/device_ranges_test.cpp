@@ -1,6 +1,6 @@
-// DeviceRanges (cuda/refit/device_ranges.h) against is_device: device, managed, pinned host, pageable host and null
-// pointers; pointers inside an allocation already seen are answered from its cached range, pointers past its
-// end are not.
+// DeviceRanges (cuda/refit/device_ranges.h) against is_device: device, managed, pinned host, pageable host
+// and null pointers; pointers inside an allocation already seen are answered from its cached range, pointers
+// past its end are not.
 #include "cuda/refit/device_ranges.h"
 
 #include <gtest/gtest.h>
