@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The peer of `mxq bench decode --device cuda`: transformers bf16 `generate` with a static KV cache (the
+"""The peer of `mxq-bench decode --device cuda`: transformers bf16 `generate` with a static KV cache (the
 fastest stock decode path: torch.compile-free, CUDA-graph-free) on the same checkpoint, batch 1 and 32,
 greedy, EOS ignored. Prints the same columns (tok/s of the tg test, pp as one forward over the prompts).
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Weight-update latency of `mxq serve`, end to end through the server, beside the in-process refit applier
-(`mxq bench refit`) and the trainer-side quantize + diff, in one run. Rows:
+(`mxq-bench refit`) and the trainer-side quantize + diff, in one run. Rows:
 
   (a) sparse deltas over HTTP (POST /update_weights_from_delta, localhost): the live planes are the client's own
       quantization of the served checkpoint (checked against the server's checksums first), a copy B has a
@@ -63,7 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per row (median)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3,
                    help="the server's share of the GPU (this process holds state dicts and buffers beside it)")
-    p.add_argument("--no-refit", action="store_true", help="skip `mxq bench refit`")
+    p.add_argument("--no-refit", action="store_true", help="skip `mxq-bench refit`")
     p.add_argument("--no-trainer", action="store_true", help="skip row (d)")
     p.add_argument("--json", dest="json_out", default=None, help="write the rows as JSON to this file")
     return p.parse_args(argv)
@@ -403,9 +403,10 @@ FULL_SERVED_REREAD = "full refit + embeddings, checksum re-read from live"
 FULL_REFIT = "full refit from device (staged tiles, fused sums)"
 
 
-# ---- mxq bench refit -------------------------------------------------------------------------------------------
+# ---- mxq-bench refit -------------------------------------------------------------------------------------------
 def run_refit(a):
-    cmd = [a.mxq, "bench", "refit", "--layers", str(a.layers), "--reps", str(a.reps), "--sparse", a.sparse,
+    bench = os.path.join(os.path.dirname(a.mxq), "mxq-bench")  # the benchmarks' binary, beside mxq
+    cmd = [bench, "refit", "--layers", str(a.layers), "--reps", str(a.reps), "--sparse", a.sparse,
            "--embeddings"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode:
@@ -476,7 +477,7 @@ def print_table(a, rows, refit, device, argv):
     for label, ms in refit.items():
         if label.startswith("_"):
             continue
-        print(f"| in-process `mxq bench refit --layers {a.layers}`: {label} | {ms:.2f} | - | - |")
+        print(f"| in-process `mxq-bench refit --layers {a.layers}`: {label} | {ms:.2f} | - | - |")
     for r in rows:
         ms = f"{r['ms']:.2f}" if "ms" in r else "-"
         gbs = f"{r['gbs']:.1f}" if "gbs" in r else "-"
@@ -513,7 +514,7 @@ def main(argv=None):
             # note: before the server starts: the applier benchmark gets the GPU to itself
             refit, refit_log = run_refit(a)
             if not refit:
-                rows.append({"what": "in-process `mxq bench refit`", "error": refit_log, "key": "refit"})
+                rows.append({"what": "in-process `mxq-bench refit`", "error": refit_log, "key": "refit"})
         serve = Serve(a, model, tmp)
         try:
             c = mc.Client(serve.url)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes a Qwen3 checkpoint of real shapes with random bf16 weights (for `mxq bench decode`), on the GPU
+"""Writes a Qwen3 checkpoint of real shapes with random bf16 weights (for `mxq-bench decode`), on the GPU
 machine: nothing is downloaded, mxq quantizes it online at load (--quantization mxfp8 / mxfp4).
 
 Shapes default to Qwen3-8B (hidden 4096, 36 layers, 32 q / 8 kv heads of 128, intermediate 12288, vocab

@@ -1,7 +1,7 @@
 // Study (not product code, not built by CMake): which shape of a refit-like write kernel reaches the copy
 // ceiling while it also computes and stores XXH3 lane sums per 1 KiB block (as refit_batch.cu and
 // branch refit8's refit_write_warp.cu do; keys here are stand-ins, the arithmetic and bytes are the same).
-// 7.163 GB (the size `mxq bench refit` moves), random bytes, 7 runs each, median, against cudaMemcpy D2D.
+// 7.163 GB (the size `mxq-bench refit` moves), random bytes, 7 runs each, median, against cudaMemcpy D2D.
 // Build and run on the GPU machine:
 //   nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -o refit_write_study refit_write_study.cu
 //   ./refit_write_study

@@ -16,20 +16,18 @@ inline constexpr int kExitBadInput = 2;
 // Each add_* adds one subcommand; its callback sets `exit_code`.
 void add_inspect(CLI::App& app, int& exit_code);
 void add_quantize(CLI::App& app, int& exit_code);
-void add_bench(CLI::App& app, int& exit_code);
 void add_generate(CLI::App& app, int& exit_code);
 void add_delta(CLI::App& app, int& exit_code);
 void add_serve(CLI::App& app, int& exit_code);
 
-// --device auto picks CUDA when this build has it and a GPU is visible (generate, serve).
+// --device auto picks CUDA when this build has it and a GPU is visible (generate, serve; flags.cpp).
 bool cuda_device_visible();
 
-// --activation-quant (generate, serve, bench decode): "auto" (the default) → what the checkpoint declares
-// (`declared`, Scheme::activations: kMXFP8 for compressed-tensors' dynamic MXFP8 input_activations, the W8A8
-// mode; weight-only otherwise), "none" → kBF16 (weight-only), "mxfp8" → kMXFP8 (the W8A8 mode of the MXFP8 /
-// MXFP4 projections, cuda/linear/linear.h); mxfp8 with projections in another format (linear_format, after
-// any
-// --quantization) is refused by name, since it would change nothing.
+// --activation-quant (generate, serve, mxq-bench decode): "auto" (the default) → what the checkpoint
+// declares (`declared`, Scheme::activations: kMXFP8 for compressed-tensors' dynamic MXFP8
+// input_activations, the W8A8 mode; weight-only otherwise), "none" → kBF16 (weight-only), "mxfp8" → kMXFP8
+// (the W8A8 mode of the MXFP8 / MXFP4 projections, cuda/linear/linear.h); mxfp8 with projections in another
+// format (linear_format, after any --quantization) is refused by name, since it would change nothing.
 Result<Format> parse_activation_quant(std::string_view flag, Format linear_format,
                                       Format declared = Format::kBF16);
 // One line for stderr at load when the checkpoint declares activation quantization: the mode that runs and

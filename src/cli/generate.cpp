@@ -376,40 +376,6 @@ int run_generate(const GenerateOptions& o) {
 
 }  // namespace
 
-bool cuda_device_visible() {
-#if MXQ_HAVE_CUDA
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-#else
-  return false;
-#endif
-}
-
-Result<Format> parse_activation_quant(std::string_view flag, Format linear_format, Format declared) {
-  if (flag == "auto") return declared == Format::kMXFP8 && is_mx(linear_format) ? Format::kMXFP8 : Format::kBF16;
-  if (flag == "none") return Format::kBF16;
-  if (flag != "mxfp8")
-    return fail("--activation-quant {}: expected auto, none or mxfp8", printable(flag.substr(0, 64)));
-  if (!is_mx(linear_format))
-    return fail(
-        "--activation-quant mxfp8: the projections run in {} (expected mxfp8 or mxfp4; use --quantization)",
-        traits(linear_format).name);
-  return Format::kMXFP8;
-}
-
-std::string activation_mode_notice(std::string_view dir, Format declared, Format running) {
-  if (declared != Format::kMXFP8) return "";
-  if (running == Format::kMXFP8)
-    return fmt::format(
-        "{}: quantization_config declares dynamic MXFP8 input_activations: running W8A8 (activations "
-        "quantized to MXFP8 per 1x32, rule ceil; --activation-quant none for weight-only)",
-        dir);
-  return fmt::format(
-      "{}: quantization_config declares dynamic MXFP8 input_activations, but --activation-quant none runs "
-      "weight-only",
-      dir);
-}
-
 void add_generate(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<GenerateOptions>();
   auto* cmd = app.add_subcommand("generate", "Generate text from a prompt (CPU or CUDA engine)");

@@ -18,7 +18,14 @@ int main(int argc, char** argv) {
   });
   mxq::cli::add_inspect(app, exit_code);
   mxq::cli::add_quantize(app, exit_code);
-  mxq::cli::add_bench(app, exit_code);
+  // note: the benchmarks moved to their own binary (bench/main.cpp); `mxq bench ...` says where, hidden.
+  auto* bench = app.add_subcommand("bench", "")->group("")->allow_extras()->prefix_command();
+  bench->callback([bench, &exit_code] {
+    std::string args;
+    for (const std::string& a : bench->remaining()) args += " " + a;
+    fmt::print(stderr, "mxq bench: the benchmarks are their own binary: mxq-bench{} (beside mxq)\n", args);
+    exit_code = mxq::cli::kExitBadInput;
+  });
   mxq::cli::add_generate(app, exit_code);
   mxq::cli::add_delta(app, exit_code);
   mxq::cli::add_serve(app, exit_code);

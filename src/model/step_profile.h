@@ -1,4 +1,4 @@
-// The per-op time breakdown of one decode step (`mxq bench decode --device cuda --breakdown`, issue #5): the
+// The per-op time breakdown of one decode step (`mxq-bench decode --device cuda --breakdown`, issue #5): the
 // op classes the CUDA forward is cut into, their times and bytes summed over layers, and the table that says
 // where a step's time goes. The timing itself (CUDA events) is model/step_profile_cuda.h; this half is plain
 // arithmetic and formatting, shared with the CPU tests.

@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-from conftest import MXQ  # noqa: E402  (build/mxq, or $MXQ_BIN)
+from conftest import MXQ, MXQ_BENCH  # noqa: E402  (build/mxq and build/mxq-bench, or $MXQ_BIN)
 GOLDEN = ROOT / "tests" / "golden"
 
 
@@ -166,8 +166,8 @@ def test_Q06_a_malicious_chat_template_is_never_executed(tmp_path):
 
 
 def test_bench_decode_prints_pp_and_tg_rows():
-    args = ["bench", "decode", "--model", GOLDEN / "ckpt" / "qwen3-moe-bf16", "--pp", 8, "--tg", 4, "--reps", 1]
-    p = subprocess.run([str(MXQ), *map(str, args)], capture_output=True, text=True, timeout=600)
+    args = ["decode", "--model", GOLDEN / "ckpt" / "qwen3-moe-bf16", "--pp", 8, "--tg", 4, "--reps", 1]
+    p = subprocess.run([str(MXQ_BENCH), *map(str, args)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     rows = [line for line in p.stdout.splitlines() if line.startswith("| qwen3-moe-bf16")]
     assert [r.split("|")[5].strip() for r in rows] == ["pp8", "tg4"]
@@ -175,21 +175,21 @@ def test_bench_decode_prints_pp_and_tg_rows():
 
 
 def test_bench_decode_depth_labels_tg_as_llama_bench():
-    args = ["bench", "decode", "--model", GOLDEN / "ckpt" / "qwen3-moe-bf16", "--pp", 8, "--tg", 4, "--reps", 1,
+    args = ["decode", "--model", GOLDEN / "ckpt" / "qwen3-moe-bf16", "--pp", 8, "--tg", 4, "--reps", 1,
             "--depth", 16]
-    p = subprocess.run([str(MXQ), *map(str, args)], capture_output=True, text=True, timeout=600)
+    p = subprocess.run([str(MXQ_BENCH), *map(str, args)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     rows = [line for line in p.stdout.splitlines() if line.startswith("| qwen3-moe-bf16")]
     assert [r.split("|")[5].strip() for r in rows] == ["pp8", "tg4 @ d16"]
-    big = subprocess.run([str(MXQ), *map(str, args[:-1]), "100000000"], capture_output=True, text=True, timeout=60)
+    big = subprocess.run([str(MXQ_BENCH), *map(str, args[:-1]), "100000000"], capture_output=True, text=True, timeout=60)
     assert big.returncode == 2 and "--depth" in big.stderr, big.stderr
 
 
 def test_bench_decode_breakdown_is_refused_on_cpu():
     # the per-op breakdown profiles the CUDA engine's decode step: on --device cpu it is refused by name
-    args = ["bench", "decode", "--model", GOLDEN / "ckpt" / "qwen3-moe-bf16", "--pp", 8, "--tg", 4, "--reps", 1,
+    args = ["decode", "--model", GOLDEN / "ckpt" / "qwen3-moe-bf16", "--pp", 8, "--tg", 4, "--reps", 1,
             "--device", "cpu", "--breakdown"]
-    p = subprocess.run([str(MXQ), *map(str, args)], capture_output=True, text=True, timeout=600)
+    p = subprocess.run([str(MXQ_BENCH), *map(str, args)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 2, p.stdout + p.stderr
     assert "--breakdown" in p.stderr and "--device cpu" in p.stderr
     assert p.stdout == ""

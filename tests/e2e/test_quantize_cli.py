@@ -14,7 +14,7 @@ import pytest
 np.float8_e4m3fn = ml_dtypes.float8_e4m3fn
 from safetensors.numpy import load_file  # noqa: E402
 
-from conftest import CKPT, MXQ, ROOT
+from conftest import CKPT, MXQ, MXQ_BENCH, ROOT
 
 DENSE = CKPT / "qwen3-dense-bf16"
 MOE = CKPT / "qwen3-moe-bf16"
@@ -173,13 +173,13 @@ def test_refuses_quantized_input_and_existing_output(mxq, tmp_path):
 
 def test_bench_quantize_device_is_checked():
     # --device takes cpu or cuda; anything else is refused by name before any work (exit 2, nothing printed)
-    p = subprocess.run([str(MXQ), "bench", "quantize", "--device", "tpu", "--reps", "1"], capture_output=True,
+    p = subprocess.run([str(MXQ_BENCH), "quantize", "--device", "tpu", "--reps", "1"], capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 2, p.stdout + p.stderr
     assert "'tpu'" in p.stderr and "cpu or cuda" in p.stderr
     assert p.stdout == ""
     # a small CPU run prints one row per format / rule / input dtype, with a positive rate
-    p = subprocess.run([str(MXQ), "bench", "quantize", "--rows", "128", "--cols", "256", "--threads", "1",
+    p = subprocess.run([str(MXQ_BENCH), "quantize", "--rows", "128", "--cols", "256", "--threads", "1",
                         "--reps", "1"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     rows = [r.split() for r in p.stdout.splitlines() if r.split() and r.split()[0] in ("mxfp8", "mxfp4", "fp8-b128")]

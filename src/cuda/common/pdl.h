@@ -9,7 +9,7 @@
 
 namespace mxq::cuda {
 
-// Process-wide switch (default on), to measure both from one build (`mxq bench decode --no-pdl`) and to
+// Process-wide switch (default on), to measure both from one build (`mxq-bench decode --no-pdl`) and to
 // test that both give identical bytes.
 void set_pdl(bool on);
 // True when PDL is on and the current device is sm_90 or newer.

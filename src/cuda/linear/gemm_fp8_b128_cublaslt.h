@@ -103,7 +103,7 @@ class Fp8B128Gemm {
                 cudaStream_t stream);
 
   // Which of the heuristic's algorithms a new plan takes (index 0: its first, the default) and the roles
-  // (default detail::kRoles), for the benchmark's sweep (`mxq bench linear --lt-sweep`). Drops the cached
+  // (default detail::kRoles), for the benchmark's sweep (`mxq-bench linear --lt-sweep`). Drops the cached
   // plans. A plan whose index is past the heuristic's count is refused by name.
   struct Choice {
     detail::LtRoles roles = detail::kRoles;

@@ -44,7 +44,7 @@ cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p
 // per-group loop for MXFP4 (the step body measured 2-12% faster for the first two and 1-25% slower for
 // MXFP4 on the H200, bench/history/RESULTS-log.md, "Session 3 final whole-tree run"); for MXFP8 at m = 1 with
 // more row tiles than 2 per SM where the ring does not fit, persistent blocks. The others force one kernel,
-// to measure and test each from one build (tests, `mxq bench linear --gemv-study`): kRegister, the per-group
+// to measure and test each from one build (tests, `mxq-bench linear --gemv-study`): kRegister, the per-group
 // loop at every m; kRegisterStep, the step body at m <= 8. The FP8-B128 GEMV reads kRegister (per-group loop)
 // vs anything else (step body at m <= 8).
 enum class GemvKernel : int {
@@ -75,7 +75,7 @@ const char* gemv_kernel_name(GemvKernel k);
 void set_gemv_kernel(GemvKernel k);
 GemvKernel gemv_kernel();
 
-// Study only (`mxq bench linear --gemv-trace`): while `records` is set, every block of the ring kernels
+// Study only (`mxq-bench linear --gemv-trace`): while `records` is set, every block of the ring kernels
 // writes one record of kGemvTraceWords words at slot (n % capacity), n = the block's arrival number
 // (atomicAdd on *count): globaltimer ns at its start, after its PDL wait, when its first step's bytes are in
 // shared memory (warp 0), at its end (after warp 0's stores); smid | blockIdx << 32; gridDim.x | the low 32

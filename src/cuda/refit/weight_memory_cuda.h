@@ -42,7 +42,7 @@ struct CudaMemoryOptions {
   // Batched full writes stage each 64 KiB tile in shared memory with cp.async before it is hashed and stored
   // in whole lines (refit_batch.cu "Staged write"): same bytes and sums; measured 4.63 ms against 5.16 ms for
   // the plain kernel on 7.16 GB (bench/history/RESULTS-log.md,
-  // "`mxq bench refit`, NVIDIA H200, branch `refit5`"). false: the plain kernel.
+  // "`mxq-bench refit`, NVIDIA H200, branch `refit5`"). false: the plain kernel.
   bool staged_full_write = true;
   // Batched full writes whose planes are all identity or GEMV transpose4 run one warp per 4 KiB with the
   // chains overlapped on side streams (refit_write_warp.cu) instead of one 4-warp block per 64 KiB tile: same

@@ -243,7 +243,7 @@ TEST_P(GpuQuantizeEveryBf16, BitwiseEqualsSpecReference) {  // covers N-11, N-12
 INSTANTIATE_TEST_SUITE_P(Formats, GpuQuantizeEveryBf16, ::testing::Values(Format::kMXFP8, Format::kMXFP4),
                          [](const auto& info) { return std::string(traits(info.param).name); });
 
-// Every launch shape of the three bf16 kernels (QuantLaunch: the variants `mxq bench quantize --device cuda`
+// Every launch shape of the three bf16 kernels (QuantLaunch: the variants `mxq-bench quantize --device cuda`
 // times), PDL on and off, on shapes whose last CTA is ragged and (FP8-B128 with ctas_per_sm > 0) where a CTA
 // loops over several tiles: bitwise against the spec reference, nothing flagged, then one Inf and one NaN
 // placed in the input and the first of their blocks (row-major block order) reported.

@@ -209,7 +209,7 @@ TEST(CudaWeightMemory, ChecksumBatchOfManyTensors) {
   }
 }
 
-// The GEMV native layout of MXFP8 values [rows, k] (as mxq bench refit builds it from gemv_native_elem).
+// The GEMV native layout of MXFP8 values [rows, k] (as mxq-bench refit builds it from gemv_native_elem).
 PlaneLayout gemv_values_layout(int64_t rows, int64_t k) {
   PlaneLayout l{PlaneKind::kSeparable, {rows, k}, rows * k, {}, {}};
   for (int64_t r = 0; r < rows; ++r) l.row_off.push_back(r * k);

@@ -4,7 +4,7 @@
 //   quantized per 1x128 (quantize_act.h) into Fp8B128Gemm's scratch, as for cuBLASLt.
 // Shapes: N and K multiples of 128 (fp8_b128_sm90_takes). Not routed by the linear table
 // (cuda/linear/linear.h): cuBLASLt measured faster at M = 128, 512 and 4096 on the Qwen3-8B shapes
-// (bench/history/RESULTS-log.md, "FP8-B128: our sm_90a wgmma GEMM vs cuBLASLt"); `mxq bench linear` times it
+// (bench/history/RESULTS-log.md, "FP8-B128: our sm_90a wgmma GEMM vs cuBLASLt"); `mxq-bench linear` times it
 // beside cuBLASLt, the GPU tests check it against the CPU twin and cuBLASLt.
 #pragma once
 
@@ -14,7 +14,7 @@
 
 #include "base/error.h"
 #include "cuda/linear/gemm_fp8_b128_cublaslt.h"
-#include "cuda/linear/gemm_fp8_b128_sm90_launch.h"
+#include "bench/cuda/gemm_fp8_b128_sm90_launch.h"
 
 namespace mxq::cuda {
 

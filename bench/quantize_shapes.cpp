@@ -1,6 +1,6 @@
-// The launch-shape table of `mxq bench quantize --device cuda`: each bf16 quantize kernel (MXFP8 ceil, MXFP4
+// The launch-shape table of `mxq-bench quantize --device cuda`: each bf16 quantize kernel (MXFP8 ceil, MXFP4
 // ct, FP8-B128) at every cuda::QuantLaunch it accepts, with programmatic dependent launch off and on, beside
-// the plain copy kernel (cuda/ceiling/copy16.cu) moving the same total bytes under the same PDL setting. GB/s
+// the plain copy kernel (bench/cuda/copy16.cu) moving the same total bytes under the same PDL setting. GB/s
 // = bf16 read + values + scales written; %copy against the 2 GiB device copy, %same against that copy kernel.
 // CUDA-graph event medians (20 launches a graph, each reading another L2-rotated copy of the input).
 #if defined(MXQ_HAVE_CUDA)
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/bench_cuda.h"
+#include "bench/bench_cuda.h"
 #include "cuda/common/check.h"
 #include "cuda/common/pdl.h"
 #include "cuda/quantize/quantize_launch.h"

@@ -1,4 +1,4 @@
-// A plain device copy kernel: the same-size reference of `mxq bench quantize --device cuda` (a quantize
+// A plain device copy kernel: the same-size reference of `mxq-bench quantize --device cuda` (a quantize
 // launch of a few MB cannot reach the 2 GiB copy rate; this says what a copy of its bytes reaches).
 // Layout: 16-byte elements; a CTA covers 4 x 256 consecutive elements, thread t elements t + 256j (a warp
 // reads and writes 512 contiguous bytes per pass), all four loads in flight before the first store. PDL as

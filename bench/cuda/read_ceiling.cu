@@ -2,12 +2,12 @@
 // (as the GEMVs read weights) and folds them into one XOR per thread, stored only if it equals a constant
 // the data cannot be known to avoid, so no load can be optimised away. Benchmarks time it over the same
 // byte count as a GEMV's weights to get "the fastest any kernel can read this many bytes in one launch",
-// the per-shape target that includes the launch and ramp costs (mxq bench linear).
+// the per-shape target that includes the launch and ramp costs (mxq-bench linear).
 // Layout: p is a device buffer of `bytes` bytes, 16-byte aligned; the tail below 16 bytes is not read.
 // Arch: sm_80+.
 #include "cuda/common/device_sms.h"
 #include "cuda/linear/gemv_mx_kernel.cuh"
-#include "cuda/ceiling/read_ceiling.h"
+#include "bench/cuda/read_ceiling.h"
 
 namespace mxq::cuda {
 namespace {

@@ -1,4 +1,4 @@
-// mxq bench quantize: CPU block-quantizer throughput per format / scale rule / input dtype, on 1 thread and
+// mxq-bench quantize: CPU block-quantizer throughput per format / scale rule / input dtype, on 1 thread and
 // on --threads (wall time; 1 thread also in CPU time), against a memcpy of the same input bytes as the
 // ceiling (the quantizer reads the input once and writes ~1/2..1/4 of it, so a memcpy's read rate bounds it).
 #include <fmt/format.h>
@@ -11,13 +11,13 @@
 #include <thread>
 #include <vector>
 
-#include "cli/bench.h"
+#include "bench/bench.h"
 #include "cli/commands.h"
 #include "format/codec.h"
 #include "format/quantize.h"
 
 #if defined(MXQ_HAVE_CUDA)
-#include "cli/bench_cuda.h"
+#include "bench/bench_cuda.h"
 #endif
 
 namespace mxq::cli {
@@ -116,32 +116,32 @@ int run_bench(const Options& o) {
   if (o.device == "cuda") {
 #if defined(MXQ_HAVE_CUDA)
     if (o.shape_given && (o.rows <= 0 || o.cols <= 0 || o.cols % 32 != 0)) {
-      fmt::print(stderr, "mxq bench quantize: need rows > 0, cols > 0 with cols % 32 == 0 (got {} x {})\n",
+      fmt::print(stderr, "mxq-bench quantize: need rows > 0, cols > 0 with cols % 32 == 0 (got {} x {})\n",
                  o.rows, o.cols);
       return kExitBadInput;
     }
     if (Status st = run_bench_quantize_cuda(o.shape_given ? o.rows : 0, o.cols); !st) {
-      fmt::print(stderr, "mxq bench quantize: {}\n", st.error().message);
+      fmt::print(stderr, "mxq-bench quantize: {}\n", st.error().message);
       return 1;
     }
     return 0;
 #else
-    fmt::print(stderr, "mxq bench quantize: --device cuda: this mxq was built without CUDA\n");
+    fmt::print(stderr, "mxq-bench quantize: --device cuda: this mxq was built without CUDA\n");
     return 1;
 #endif
   }
   if (o.device != "cpu") {
-    fmt::print(stderr, "mxq bench quantize: device '{}' is not supported (expected cpu or cuda)\n", o.device);
+    fmt::print(stderr, "mxq-bench quantize: device '{}' is not supported (expected cpu or cuda)\n", o.device);
     return kExitBadInput;
   }
   if (o.rows <= 0 || o.cols <= 0 || o.cols % 32 != 0 || o.threads <= 0 || o.reps <= 0) {
     fmt::print(stderr,
-               "mxq bench quantize: need rows > 0, cols > 0 with cols % 32 == 0, threads > 0 (got {} x {}, "
+               "mxq-bench quantize: need rows > 0, cols > 0 with cols % 32 == 0, threads > 0 (got {} x {}, "
                "{} threads)\n",
                o.rows, o.cols, o.threads);
     return kExitBadInput;
   }
-  fmt::print("mxq bench quantize: [{} x {}], {} threads, best of {}; GB/s = input bytes / time\n", o.rows,
+  fmt::print("mxq-bench quantize: [{} x {}], {} threads, best of {}; GB/s = input bytes / time\n", o.rows,
              o.cols, o.threads, o.reps);
   fmt::print("{:<9} {:<6} {:<5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n", "format", "rule", "src",
              "1t ms", "1t GB/s", "cpu ms", "cpu GB/s", "%memcpy", "Tt ms", "Tt GB/s");
@@ -161,7 +161,7 @@ int run_bench(const Options& o) {
       const Timing all =
           best_of(o.reps, [&] { st = quantize_threaded(c, src, x, o, o.threads, values, scales); });
       if (!st) {
-        fmt::print(stderr, "mxq bench quantize: {}\n", st.error().message);
+        fmt::print(stderr, "mxq-bench quantize: {}\n", st.error().message);
         return 1;
       }
       const bool mx = c.fmt != Format::kFP8_B128;

@@ -1,6 +1,6 @@
 // The ring GEMV's timeline rows (bench_gemv_trace.h).
 #if defined(MXQ_HAVE_CUDA)
-#include "cli/bench_gemv_trace.h"
+#include "bench/gemv_trace.h"
 
 #include <fmt/core.h>
 
@@ -14,7 +14,7 @@
 #include <set>
 #include <vector>
 
-#include "cli/bench_cuda.h"
+#include "bench/bench_cuda.h"
 #include "cuda/common/check.h"
 #include "cuda/linear/gemv_mx_launch.h"
 

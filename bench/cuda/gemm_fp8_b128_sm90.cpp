@@ -1,4 +1,4 @@
-#include "cuda/linear/gemm_fp8_b128_sm90.h"
+#include "bench/cuda/gemm_fp8_b128_sm90.h"
 
 #include <climits>
 

@@ -1,4 +1,4 @@
-// The sm_90a FP8-B128 GEMM (cuda/linear/gemm_fp8_b128_sm90.h) against the CPU twin: fresh random canonical
+// The sm_90a FP8-B128 GEMM (bench/cuda/gemm_fp8_b128_sm90.h) against the CPU twin: fresh random canonical
 // planes in linear_prepare's native layout, fresh bf16 x, y poisoned before each run; the reference is the
 // CPU linear (cpu/linear.h) on x taken through the CPU twin of the 1x128 quantizer, as the kernel sees it.
 // Every case runs every kernel shape (128- and 64-wide W tiles, 2-CTA clusters sharing W) and the automatic
@@ -6,7 +6,7 @@
 // each agrees with the reference. M covers 1..4096 ragged (tiles cut by M), tiles past the SM count (the
 // persistent loop wraps), K from one block to 16; shapes the kernel does not take (N or K not a multiple of
 // 128) are refused by name.
-#include "cuda/linear/gemm_fp8_b128_sm90.h"
+#include "bench/cuda/gemm_fp8_b128_sm90.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// mxq bench refit: in-place refit of Qwen3-8B-shaped MXFP8 weights (36 layers x q,k,v,o,gate,up,down, GEMV
+// mxq-bench refit: in-place refit of Qwen3-8B-shaped MXFP8 weights (36 layers x q,k,v,o,gate,up,down, GEMV
 // native layout) held in a CUDA WeightStore. Rows: full refit from device memory and from pinned host memory
 // (WeightStore::apply_tensors: one batched write with fused block sums, 64 KiB tiles staged in shared memory
 // by default; the same by warps with the chains overlapped (CudaMemoryOptions::warp_full_write), or with the
@@ -31,9 +31,9 @@
 #include <random>
 #include <thread>
 
-#include "cli/bench_cuda.h"
+#include "bench/bench_cuda.h"
 #include "cuda/common/check.h"
-#include "cuda/ceiling/copy_ceiling.h"
+#include "bench/cuda/copy_ceiling.h"
 #include "cuda/linear/gemv_layout.h"
 #include "cuda/refit/weight_memory_cuda.h"
 #include "refit/applier.h"
@@ -150,7 +150,7 @@ Status run_bench(int layers, const std::vector<double>& fractions, int reps) {
   for (const Tensor& t : tensors) names.push_back(t.name);
   const double gb = static_cast<double>(total) / 1e9;
   fmt::print(
-      "mxq bench refit: {} layers x 7 Qwen3-8B MXFP8 tensors, GEMV layout, {:.3f} GB (values + scales)\n",
+      "mxq-bench refit: {} layers x 7 Qwen3-8B MXFP8 tensors, GEMV layout, {:.3f} GB (values + scales)\n",
       layers, gb);
 
   auto copy = median_ms(stream, 1, reps, [&](int) -> Status {
@@ -495,12 +495,12 @@ void add_bench_refit(CLI::App& bench, int& exit_code) {
     Status st = run_bench(*layers, *fractions, std::max(1, *reps));
     if (st && *embeddings) st = embeddings_rows(*layers, std::max(1, *reps));
     if (!st) {
-      fmt::print(stderr, "mxq bench refit: {}\n", st.error().message);
+      fmt::print(stderr, "mxq-bench refit: {}\n", st.error().message);
       exit_code = 1;
     }
 #else
     (void)layers, (void)reps, (void)fractions, (void)embeddings;
-    fmt::print(stderr, "mxq bench refit: this build has no CUDA backend\n");
+    fmt::print(stderr, "mxq-bench refit: this build has no CUDA backend\n");
     exit_code = kExitBadInput;
 #endif
   });

@@ -9,7 +9,7 @@
 namespace mxq::cuda {
 
 // Which kernel shape the launch uses: kAuto picks (gemm_fp8_b128_sm90.cu); the others force one (tests and
-// `mxq bench linear` run each): 128 x 128 tiles, 128 x 64 tiles, 128 x 128 tiles in 2-CTA clusters that
+// `mxq-bench linear` run each): 128 x 128 tiles, 128 x 64 tiles, 128 x 128 tiles in 2-CTA clusters that
 // share (multicast) the W tile.
 enum class Fp8GemmTile : uint8_t { kAuto, kN128, kN64, kN128Pair };
 

@@ -1,4 +1,4 @@
-// mxq bench decode: prompt processing (pp: one forward over N prompt tokens) and token generation (tg: N
+// mxq-bench decode: prompt processing (pp: one forward over N prompt tokens) and token generation (tg: N
 // single-token forwards through the KV cache) of a whole model, in a llama-bench-style table. --depth D
 // runs tg over a cache already holding D tokens, as llama-bench's -d ("tg128 @ d256").
 // note: speed of light. tg reads every active weight byte once per token, so its ceiling is memory bandwidth:
@@ -16,7 +16,7 @@
 #include <random>
 #include <vector>
 
-#include "cli/bench.h"
+#include "bench/bench.h"
 #include "cli/commands.h"
 #include "engine/default_model.h"
 #include "engine/kv_cache.h"
@@ -167,7 +167,7 @@ Result<StepOpTotals> profile_decode(cuda::CudaEngine& e, int32_t batch, const De
 // engine steps, each of which ends with the tokens on the host.
 int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions load) {
   auto bad = [](const std::string& msg) {
-    fmt::print(stderr, "mxq bench decode: {}\n", msg);
+    fmt::print(stderr, "mxq-bench decode: {}\n", msg);
     return kExitBadInput;
   };
   load.target = cuda::cuda_load_target();
@@ -269,7 +269,7 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
 
 int run_decode(const DecodeOptions& o) {
   auto bad = [](const std::string& msg) {
-    fmt::print(stderr, "mxq bench decode: {}\n", msg);
+    fmt::print(stderr, "mxq-bench decode: {}\n", msg);
     return kExitBadInput;
   };
   if (o.device != "cpu" && o.device != "cuda")

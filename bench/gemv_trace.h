@@ -1,4 +1,4 @@
-// `mxq bench linear --gemv-trace`: the timeline of the M = 1 ring GEMV inside the benchmark's CUDA graph,
+// `mxq-bench linear --gemv-trace`: the timeline of the M = 1 ring GEMV inside the benchmark's CUDA graph,
 // from the per-block records the ring kernels write when a GemvTrace is set (cuda/linear/gemv_mx_launch.h).
 // Study only: it shows whether, and by how much, consecutive launches overlap under programmatic dependent
 // launch. CUDA builds only.

@@ -1,6 +1,6 @@
-// mxq bench linear: the CUDA linear dispatch table (cuda/linear/linear.h: MXFP8 / MXFP4 / FP8-B128 by M) and
+// mxq-bench linear: the CUDA linear dispatch table (cuda/linear/linear.h: MXFP8 / MXFP4 / FP8-B128 by M) and
 // GPU quantize on Qwen3 shapes, against the copy bandwidth, cuBLAS bf16 and cuBLASLt FP8-B128 measured in the
-// same run. Registered under `mxq bench` by add_bench_linear.
+// same run. Registered under `mxq-bench` by add_bench_linear.
 
 #include <CLI/CLI.hpp>
 #include <memory>
@@ -20,10 +20,10 @@
 #include <cstring>
 #include <random>
 
-#include "cli/bench_cuda.h"
-#include "cli/bench_gemv_trace.h"
+#include "bench/bench_cuda.h"
+#include "bench/gemv_trace.h"
 #include "cuda/common/check.h"
-#include "cuda/linear/gemm_fp8_b128_sm90.h"
+#include "bench/cuda/gemm_fp8_b128_sm90.h"
 #include "cuda/linear/gemm_mx.h"
 #include "cuda/linear/gemv_fp8_b128.h"
 #include "cuda/linear/gemv_mx.h"
@@ -31,7 +31,7 @@
 #include "cuda/linear/linear.h"
 #include "cuda/common/pdl.h"
 #include "cuda/quantize/quantize_launch.h"
-#include "cuda/ceiling/read_ceiling.h"
+#include "bench/cuda/read_ceiling.h"
 #endif
 
 namespace mxq::cli {
@@ -108,7 +108,7 @@ Result<RotatedWeights> rotated(std::mt19937_64& rng, Format f, int64_t n, int64_
   return w;
 }
 
-// The read-only ceiling at this byte count (cuda/ceiling/read_ceiling.h): median µs of one launch reading
+// The read-only ceiling at this byte count (bench/cuda/read_ceiling.h): median µs of one launch reading
 // `bytes` once, over rotated copies as the kernels' weights are, the faster of the kernel's two variants.
 Result<double> read_ceiling_us(std::mt19937_64& rng, int64_t bytes, cudaStream_t stream) {
   const int64_t padded = (bytes + 15) / 16 * 16;
@@ -434,7 +434,7 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
       auto f = parse_format(name);
       if (!f || (*f != Format::kMXFP8 && *f != Format::kMXFP4 && *f != Format::kFP8_B128)) {
         fmt::print(stderr,
-                   "mxq bench linear: --formats {}: not benchmarked (expected mxfp8, mxfp4 or fp8-b128)\n",
+                   "mxq-bench linear: --formats {}: not benchmarked (expected mxfp8, mxfp4 or fp8-b128)\n",
                    name);
         exit_code = kExitBadInput;
         return;
@@ -443,12 +443,12 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
     }
     for (int64_t m : *ms)
       if (m < 1 || m > 8192) {
-        fmt::print(stderr, "mxq bench linear: --m {}: expected 1..8192\n", m);
+        fmt::print(stderr, "mxq-bench linear: --m {}: expected 1..8192\n", m);
         exit_code = kExitBadInput;
         return;
       }
     if (ms->empty()) {
-      fmt::print(stderr, "mxq bench linear: --m is empty\n");
+      fmt::print(stderr, "mxq-bench linear: --m is empty\n");
       exit_code = kExitBadInput;
       return;
     }
@@ -460,12 +460,12 @@ void add_bench_linear(CLI::App& bench, int& exit_code) {
     run.w8a8 = *w8a8;
     run.shape = *shape;
     if (Status st = run_bench(run); !st) {
-      fmt::print(stderr, "mxq bench linear: {}\n", st.error().message);
+      fmt::print(stderr, "mxq-bench linear: {}\n", st.error().message);
       exit_code = 1;
     }
 #else
     fmt::print(stderr,
-               "mxq bench linear: this mxq was built without CUDA (expected a build where nvcc was found)\n");
+               "mxq-bench linear: this mxq was built without CUDA (expected a build where nvcc was found)\n");
     exit_code = kExitBadInput;
 #endif
   });

@@ -1,4 +1,4 @@
-// mxq bench gemm: large-M MXFP8 / MXFP4 weight-only GEMM (prefill) on Qwen3-8B shapes against cuBLAS bf16
+// mxq-bench gemm: large-M MXFP8 / MXFP4 weight-only GEMM (prefill) on Qwen3-8B shapes against cuBLAS bf16
 // (cublasGemmEx, bf16 in and out, f32 accumulation) on the same shape in the same run.
 
 #include <CLI/CLI.hpp>
@@ -18,7 +18,7 @@
 #include <random>
 #include <span>
 
-#include "cli/bench_cuda.h"
+#include "bench/bench_cuda.h"
 #include "cuda/common/check.h"
 #include "cuda/linear/gemm_mx.h"
 #include "cuda/linear/gemv_layout.h"
@@ -125,24 +125,24 @@ void add_bench_gemm(CLI::App& bench, int& exit_code) {
     for (const std::string& name : *formats) {
       auto f = parse_format(name);
       if (!f || (*f != Format::kMXFP8 && *f != Format::kMXFP4)) {
-        fmt::print(stderr, "mxq bench gemm: --formats {}: no GEMM kernel (expected mxfp8 or mxfp4)\n", name);
+        fmt::print(stderr, "mxq-bench gemm: --formats {}: no GEMM kernel (expected mxfp8 or mxfp4)\n", name);
         exit_code = kExitBadInput;
         return;
       }
       fs.push_back(*f);
     }
     if (ms->empty() || std::any_of(ms->begin(), ms->end(), [](int64_t m) { return m < 1 || m > 65536; })) {
-      fmt::print(stderr, "mxq bench gemm: --m takes 1..65536\n");
+      fmt::print(stderr, "mxq-bench gemm: --m takes 1..65536\n");
       exit_code = kExitBadInput;
       return;
     }
     if (Status st = run_bench(fs, *ms); !st) {
-      fmt::print(stderr, "mxq bench gemm: {}\n", st.error().message);
+      fmt::print(stderr, "mxq-bench gemm: {}\n", st.error().message);
       exit_code = 1;
     }
 #else
     fmt::print(stderr,
-               "mxq bench gemm: this mxq was built without CUDA (expected a build where nvcc was found)\n");
+               "mxq-bench gemm: this mxq was built without CUDA (expected a build where nvcc was found)\n");
     exit_code = kExitBadInput;
 #endif
   });

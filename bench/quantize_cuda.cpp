@@ -1,10 +1,10 @@
-// The GPU quantizers' table (`mxq bench quantize --device cuda`, and the last table of `mxq bench linear`):
+// The GPU quantizers' table (`mxq-bench quantize --device cuda`, and the last table of `mxq-bench linear`):
 // bf16 / f32 [N, K] -> MXFP8 (every scale rule), MXFP4, FP8-B128 on Qwen3 shapes, GB/s = input read + values
 // + scales written, against the device-to-device copy rate (read + written) measured in the same process.
 // CUDA-graph event medians over L2-rotated copies of the input; fresh random non-zero inputs. The bf16
 // kernels launch with PDL as the process default (cuda/common/pdl.h). `%same`: against a plain copy kernel
-// (cuda/ceiling/copy16.cu) moving the same total bytes in the same graph setup, since one launch of a few MB
-// cannot reach the 2 GiB copy rate. `mxq bench quantize --device cuda` adds the launch-shape table
+// (bench/cuda/copy16.cu) moving the same total bytes in the same graph setup, since one launch of a few MB
+// cannot reach the 2 GiB copy rate. `mxq-bench quantize --device cuda` adds the launch-shape table
 // (quantize_launch.h's QuantLaunch, PDL on and off).
 #if defined(MXQ_HAVE_CUDA)
 #include <fmt/format.h>
@@ -13,7 +13,7 @@
 #include <span>
 #include <vector>
 
-#include "cli/bench_cuda.h"
+#include "bench/bench_cuda.h"
 #include "cuda/common/check.h"
 #include "cuda/quantize/quantize_launch.h"
 #include "format/formats.h"

@@ -159,7 +159,7 @@ Status gpu_quantize_table(cudaStream_t stream, double copy_gbs, std::span<const 
 Status gpu_quantize_shapes_table(cudaStream_t stream, double copy_gbs, std::span<const BenchShape> shapes);
 // Median µs per launch of the plain copy kernel (cuda::launch_copy16) reading and writing `bytes` each.
 Result<double> time_copy16(cudaStream_t stream, int64_t bytes);
-// `mxq bench quantize --device cuda`: those two tables over the Qwen3 shapes, plus [rows, cols] when rows >
+// `mxq-bench quantize --device cuda`: those two tables over the Qwen3 shapes, plus [rows, cols] when rows >
 // 0.
 Status run_bench_quantize_cuda(int64_t rows, int64_t cols);
 

@@ -1,7 +1,7 @@
-// The refit benchmark's copy ceiling kernel (cuda/ceiling/copy_ceiling.h) against memcpy, bitwise: every
+// The refit benchmark's copy ceiling kernel (bench/cuda/copy_ceiling.h) against memcpy, bitwise: every
 // variant, byte counts from one 16-byte unit to several grid strides with a ragged remainder, the destination
 // poisoned.
-#include "cuda/ceiling/copy_ceiling.h"
+#include "bench/cuda/copy_ceiling.h"
 
 #include <gtest/gtest.h>
 

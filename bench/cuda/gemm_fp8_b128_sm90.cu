@@ -28,7 +28,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda/common/device_sms.h"
-#include "cuda/linear/gemm_fp8_b128_sm90_launch.h"
+#include "bench/cuda/gemm_fp8_b128_sm90_launch.h"
 #include "cuda/linear/gemm_mx_launch.cuh"
 
 namespace mxq::cuda {

@@ -1,10 +1,10 @@
 // The copy ceiling of a byte-moving kernel (refit's full write): a grid-stride loop where each thread keeps
 // kUnroll 16-byte loads in flight, then stores them (streaming on both sides, or default-cached), so the data
-// goes DRAM -> registers -> DRAM once. `mxq bench refit` times
+// goes DRAM -> registers -> DRAM once. `mxq-bench refit` times
 // it over the refit's byte count beside cudaMemcpy D2D: the rate an SM kernel (which the refit must be, to
 // hash what it writes) can reach. Layout: src and dst device buffers of `bytes` bytes, 16-byte aligned,
 // bytes % 16 == 0. Arch: sm_80+.
-#include "cuda/ceiling/copy_ceiling.h"
+#include "bench/cuda/copy_ceiling.h"
 #include "cuda/common/device_sms.h"
 
 namespace mxq::cuda {
