@@ -11,7 +11,6 @@
 #include "cuda/linear/gemm_mx_launch.h"
 #include "cuda/linear/gemm_mx_sm80.cuh"
 #include "cuda/linear/gemm_mx_sm90.cuh"
-#include "cuda/common/measurement_switch.h"
 
 namespace mxq::cuda::gemm {
 
@@ -122,19 +121,17 @@ cudaError_t launch_gemm(const uint16_t* x, int m, const uint8_t* values, const u
     const int64_t tiles = static_cast<int64_t>(tiles_n) * ((m + bm - 1) / bm),
                   mn = static_cast<int64_t>(m) * n;
     const int splits = splitk_splits(tiles, (k + kStageK - 1) / kStageK, sms, mn, ws_floats);
-    // note: without a split the grid is persistent, one block per SM walking the tiles (the Qwen3-8B sums at
-    // M = 4096 2-4% faster for MXFP8 and 1-3% for MXFP4 on the H200, bench/history/RESULTS-log.md,
-    // "Session 9 (lead) — issue #4: MX GEMM persistent grid"); MXQ_GEMM_SM90_GRID=tiles launches one block a
-    // tile, to measure both from one build.
-    static const bool one_per_tile = measurement_switch("MXQ_GEMM_SM90_GRID", "tiles");
-    const int64_t blocks = splits > 1 || one_per_tile ? tiles : std::min<int64_t>(tiles, sms);
+    // note: without a split the grid is persistent, one block per SM walking the tiles: against one block a
+    // tile, the Qwen3-8B sums at M = 4096 measured 2-4% faster for MXFP8 and 1-3% for MXFP4 on the H200
+    // (bench/history/RESULTS-log.md, "Session 9 (lead) — issue #4: MX GEMM persistent grid").
+    const int64_t blocks = splits > 1 ? tiles : std::min<int64_t>(tiles, sms);
     const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(splits));
     // note: the staged 16-byte-store epilogue (gemm_mx_sm90.cuh) wherever no split writes f32 partials and y
-    // rows are whole 16-byte chunks; MXQ_GEMM_SM90_STORE=direct keeps the 2-byte register stores, to
-    // measure both from one build.
-    static const bool direct_store = measurement_switch("MXQ_GEMM_SM90_STORE", "direct");
-    const bool staged_store =
-        !direct_store && splits == 1 && n % 8 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+    // rows are whole 16-byte chunks: against 2-byte stores from registers at M = 4096 on the H200, 6.5%
+    // faster on the MXFP4 Qwen3-8B sum and 4-8% on the MXFP8 shapes but down_proj (noisy;
+    // bench/history/RESULTS-log.md, "Session 10 (lead) — issue #4: the MX GEMM's epilogue and shared-memory
+    // loads").
+    const bool staged_store = splits == 1 && n % 8 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
     const bool tail = k % Fmt::kGroupK != 0;
     auto pick = [tail](auto t) {
       constexpr int b = decltype(t)::value;

@@ -10,9 +10,8 @@
 // Qwen3-8B shape at m = 1, so kAuto never takes it). The ring kernel runs the step body's math; for MXFP4
 // the step body and the loop give the same bits (either scale path yields the same f32 scale).
 // Scales: at one n-tile a per-group warp vote sends groups without scale byte 0 or 255 through b << 23
-// (kScaleVote; 5.4% / 3.9% faster on gate_up / down at m = 1, equal elsewhere; MXQ_GEMV_SCALE=exact runs the
-// previous e8m0_to_f32-only path, bench/history/RESULTS-log.md,
-// "GEMV at M = 1: persistent blocks and the MXFP4 scale vote").
+// (kScaleVote; 5.4% / 3.9% faster than e8m0_to_f32 for every scale on gate_up / down at m = 1, equal
+// elsewhere, bench/history/RESULTS-log.md, "GEMV at M = 1: persistent blocks and the MXFP4 scale vote").
 // Arch: sm_80+ (mma.sync bf16). Decode: nibble bits placed as bf16 bits (code << 6, sign << 12) are
 // the value · 2^-126 (code 1 = 0.5 becomes a bf16 subnormal); one bf16x2 multiply by 2^126 makes them exact.
 // note: a two-step prmt table decode (magnitude → selector byte with the sign in bit 6 → bf16 bytes; exact,
@@ -22,7 +21,6 @@
 #include "cuda/linear/gemv_grouped.cuh"
 #include "cuda/linear/gemv_mx_kernel.cuh"
 #include "cuda/linear/gemv_mx_ring.cuh"
-#include "cuda/common/measurement_switch.h"
 
 namespace mxq::cuda {
 namespace {
@@ -48,13 +46,6 @@ struct Mxfp4Decode {
   }
 };
 
-// The previous scale path (e8m0_to_f32 for every scale, no vote), kept to measure both from one build
-// (MXQ_GEMV_SCALE=exact, bench/history/RESULTS-log.md,
-// "GEMV at M = 1: persistent blocks and the MXFP4 scale vote").
-struct Mxfp4ExactScaleDecode : Mxfp4Decode {
-  static constexpr bool kScaleVote = false;
-};
-
 // The grouped entry's tile (gemv_grouped.cuh): launch_gemv_mxfp4's kAuto choice (the per-group loop) with
 // the chunk's n-tile count.
 template <bool kHasTail, bool kGather>
@@ -78,7 +69,6 @@ cudaError_t launch_gemv_grouped_mxfp4(const GroupedGemvArgs& a, cudaStream_t str
 
 cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p, int k,
                                     cudaStream_t stream) {
-  static const bool exact_scale = measurement_switch("MXQ_GEMV_SCALE", "exact");
   const GemvKernel kernel = gemv_kernel();
   // note: kAuto at m = 1 takes the ring kernel with 3 stages at 2 blocks per SM (kRingDeep) where it fits:
   // 51.0 against the per-group loop's 55.2 us over the four Qwen3-8B shapes on the H200 (down equal, the
@@ -87,11 +77,6 @@ cudaError_t launch_gemv_parts_mxfp4(const uint16_t* x, int m, const GemvParts& p
   const GemvKernel ring = kernel == GemvKernel::kAuto && m == 1 ? GemvKernel::kRingDeep : kernel;
   const bool step =
       kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kPersistStep || gemv_ring(kernel);
-  if (exact_scale) {
-    if (gemv_ring(ring) && gemv::gemv_ring_fits<Mxfp4ExactScaleDecode>(m, p, k))
-      return gemv::launch_gemv_ring_variant<Mxfp4ExactScaleDecode>(ring, x, m, p, k, stream);
-    return gemv::launch_gemv<Mxfp4ExactScaleDecode>(x, m, p, k, step, gemv_persistent(kernel), stream);
-  }
   if (gemv_ring(ring) && gemv::gemv_ring_fits<Mxfp4Decode>(m, p, k))
     return gemv::launch_gemv_ring_variant<Mxfp4Decode>(ring, x, m, p, k, stream);
   return gemv::launch_gemv<Mxfp4Decode>(x, m, p, k, step, gemv_persistent(kernel), stream);

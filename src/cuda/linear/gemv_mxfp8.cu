@@ -15,14 +15,13 @@
 // 2^-120 exactly (codes 1..7 land on bf16 subnormals, which mma.sync keeps); the 2^120 is folded into the
 // E8M0 scale multiply (FoldedScale). Three integer ops per bf16x2 pair. A warp whose activation rows all stay
 // below 2^-8 (whose products would leave f32's range at 2^-120) recomputes its tile with "cvt" (Exact;
-// warp_rows_small, gemv_mx_kernel.cuh). Decode ("cvt", the previous one; all m with MXQ_GEMV_DECODE=cvt, to
-// compare both from one build): E4M3 pair → f16x2 (exact) → bf16 bits by moving the exponent field (value ·
-// 2^-112, a bf16 normal) → one bf16x2 multiply by 2^112 (exact).
+// warp_rows_small, gemv_mx_kernel.cuh). Decode ("cvt", for m > 1 and that recompute): E4M3 pair → f16x2
+// (exact) → bf16 bits by moving the exponent field (value · 2^-112, a bf16 normal) → one bf16x2 multiply by
+// 2^112 (exact).
 
 #include "cuda/linear/gemv_grouped.cuh"
 #include "cuda/linear/gemv_mx_kernel.cuh"
 #include "cuda/linear/gemv_mx_ring.cuh"
-#include "cuda/common/measurement_switch.h"
 
 namespace mxq::cuda {
 namespace {
@@ -86,9 +85,6 @@ cudaError_t launch_gemv_grouped_mxfp8(const GroupedGemvArgs& a, cudaStream_t str
 
 cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p, int k,
                                     cudaStream_t stream) {
-  // note: the env switch exists to measure both decodes from one build (bench/history/RESULTS-log.md,
-  // "GEMV decode variants").
-  static const bool use_cvt = measurement_switch("MXQ_GEMV_DECODE", "cvt");
   const GemvKernel kernel = gemv_kernel();
   // note: kAuto takes the step body (m <= 8): on the H200 it measured 2-12% faster than the per-group loop at
   // M = 1 and 1-8% at M = 8 on every Qwen3-8B shape (bench/history/RESULTS-log.md,
@@ -98,27 +94,27 @@ cudaError_t launch_gemv_parts_mxfp8(const uint16_t* x, int m, const GemvParts& p
   // qkv 384 and gate_up 1536 tiles against 264 slots): 3.7% and 3.9% faster there on the H200; with one
   // tile per block (q/o, down: 256) the persistent kernel measured 3-6% slower, and at m = 8 2-8% slower
   // on every shape (bench/history/RESULTS-log.md, "GEMV at M = 1: persistent blocks").
-  const bool persist = gemv_persistent(kernel) || (kernel == GemvKernel::kAuto && m == 1 && !use_cvt &&
+  const bool persist = gemv_persistent(kernel) || (kernel == GemvKernel::kAuto && m == 1 &&
                                                    gemv::gemv_parts_tiles(p) > gemv::gemv_persist_blocks());
   // note: kAuto at m = 1 takes the ring kernel with 3 stages at 2 blocks per SM (kRingDeep) where it fits:
   // 59.2 against the step body's 66.3 us over the four Qwen3-8B shapes on the H200, gate_up at 90% of copy;
   // at m = 8 every ring variant measured 7-12% slower (bench/history/RESULTS-log.md,
   // "GEMV at M = 1: the shared-memory ring").
   const GemvKernel ring = kernel == GemvKernel::kAuto && m == 1 ? GemvKernel::kRingDeep : kernel;
-  // note: the bits decode only at m = 1. At m = 2..8 its small-activation check (warp_rows_small: one L2
-  // round trip per row before the first step) made M = 8 26-37% slower on the Qwen3-8B shapes; the cvt
-  // decode is exact and needs none: 1-13% slower than bits was before it had the check, 12-25% faster than
-  // bits with it (bench/RESULTS.md, GEMV at M <= 32). With cvt, kAuto at m = 2..8 takes the per-group loop:
-  // 9.05 / 14.41 / 40.10 / 22.48 against the step body's 9.38 / 14.71 / 40.05 / 23.49 us at M = 8 (same
-  // bits: cvt has no scale vote to merge).
-  if (use_cvt || m > 1) {
+  // note: the bits decode only at m = 1, where it measured 4.4% faster than cvt over the four Qwen3-8B shapes
+  // on the H200 (bench/history/RESULTS-log.md, "GEMV decode variants"). At m = 2..8 its small-activation
+  // check (warp_rows_small: one L2 round trip per row before the first step) made M = 8 26-37% slower on the
+  // Qwen3-8B shapes; the cvt decode is exact and needs none: 1-13% slower than bits was before it had the
+  // check, 12-25% faster than bits with it (bench/RESULTS.md, GEMV at M <= 32). With cvt, kAuto at m = 2..8
+  // takes the per-group loop: 9.05 / 14.41 / 40.10 / 22.48 against the step body's 9.38 / 14.71 / 40.05 /
+  // 23.49 us at M = 8 (same bits: cvt has no scale vote to merge).
+  if (m > 1) {
     if (gemv_ring(ring) && gemv::gemv_ring_fits<Mxfp8Decode>(m, p, k))
       return gemv::launch_gemv_ring_variant<Mxfp8Decode>(ring, x, m, p, k, stream);
     // note: the forced ring variants where the ring does not fit run kRegisterStep's kernel
     // (gemv_mx_launch.h).
-    const bool step_cvt = m == 1 ? step
-                                 : kernel == GemvKernel::kRegisterStep ||
-                                       kernel == GemvKernel::kPersistStep || gemv_ring(kernel);
+    const bool step_cvt =
+        kernel == GemvKernel::kRegisterStep || kernel == GemvKernel::kPersistStep || gemv_ring(kernel);
     return gemv::launch_gemv<Mxfp8Decode>(x, m, p, k, step_cvt, persist, stream);
   }
   if (gemv_ring(ring) && gemv::gemv_ring_fits<Mxfp8BitsDecode>(m, p, k))
