@@ -20,6 +20,10 @@
 namespace mxq::cli {
 namespace {
 
+using refit::Delta;
+using refit::IndexEncoding;
+using refit::TensorDelta;
+
 // An E4M3 plane (no NaN codes) and a copy with `fraction` of its bytes changed, either independently at
 // random or in runs of 16 (a changed row segment of half an MX block).
 std::pair<std::vector<uint8_t>, std::vector<uint8_t>> bench_planes(int64_t n, double fraction, bool clustered,

@@ -26,8 +26,6 @@
 namespace mxq::cli {
 namespace {
 
-using refit::Delta;
-using refit::IndexEncoding;
 using refit::Plane;
 using refit::PlaneDelta;
 using refit::TensorDelta;

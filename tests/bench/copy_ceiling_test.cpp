@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "../gpu_test_util.h"
+#include "../cuda/gpu_test_util.h"
 
 namespace mxq::cuda::test {
 namespace {

@@ -17,8 +17,8 @@
 #include "cpu/quantize_act.h"
 #include "cuda/linear/linear.h"
 #include "format/codec.h"
-#include "../gpu_test_util.h"
-#include "../op_test_util.h"
+#include "../cuda/gpu_test_util.h"
+#include "../cuda/op_test_util.h"
 
 namespace mxq::cuda {
 namespace {
