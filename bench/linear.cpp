@@ -21,17 +21,17 @@
 #include <random>
 
 #include "bench/bench_cuda.h"
+#include "bench/cuda/gemm_fp8_b128_sm90.h"
+#include "bench/cuda/read_ceiling.h"
 #include "bench/gemv_trace.h"
 #include "cuda/common/check.h"
-#include "bench/cuda/gemm_fp8_b128_sm90.h"
+#include "cuda/common/pdl.h"
 #include "cuda/linear/gemm_mx.h"
 #include "cuda/linear/gemv_fp8_b128.h"
 #include "cuda/linear/gemv_mx.h"
 #include "cuda/linear/gemv_mx_launch.h"
 #include "cuda/linear/linear.h"
-#include "cuda/common/pdl.h"
 #include "cuda/quantize/quantize_launch.h"
-#include "bench/cuda/read_ceiling.h"
 #endif
 
 namespace mxq::cli {

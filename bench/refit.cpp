@@ -32,10 +32,10 @@
 #include <thread>
 
 #include "bench/bench_cuda.h"
-#include "cuda/common/check.h"
 #include "bench/cuda/copy_ceiling.h"
+#include "cuda/common/check.h"
 #include "cuda/linear/gemv_layout.h"
-#include "cuda/refit/weight_memory_cuda.h"
+#include "model/weight_memory_cuda.h"
 #include "refit/applier.h"
 #include "refit/delta_format.h"
 #endif

@@ -27,8 +27,8 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 
-#include "cuda/common/device_sms.h"
 #include "bench/cuda/gemm_fp8_b128_sm90_launch.h"
+#include "cuda/common/device_sms.h"
 #include "cuda/linear/gemm_mx_launch.cuh"
 
 namespace mxq::cuda {

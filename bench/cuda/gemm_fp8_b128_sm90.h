@@ -13,8 +13,8 @@
 #include <cstdint>
 
 #include "base/error.h"
-#include "cuda/linear/gemm_fp8_b128_cublaslt.h"
 #include "bench/cuda/gemm_fp8_b128_sm90_launch.h"
+#include "cuda/linear/gemm_fp8_b128_cublaslt.h"
 
 namespace mxq::cuda {
 

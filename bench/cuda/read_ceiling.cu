@@ -5,9 +5,9 @@
 // the per-shape target that includes the launch and ramp costs (mxq-bench linear).
 // Layout: p is a device buffer of `bytes` bytes, 16-byte aligned; the tail below 16 bytes is not read.
 // Arch: sm_80+.
+#include "bench/cuda/read_ceiling.h"
 #include "cuda/common/device_sms.h"
 #include "cuda/linear/gemv_mx_kernel.cuh"
-#include "bench/cuda/read_ceiling.h"
 
 namespace mxq::cuda {
 namespace {

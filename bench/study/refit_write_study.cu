@@ -7,10 +7,11 @@
 //   ./refit_write_study
 // Results: bench/RESULTS.md, Refit write study.
 #include <cuda_runtime.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <vector>
 #define CK(x) do { cudaError_t e_ = (x); if (e_) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 

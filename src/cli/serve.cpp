@@ -28,10 +28,10 @@
 #if MXQ_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/refit/tensor_update.h"
-#include "cuda/refit/weight_memory_cuda.h"
 #include "engine/cuda_runner.h"
 #include "model/qwen3_cuda.h"
+#include "model/weight_memory_cuda.h"
+#include "refit/tensor_update_cuda.h"
 #endif
 
 namespace mxq::cli {

@@ -13,20 +13,20 @@
 
 #include "cpu/rope.h"
 #include "cuda/attention/attention_prefill.h"
-#include "cuda/common/check.h"
-#include "cuda/ops/embedding.h"
-#include "cuda/linear/linear.h"
-#include "cuda/linear/moe_grouped_linear.h"
 #include "cuda/attention/paged_attention_decode.h"
 #include "cuda/attention/qk_norm_rope_cache.h"
+#include "cuda/common/check.h"
+#include "cuda/linear/linear.h"
+#include "cuda/linear/moe_grouped_linear.h"
+#include "cuda/ops/embedding.h"
 #include "cuda/ops/rms_norm.h"
 #include "cuda/ops/sample.h"
 #include "cuda/ops/swiglu.h"
-#include "cuda/refit/weight_memory_cuda.h"
 #include "layout/probe.h"
 #include "model/qwen3_cuda_parts.h"
 #include "model/qwen3_weights.h"
 #include "model/step_profile_cuda.h"
+#include "model/weight_memory_cuda.h"
 
 namespace mxq::cuda {
 namespace {

@@ -1,6 +1,6 @@
 // Qwen3ForCausalLM and Qwen3MoeForCausalLM on the GPU: the same model as model/qwen3.h, batched over the
 // tokens of one engine step and paged (vLLM layout, docs/cuda-ops.md), reading its weights in place from a
-// CUDA WeightStore (src/cuda/refit/weight_memory_cuda.h) in each kernel's native layout.
+// CUDA WeightStore (model/weight_memory_cuda.h) in each kernel's native layout.
 //
 // Memory: everything is allocated once in create(), at capacity, and never moves, so a CUDA graph captured
 // over forward() stays valid across steps and refits (refit writes the weight buffers in place):

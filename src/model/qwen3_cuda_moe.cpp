@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "cuda/ops/moe_route.h"
-#include "cuda/quantize/quantize_act.h"
 #include "cuda/ops/swiglu.h"
+#include "cuda/quantize/quantize_act.h"
 #include "model/qwen3_cuda_parts.h"
 #include "model/step_profile_cuda.h"
 

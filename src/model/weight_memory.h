@@ -1,6 +1,6 @@
 // Where a WeightStore keeps its live bytes, and the few operations that touch them. The store decides what to
 // write (checks, names, checksum bookkeeping); a WeightMemory only moves bytes through a Layout and hashes
-// them. Host memory (this file's host_weight_memory) is the reference; src/cuda/refit/weight_memory_cuda.h
+// them. Host memory (this file's host_weight_memory) is the reference; model/weight_memory_cuda.h
 // keeps the live buffers in CUDA device memory and runs the same operations as kernels (libmxq does not link
 // CUDA, so the seam is this interface, chosen when the store is created).
 //
@@ -20,76 +20,9 @@
 
 #include "base/error.h"
 #include "layout/layout.h"
+#include "layout/plane_jobs.h"
 
 namespace mxq {
-
-// One tensor to hash: XXH3-64 of its canonical values plane then its canonical scales plane, read through
-// the layouts out of the live bytes, written to *out.
-struct ChecksumJob {
-  const PlaneLayout* values_layout = nullptr;
-  std::span<const uint8_t> values;
-  const PlaneLayout* scales_layout = nullptr;
-  std::span<const uint8_t> scales;
-  uint64_t* out = nullptr;  // host memory
-};
-
-// One tensor's full update for write_tensors: canonical planes in (host or this memory's spans), the live
-// planes written, the checksum of the updated tensor into *out (host memory).
-struct TensorWriteJob {
-  std::string_view name;  // for errors
-  const PlaneLayout* values_layout = nullptr;
-  std::span<const uint8_t> values_src;
-  std::span<uint8_t> values;
-  const PlaneLayout* scales_layout = nullptr;
-  std::span<const uint8_t> scales_src;
-  std::span<uint8_t> scales;
-  uint64_t* out = nullptr;
-};
-
-// The W-05 rule for a plane's new entries (docs/refit-format.md section 6), as the device checks it.
-enum class NewBytePolicy : uint8_t {
-  kNone,      // E2M1 (mxfp4 values): no NaN or Inf code
-  kE4M3,      // 1 byte; 0x7F / 0xFF refused
-  kE8M0,      // 1 byte; 0xFF refused
-  kF32Scale,  // 4 bytes; finite and > 0
-  kBF16,      // 2 bytes; NaN / Inf refused
-  kF16,
-  kF32,
-};
-
-// Whether one entry's bytes break `policy` (host; the CUDA kernels' twin,
-// src/cuda/refit/new_byte_policy.cuh).
-bool new_entry_refused(NewBytePolicy policy, const uint8_t* entry);
-
-// A whole new plane (an anchor written from this memory's spans) for check_planes.
-struct PlaneCheckJob {
-  std::span<const uint8_t> bytes;
-  int entry_bytes = 1;
-  NewBytePolicy policy = NewBytePolicy::kNone;
-};
-
-// One sparse plane of a refit delta with its index set still in the wire encoding (refit's device path,
-// docs/refit-format.md "Device path"). `index` and `bytes` are this memory's spans (uploaded); `undo` is
-// scratch of bytes.size(). `encoding` is the wire code: 0 gaps (LEB128 varints), 1 bitmap; 2 runs, given
-// decoded into `index` as int32 pairs (a run's first entry, its position in the list), one per run.
-struct SparsePlaneJob {
-  std::string_view what;  // "NAME values", for errors
-  const PlaneLayout* layout = nullptr;
-  std::span<uint8_t> native;
-  uint8_t encoding = 0;
-  std::span<const uint8_t> index;
-  int64_t count = 0;    // changed entries
-  int64_t entries = 0;  // of the plane (< 2^31)
-  int entry_bytes = 1;
-  NewBytePolicy policy = NewBytePolicy::kNone;
-  std::span<const uint8_t> bytes;
-  std::span<uint8_t> undo;
-};
-// The first job a decode refused and the entry position (in that job's list) where it noticed.
-struct SparseRefusal {
-  size_t job = 0;
-  int64_t position = 0;
-};
 
 class WeightMemory {
  public:

@@ -1,5 +1,6 @@
 #include "model/weight_store.h"
 
+#include <algorithm>
 #include <cassert>
 #include <climits>
 
@@ -116,6 +117,16 @@ Status WeightStore::apply_tensor(std::string_view name, std::span<const uint8_t>
                                  std::span<const uint8_t> scales) {
   const TensorWrite w{name, values, scales};
   return apply_tensors({&w, 1});
+}
+
+Status WeightStore::scatter_sparse(std::span<const SparsePlaneJob> jobs, std::span<const uint8_t> positions) {
+  for (const SparsePlaneJob& j : jobs) {
+    const bool live = std::any_of(buffers_.begin(), buffers_.end(), [&](std::span<uint8_t> b) {
+      return j.native.data() >= b.data() && j.native.data() + j.native.size() <= b.data() + b.size();
+    });
+    if (!live) return fail("{}: the plane to scatter into is not a live plane of this store", j.what);
+  }
+  return memory_->scatter_sparse(jobs, positions);
 }
 
 Status WeightStore::apply_tensors(std::span<const TensorWrite> writes) {

@@ -1,9 +1,9 @@
 // The weight store: HF tensor name -> live QTensor. Buffers are allocated once and never move (CUDA graphs
 // and refit hold their addresses). apply_tensor() is the only function that writes weight bytes: the
 // checkpoint loader, online quantization, full updates and sparse deltas all go through it (apply_tensors
-// is its batched form, apply_sparse refit's sparse form).
+// is its batched form, apply_sparse and scatter_sparse refit's sparse forms).
 // The live bytes sit in the store's WeightMemory, chosen at construction: host memory by default, CUDA
-// device memory with cuda::cuda_weight_memory() (src/cuda/refit/weight_memory_cuda.h). For a device store the
+// device memory with cuda::cuda_weight_memory() (model/weight_memory_cuda.h). For a device store the
 // QTensor spans hold device addresses, and the span arguments of the write / read functions may be device
 // or host memory (weight_memory.h); checksums are computed on the device.
 #pragma once
@@ -82,6 +82,11 @@ class WeightStore {
   // The same with int32 indices (a compact upload; the plane must have fewer than 2^31 entries).
   Status apply_sparse(std::string_view name, Plane plane, std::span<const int32_t> indices, int entry_bytes,
                       std::span<const uint8_t> bytes, std::span<uint8_t> undo = {});
+  // Refit's device path, after WeightMemory::decode_sparse refused nothing: writes every job's decoded
+  // entries through its layout, the old bytes to its undo first (WeightMemory::scatter_sparse). Each job's
+  // native span must lie inside one of this store's live planes. Checksums are NOT refreshed (as
+  // apply_sparse).
+  Status scatter_sparse(std::span<const SparsePlaneJob> jobs, std::span<const uint8_t> positions);
   // Recomputes the tensor's checksum from its live bytes (gathered through the layout) and returns it.
   Result<uint64_t> refresh_checksum(std::string_view name);
   // refresh_checksum for several tensors in one batch.

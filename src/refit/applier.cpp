@@ -465,7 +465,7 @@ class Applier {
     if (!anchors.empty())
       if (auto s = store_.apply_tensors(anchors); !s) return roll_back(0, last, s.error().message);
     steps_.insert(steps_.end(), sparse_steps.begin(), sparse_steps.end());
-    if (auto s = mem.scatter_sparse(jobs, *positions); !s) return roll_back(0, last, s.error().message);
+    if (auto s = store_.scatter_sparse(jobs, *positions); !s) return roll_back(0, last, s.error().message);
     std::vector<std::string_view> sparse;
     for (const auto& t : delta_.tensors)
       if (!t.anchor && t.values.count + t.scales.count > 0) sparse.push_back(t.name);  // as run_on_device
@@ -477,7 +477,7 @@ class Applier {
   }
 
   // Anchors whose planes already sit in the store's memory (DeltaView::resident;
-  // src/cuda/refit/tensor_update.h): their new bytes are checked where they are (check_planes: the device for
+  // refit/tensor_update_cuda.h): their new bytes are checked where they are (check_planes: the device for
   // a CUDA store), the old planes go to the undo log, then one batched write and the checksums, as on the
   // device path.
   Status run_resident(uint64_t& live_version) {

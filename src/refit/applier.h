@@ -65,7 +65,7 @@ struct ApplyOptions {
   ProgressFn progress;
   ApplyTimings* timings = nullptr;  // bench hook; null = no timing
   // Resident deltas (DeltaView::resident) whose expected checksums are still being computed beside the write
-  // (cuda/refit/tensor_update.cpp: on another stream): called after the write, before the checksums are
+  // (refit/tensor_update_cuda.cpp: on another stream): called after the write, before the checksums are
   // compared; it fills the view's TensorView::checksum fields. A failure restores every byte.
   std::function<Status()> await_checksums;
   // Called once, after every check and before the first write (stage kValidated, after the undo log and on

@@ -124,7 +124,7 @@ struct DeltaView {
   std::vector<TensorView> tensors;
   std::span<const uint8_t> body;
   // Every record an anchor whose planes already sit in the store's memory (a full update from a device
-  // buffer, src/cuda/refit/tensor_update.h): apply_delta writes them from there, nothing is uploaded; `body`
+  // buffer, refit/tensor_update_cuda.h): apply_delta writes them from there, nothing is uploaded; `body`
   // is unused.
   bool resident = false;
 };

@@ -5,7 +5,7 @@
 // weights, the version and the prefix cache is a task on the engine thread (EngineLoop::run_task), so updates
 // run one at a time between two steps (W-15) and requests in flight keep running across them.
 // /update_weights_from_tensor takes mxq's own manifest of a CUDA IPC buffer (not SGLang's pickled torch
-// objects, W-25); its device half is the CUDA build's (cuda/refit/tensor_update.h), a CPU engine refuses it
+// objects, W-25); its device half is the CUDA build's (refit/tensor_update_cuda.h), a CPU engine refuses it
 // by name.
 #include <spdlog/spdlog.h>
 

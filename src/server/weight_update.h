@@ -66,7 +66,7 @@ class WeightUpdater {
   UpdateOutcome apply_tensor_manifest(const refit::TensorManifest& m, std::optional<uint64_t> new_version,
                                       uint64_t& version);
   void set_device_update(DeviceBufferUpdate update) { device_update_ = std::move(update); }
-  // A checkpoint update on the device (cuda/refit/tensor_update.h apply_checkpoint_on_device): false when it
+  // A checkpoint update on the device (refit/tensor_update_cuda.h apply_checkpoint_on_device): false when it
   // does not take this checkpoint, which apply_checkpoint then quantizes on the host.
   void set_device_checkpoint(DeviceCheckpointUpdate update) { device_checkpoint_ = std::move(update); }
   // Engine thread only: every live tensor's canonical checksum.

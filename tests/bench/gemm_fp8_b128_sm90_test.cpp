@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "../cuda/gpu_test_util.h"
+#include "../cuda/op_test_util.h"
 #include "cpu/linear.h"
 #include "cpu/quantize_act.h"
 #include "cuda/linear/linear.h"
 #include "format/codec.h"
-#include "../cuda/gpu_test_util.h"
-#include "../cuda/op_test_util.h"
 
 namespace mxq::cuda {
 namespace {

@@ -22,8 +22,8 @@
 #include <random>
 
 #include "cpu/softmax.h"
-#include "cuda/linear/linear.h"
 #include "cuda/common/pdl.h"
+#include "cuda/linear/linear.h"
 #include "engine/cuda_runner.h"
 #include "engine/kv_cache.h"
 #include "format/codec.h"

@@ -69,5 +69,24 @@ TEST(WeightStore, RefusesWrongSizeAndUnknownNames) {
   EXPECT_FALSE(ws.add("z", Format::kMXFP8, {0, int64_t{1} << 62}));  // a zero dim must not hide a huge one
 }
 
+TEST(WeightStore, ScatterSparseWritesOnlyItsOwnLivePlanes) {
+  // refit's device path writes through the store (its one writer), which refuses a span it does not own
+  WeightStore ws;
+  ASSERT_TRUE(ws.add("w", Format::kMXFP8, {2, 32}));
+  std::vector<uint8_t> elsewhere(64, 1), bytes{9}, undo(1);
+  SparsePlaneJob j;
+  j.what = "w values";
+  j.native = elsewhere;
+  j.count = 1;
+  j.entries = 64;
+  j.bytes = bytes;
+  j.undo = undo;
+  const std::vector<uint8_t> positions(4, 0);
+  auto st = ws.scatter_sparse({&j, 1}, positions);
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.error().message, "w values: the plane to scatter into is not a live plane of this store");
+  EXPECT_EQ(elsewhere, std::vector<uint8_t>(64, 1));
+}
+
 }  // namespace
 }  // namespace mxq

@@ -22,8 +22,8 @@
 #include <cstdint>
 
 #include "cuda/common/device_sms.h"
-#include "cuda/linear/gemv_mx_launch.h"
 #include "cuda/common/pdl.cuh"
+#include "cuda/linear/gemv_mx_launch.h"
 
 namespace mxq::cuda::gemv {
 

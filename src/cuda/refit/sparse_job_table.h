@@ -14,7 +14,7 @@
 #include "cuda/refit/kept_sums.h"
 #include "cuda/refit/sparse_decode_launch.h"
 #include "layout/layout.h"
-#include "model/weight_memory.h"
+#include "layout/plane_jobs.h"
 
 namespace mxq::cuda {
 

@@ -4,8 +4,8 @@
 // 1, 3, 4, 8, D 64 and 128, and a capacity above the batch (extra CTAs and padding sequences idle).
 #include "cuda/attention/attention_prefill.h"
 
-#include "cpu/attention_prefill.h"
 #include "../op_test_util.h"
+#include "cpu/attention_prefill.h"
 
 namespace mxq::cuda {
 namespace {

@@ -3,8 +3,8 @@
 // around the split-K partition (256) and block (16 / 32) edges, padding sequences of length 0 (zero rows).
 #include "cuda/attention/paged_attention_decode.h"
 
-#include "cpu/paged_attention_decode.h"
 #include "../op_test_util.h"
+#include "cpu/paged_attention_decode.h"
 
 namespace mxq::cuda {
 namespace {

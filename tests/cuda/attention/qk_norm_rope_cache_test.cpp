@@ -8,9 +8,9 @@
 #include <climits>
 #include <numeric>
 
+#include "../op_test_util.h"
 #include "cpu/qk_norm_rope_cache.h"
 #include "cpu/rope.h"
-#include "../op_test_util.h"
 
 namespace mxq::cuda {
 namespace {

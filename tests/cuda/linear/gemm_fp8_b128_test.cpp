@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "../gpu_test_util.h"
 #include "cuda/linear/gemm_fp8_b128_cublaslt.h"
 #include "format/codec.h"
 #include "format/formats.h"
-#include "../gpu_test_util.h"
 
 namespace mxq::cuda {
 namespace {

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "../gpu_test_util.h"
 #include "cpu/linear.h"
 #include "cuda/linear/gemm_mx_launch.h"
 #include "cuda/linear/gemv_layout.h"
 #include "format/codec.h"
-#include "../gpu_test_util.h"
 
 namespace mxq::cuda {
 namespace {

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "../gpu_test_util.h"
 #include "cuda/linear/gemv_layout.h"
 #include "cuda/linear/gemv_mx_launch.h"
 #include "format/codec.h"
-#include "../gpu_test_util.h"
 
 namespace mxq::cuda {
 namespace {

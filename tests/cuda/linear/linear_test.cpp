@@ -14,13 +14,13 @@
 #include <utility>
 #include <vector>
 
+#include "../gpu_test_util.h"
+#include "../op_test_util.h"
 #include "cpu/linear.h"
 #include "cpu/quantize_act.h"
 #include "cuda/linear/gemv_fp8_b128.h"
 #include "cuda/linear/gemv_mx_launch.h"
 #include "format/codec.h"
-#include "../gpu_test_util.h"
-#include "../op_test_util.h"
 #include "layout/probe.h"
 
 namespace mxq::cuda {

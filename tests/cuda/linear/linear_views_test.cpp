@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "../op_test_util.h"
 #include "cpu/linear.h"
 #include "cuda/linear/gemv_mx_launch.h"
 #include "cuda/linear/linear.h"
 #include "format/codec.h"
-#include "../op_test_util.h"
 
 namespace mxq::cuda {
 namespace {

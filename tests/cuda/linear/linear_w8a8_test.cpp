@@ -8,13 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "../gpu_test_util.h"
+#include "../op_test_util.h"
 #include "cpu/linear.h"
 #include "cpu/quantize_act.h"
 #include "cuda/linear/linear.h"
 #include "format/codec.h"
-#include "../gpu_test_util.h"
 #include "layout/probe.h"
-#include "../op_test_util.h"
 
 namespace mxq::cuda {
 namespace {

@@ -12,6 +12,7 @@
 #include <array>
 #include <cstring>
 
+#include "../op_test_util.h"
 #include "cpu/moe_grouped_linear.h"
 #include "cpu/moe_route.h"
 #include "cuda/linear/gemv_fp8_b128.h"
@@ -19,7 +20,6 @@
 #include "cuda/linear/gemv_mx.h"
 #include "cuda/ops/moe_route.h"
 #include "layout/probe.h"
-#include "../op_test_util.h"
 
 namespace mxq::cuda {
 namespace {

@@ -5,8 +5,8 @@
 
 #include <climits>
 
-#include "cpu/embedding.h"
 #include "../op_test_util.h"
+#include "cpu/embedding.h"
 
 namespace mxq::cuda {
 namespace {

@@ -6,8 +6,8 @@
 
 #include <numeric>
 
-#include "cpu/moe_route.h"
 #include "../op_test_util.h"
+#include "cpu/moe_route.h"
 
 namespace mxq::cuda {
 namespace {

@@ -2,8 +2,8 @@
 // update bitwise, the bf16 output within two bf16 half-ulps; ragged dims, device token count below capacity.
 #include "cuda/ops/rms_norm.h"
 
-#include "cpu/rms_norm.h"
 #include "../op_test_util.h"
+#include "cpu/rms_norm.h"
 
 namespace mxq::cuda {
 namespace {

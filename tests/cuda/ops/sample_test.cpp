@@ -8,10 +8,10 @@
 #include <iostream>
 #include <map>
 
+#include "../op_test_util.h"
 #include "cpu/philox.h"
 #include "cpu/sampling.h"
 #include "cpu/softmax.h"
-#include "../op_test_util.h"
 
 namespace mxq::cuda {
 namespace {

@@ -2,8 +2,8 @@
 // ragged widths, device token count below capacity.
 #include "cuda/ops/swiglu.h"
 
-#include "cpu/swiglu.h"
 #include "../op_test_util.h"
+#include "cpu/swiglu.h"
 
 namespace mxq::cuda {
 namespace {

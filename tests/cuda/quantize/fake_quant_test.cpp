@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "../gpu_test_util.h"
 #include "cpu/quantize_act.h"
 #include "cuda/quantize/quantize_act.h"
-#include "../gpu_test_util.h"
 
 namespace mxq::cuda {
 namespace {

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "../gpu_test_util.h"
 #include "cpu/quantize_act.h"
 #include "format/formats.h"
-#include "../gpu_test_util.h"
 
 namespace mxq::cuda {
 namespace {

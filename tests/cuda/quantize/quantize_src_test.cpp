@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "../gpu_test_util.h"
 #include "cuda/quantize/quantize.h"
 #include "format/quantize.h"
-#include "../gpu_test_util.h"
 
 namespace mxq::cuda {
 namespace {

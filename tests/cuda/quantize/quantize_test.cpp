@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "../gpu_test_util.h"
 #include "cuda/common/pdl.h"
 #include "cuda/quantize/quantize_launch.h"
 #include "format/codec.h"
 #include "format/quantize.h"
-#include "../gpu_test_util.h"
 
 namespace mxq::cuda {
 namespace {

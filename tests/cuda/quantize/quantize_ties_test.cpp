@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "../../format/golden_npy.h"
+#include "../gpu_test_util.h"
 #include "cpu/quantize_act.h"
 #include "cuda/quantize/quantize.h"
 #include "cuda/quantize/quantize_act.h"
 #include "cuda/quantize/quantize_launch.h"
 #include "format/formats.h"
 #include "format/quantize.h"
-#include "../gpu_test_util.h"
 
 namespace mxq::cuda {
 namespace {

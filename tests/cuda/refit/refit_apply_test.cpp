@@ -12,11 +12,11 @@
 #include <random>
 #include <vector>
 
+#include "../gpu_test_util.h"
 #include "cuda/linear/gemv_layout.h"
 #include "cuda/linear/gemv_mx.h"
-#include "cuda/refit/weight_memory_cuda.h"
-#include "../gpu_test_util.h"
 #include "layout/probe.h"
+#include "model/weight_memory_cuda.h"
 #include "refit/applier.h"
 #include "refit/delta_encoder.h"
 #include "refit/delta_format.h"

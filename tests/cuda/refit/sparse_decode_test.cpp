@@ -10,8 +10,8 @@
 #include <random>
 #include <vector>
 
-#include "cuda/refit/weight_memory_cuda.h"
 #include "../gpu_test_util.h"
+#include "model/weight_memory_cuda.h"
 #include "model/weight_store.h"
 #include "refit/index_codec.h"
 

@@ -12,10 +12,10 @@
 #include <random>
 #include <vector>
 
-#include "cuda/linear/gemv_layout.h"
-#include "cuda/refit/weight_memory_cuda.h"
-#include "cuda/refit/xxh3_device.cuh"
 #include "../gpu_test_util.h"
+#include "cuda/linear/gemv_layout.h"
+#include "cuda/refit/xxh3_device.cuh"
+#include "model/weight_memory_cuda.h"
 
 namespace mxq::cuda {
 namespace {

@@ -3,7 +3,7 @@
 // buffer"). Order of work: plan the manifest on the host (refit::plan_manifest: nothing read yet) -> quantize
 // the source weights that need it into scratch on the device (the startup rule: the bytes a load with
 // --quantization writes; a NaN or Inf block refused by name) -> hash every tensor's canonical planes where
-// they are, on a stream of their own (cuda/refit/pending_sums.h), while refit's resident anchors run on the
+// they are, on a stream of their own (refit/pending_sums_cuda.h), while refit's resident anchors run on the
 // memory's stream: W-05 check on the device, undo log, one batched write, every live tensor re-read through
 // its layout and hashed -> the new planes' hashes awaited, compared with the manifest's checksums (W-06) and
 // with the live ones. All or nothing: any failure after the first write restores every byte.

@@ -1,4 +1,4 @@
-#include "cuda/refit/tensor_update.h"
+#include "refit/tensor_update_cuda.h"
 
 #include <cuda.h>  // note: the driver API's types only; its one function comes through the runtime's entry point
 #include <cuda_runtime_api.h>
@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "cuda/common/check.h"
-#include "cuda/refit/pending_sums.h"
 #include "cuda/quantize/quantize.h"
-#include "cuda/refit/weight_memory_cuda.h"
+#include "model/weight_memory_cuda.h"
 #include "refit/applier.h"
+#include "refit/pending_sums_cuda.h"
 
 namespace mxq::cuda {
 namespace {
@@ -124,7 +124,7 @@ Status apply_device_buffer(WeightStore& store, uint64_t& live_version, uint64_t 
     v.scales.bytes = {scales, sb};
   }
   // The planes' checksums where they are, on a stream of their own behind the quantize
-  // (cuda/refit/pending_sums.h): what the live tensors must hash to after the write. The undo log, the write
+  // (refit/pending_sums_cuda.h): what the live tensors must hash to after the write. The undo log, the write
   // and the re-read of the live planes run beside them on the memory's stream: the two sequential XXH3 chains
   // (an embedding's is ~25 ms on the H200) overlap instead of adding up.
   std::vector<CanonicalSumJob> sums;

@@ -13,10 +13,10 @@
 
 #include "cpu/rope.h"
 #include "cuda/attention/attention_prefill.h"
-#include "cuda/ops/embedding.h"
-#include "cuda/ops/moe_route.h"
 #include "cuda/attention/paged_attention_decode.h"
 #include "cuda/attention/qk_norm_rope_cache.h"
+#include "cuda/ops/embedding.h"
+#include "cuda/ops/moe_route.h"
 #include "cuda/ops/rms_norm.h"
 #include "cuda/ops/sample.h"
 #include "cuda/ops/swiglu.h"

@@ -1,4 +1,4 @@
-#include "cuda/refit/weight_memory_cuda.h"
+#include "model/weight_memory_cuda.h"
 
 #include <fmt/format.h>
 

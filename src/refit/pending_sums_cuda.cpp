@@ -1,4 +1,4 @@
-#include "cuda/refit/pending_sums.h"
+#include "refit/pending_sums_cuda.h"
 
 #include <fmt/format.h>
 

@@ -3,6 +3,8 @@
 // quantizer's bytes with the startup rule, canonical planes land as sent, and a NaN source, an invalid plane
 // byte or a wrong manifest checksum are refused with every live byte as before. The device W-05 check
 // (check_planes) against its host twin on planted bad entries.
+#include "refit/tensor_update_cuda.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -10,13 +12,12 @@
 #include <random>
 #include <vector>
 
+#include "../gpu_test_util.h"
 #include "cuda/linear/gemv_layout.h"
-#include "cuda/refit/tensor_update.h"
-#include "cuda/refit/weight_memory_cuda.h"
 #include "format/quantize.h"
 #include "format/quantize_parallel.h"
-#include "../gpu_test_util.h"
 #include "layout/probe.h"
+#include "model/weight_memory_cuda.h"
 #include "refit/applier.h"
 
 namespace mxq::cuda {

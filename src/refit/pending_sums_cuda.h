@@ -1,6 +1,6 @@
 // XXH3-64 of canonical planes in device memory (cuda::canonical_checksums' sums), computed on a stream of
 // their own beside the caller's: the stream first waits for what `after` has queued so far (the planes'
-// producer), then the caller's stream goes on (cuda/refit/tensor_update.cpp: the undo log, the write and the
+// producer), then the caller's stream goes on (refit/tensor_update_cuda.cpp: the undo log, the write and the
 // re-read of the live planes) while these chains run. The scramble chain is sequential per tensor (15-23 ns
 // per KiB block on the H200: a 1.2 GB embedding takes ~25 ms), so two chains side by side cost one.
 #pragma once
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "cuda/refit/weight_memory_cuda.h"
+#include "model/weight_memory_cuda.h"
 
 namespace mxq::cuda {
 
