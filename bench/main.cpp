@@ -19,17 +19,5 @@ int main(int argc, char** argv) {
   mxq::cli::add_bench_refit(app, exit_code);
   mxq::cli::add_bench_gemm(app, exit_code);
   mxq::cli::add_bench_delta(app, exit_code);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    std::string cmd = "mxq-bench";
-    for (const CLI::App* a = &app; !a->get_subcommands().empty();) {
-      a = a->get_subcommands().front();
-      cmd += " " + a->get_name();
-    }
-    fmt::print(stderr, "{}: {} (see {} --help)\n", cmd, e.what(), cmd);
-    return mxq::cli::kExitBadInput;
-  }
-  return exit_code;
+  return mxq::cli::parse_and_run(app, "mxq-bench", argc, argv, exit_code);
 }

@@ -20,6 +20,10 @@ void add_generate(CLI::App& app, int& exit_code);
 void add_delta(CLI::App& app, int& exit_code);
 void add_serve(CLI::App& app, int& exit_code);
 
+// Parses argv into `app` (whose callbacks set `exit_code`) and returns the exit code: CLI11's own for
+// --help / --version, kExitBadInput with one stderr line naming the command for a parse error (mxq, mxq-bench).
+int parse_and_run(CLI::App& app, std::string_view name, int argc, char** argv, const int& exit_code);
+
 // --device auto picks CUDA when this build has it and a GPU is visible (generate, serve; flags.cpp).
 bool cuda_device_visible();
 

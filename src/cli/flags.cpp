@@ -1,4 +1,5 @@
-// The flag helpers that more than one command shares (commands.h): generate, serve and mxq-bench's decode.
+// What more than one command shares (commands.h): the argv parse of mxq and mxq-bench, and the flag helpers
+// of generate, serve and mxq-bench decode.
 #include <fmt/format.h>
 
 #include "cli/commands.h"
@@ -8,6 +9,23 @@
 #endif
 
 namespace mxq::cli {
+
+int parse_and_run(CLI::App& app, std::string_view name, int argc, char** argv, const int& exit_code) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // note: one line, as every other refusal (CLI11's own exit() adds a second "Run with --help" line).
+    std::string cmd(name);
+    for (const CLI::App* a = &app; !a->get_subcommands().empty();) {
+      a = a->get_subcommands().front();
+      cmd += " " + a->get_name();
+    }
+    fmt::print(stderr, "{}: {} (see {} --help)\n", cmd, e.what(), cmd);
+    return kExitBadInput;
+  }
+  return exit_code;
+}
 
 bool cuda_device_visible() {
 #if MXQ_HAVE_CUDA

@@ -29,18 +29,5 @@ int main(int argc, char** argv) {
   mxq::cli::add_generate(app, exit_code);
   mxq::cli::add_delta(app, exit_code);
   mxq::cli::add_serve(app, exit_code);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    // note: one line, as every other refusal (CLI11's own exit() adds a second "Run with --help" line).
-    std::string cmd = "mxq";
-    for (const CLI::App* a = &app; !a->get_subcommands().empty();) {
-      a = a->get_subcommands().front();
-      cmd += " " + a->get_name();
-    }
-    fmt::print(stderr, "{}: {} (see {} --help)\n", cmd, e.what(), cmd);
-    return mxq::cli::kExitBadInput;
-  }
-  return exit_code;
+  return mxq::cli::parse_and_run(app, "mxq", argc, argv, exit_code);
 }

@@ -126,8 +126,8 @@ Result<std::unique_ptr<Qwen3Cuda>> Qwen3Cuda::create(const ModelConfig& c, const
     return fail(
         "{}: hidden_size {} / intermediate_size {} / moe_intermediate_size {}: expected multiples of 32",
         c.architecture, c.hidden_size, c.intermediate_size, c.moe_intermediate_size);
-  if (c.is_moe() && (c.num_experts > 1024 || c.num_experts_per_tok < 1 || c.num_experts_per_tok > 32 ||
-                     c.num_experts_per_tok > c.num_experts))
+  // note: check_qwen3_config already refused num_experts_per_tok outside [1, num_experts].
+  if (c.is_moe() && (c.num_experts > 1024 || c.num_experts_per_tok > 32))
     return fail(
         "{}: num_experts {} / num_experts_per_tok {}: the CUDA router takes up to 1024 experts, top 32",
         c.architecture, c.num_experts, c.num_experts_per_tok);
