@@ -18,16 +18,9 @@
 #include "base/error.h"
 #include "engine/generator.h"
 #include "engine/scheduler.h"
+#include "model/step.h"
 
 namespace mxq {
-
-// What the runner needs to sample one sequence's next token.
-struct SampleSpec {
-  const SamplingParams* params;
-  std::mt19937_64* rng;  // the request's own generator (host samplers)
-  uint64_t seed = 0;     // the request's seed and the index of the token being drawn (counter-based samplers)
-  int64_t index = 0;
-};
 
 // Runs scheduler plans on a backend. The CPU runner keeps one contiguous KV cache per sequence (and a copy of
 // it per pool block, for blocks shared through the prefix cache); a paged CUDA runner reads the plan's block

@@ -23,6 +23,7 @@
 #include "base/error.h"
 #include "io/config.h"
 #include "model/load_model.h"
+#include "model/step.h"
 #include "model/step_profile.h"
 #include "model/weight_store.h"
 
@@ -50,35 +51,6 @@ struct Qwen3CudaOptions {
   // activations quantized to MXFP8 per 1x32 block and dequantized before the weight-only kernels. kBF16:
   // weight-only.
   Format act_quant = Format::kBF16;
-};
-
-// The step metadata: host views into the pinned staging block (what the runner fills) and the matching
-// device pointers (what the kernels read). Capacities: T tokens, S sequences, B blocks per sequence.
-struct StepMeta {
-  uint64_t *seed, *step;                    // [S] sampling draw (seed, index)
-  float *temperature, *top_p, *min_p;       // [S]
-  int32_t* top_k;                           // [S]
-  int32_t *ids, *positions, *slot_mapping;  // [T]
-  int32_t* block_tables;                    // [S, B]
-  int32_t *seq_lens, *cu_seqlens;           // [S], [S + 1]
-  int32_t *num_tokens, *num_seqs;           // [1] each: tokens of the step, sampling rows
-};
-
-// What sample() wrote, copied back in one piece.
-struct StepOutputs {
-  int32_t *token, *status;  // [S]
-  float* logprob;           // [S]
-  int32_t* bad_token;       // [1]: INT32_MAX unless a token id or slot was out of range (sticky)
-};
-
-// One forward's shape. Decode steps (one token per sequence, every sequence samples) run `rows` = a
-// batch-size bucket with padding rows (graph-capturable); other steps run `rows` = their token count.
-struct ForwardShape {
-  int64_t rows = 0;                            // M of every linear layer (tokens, padding included)
-  int32_t seqs = 0;                            // sequences of the step (bucket size for decode)
-  bool decode = false;                         // paged decode attention instead of prefill attention
-  int32_t sample_rows = 0;                     // logits rows: decode = seqs; else one per sampling chunk
-  std::span<const int32_t> sample_token_rows;  // mixed steps: the token row each logits row comes from
 };
 
 class Qwen3Cuda {
