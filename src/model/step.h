@@ -1,7 +1,8 @@
 #pragma once
-// What one engine step hands the forward, on every device: the step metadata the runner fills (StepMeta), what
-// sampling wrote back (StepOutputs), the forward's shape (ForwardShape) and what sampling needs per sequence
-// (SampleSpec). In model/, below engine/, so that one Backend seam can take them (docs/one-forward.md).
+// What one engine step hands the forward, on every device: the step metadata the runner fills (StepMeta),
+// what sampling wrote back (StepOutputs), the forward's shape (ForwardShape) and what sampling needs per
+// sequence (SampleSpec). In model/, below engine/, so that one Backend seam can take them
+// (docs/one-forward.md).
 
 #include <cstdint>
 #include <random>
