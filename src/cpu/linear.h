@@ -11,10 +11,9 @@ namespace mxq {
 
 // x: f32 [m, w.cols] row-major; bias: f32 [w.rows] or nullptr; y: f32 [m, w.rows] row-major.
 // Refuses a weight check_weight_view refuses. Accumulates in f32.
-// note: m == 1 (decode) takes a fused path (each 32-block decoded into registers and multiplied in);
-// m > 1 dequantizes 4-row x 512 tiles once and streams every row of x past them. The two sum in
-// different orders, so a row of x may differ in its last bits between them; each is deterministic and
-// independent of the thread count.
+// note: every row of y is summed in one order (cpu/linear.cpp dot_pair) whatever m is and whatever the other
+// rows are, and independently of the thread count: a row alone equals its row in a batch, bit for bit
+// (tests/cpu/linear_test.cpp). m > 1 dequantizes tiles once and streams every row of x past them.
 Status linear(const float* x, int64_t m, const WeightView& w, const float* bias, float* y,
               ThreadPool& pool = default_pool());
 

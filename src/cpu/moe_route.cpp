@@ -32,6 +32,10 @@ Status moe_route(const float* logits, int64_t tokens, int64_t experts, int64_t t
   return {};
 }
 
+void add_scaled_row(float* d, const float* s, float w, int64_t width) {
+  for (int64_t j = 0; j < width; ++j) d[j] += s[j] * w;
+}
+
 void moe_combine(const float* y, int64_t width, const int32_t* ids, const float* weights,
                  const int32_t* row_of, int64_t tokens, int64_t top_k, float* out) {
   std::vector<int64_t> order(static_cast<size_t>(top_k));
@@ -40,10 +44,7 @@ void moe_combine(const float* y, int64_t width, const int32_t* ids, const float*
     std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
     float* o = out + t * width;
     std::fill(o, o + width, 0.0f);
-    for (int64_t i : order) {
-      const float* src = y + static_cast<int64_t>(row_of[i]) * width;
-      for (int64_t c = 0; c < width; ++c) o[c] += src[c] * weights[i];
-    }
+    for (int64_t i : order) add_scaled_row(o, y + static_cast<int64_t>(row_of[i]) * width, weights[i], width);
   }
 }
 

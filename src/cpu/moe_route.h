@@ -19,9 +19,13 @@ Status moe_route(const float* logits, int64_t tokens, int64_t experts, int64_t t
                  int32_t* ids, float* weights, int32_t* counts, int32_t* offsets, int32_t* sorted_rows,
                  int32_t* row_of, int32_t* active = nullptr);
 
-// out[t, :] = Σ over token t's choices in increasing expert id of weights[t, j] · y[row_of[t, j], :], each
-// term rounded as f32 multiply then f32 add starting from 0: the rounding of Backend::scatter_add_rows in
-// model/qwen3.cpp's expert loop. y: [tokens * top_k, width]; out: [tokens, width].
+// d[j] += s[j] * w for j < width: HF's routing-weight multiply, then its index_add_. The one body of every CPU
+// combine (moe_combine and the backend's scatter_add_rows), so the compiler contracts it the same way in both.
+void add_scaled_row(float* d, const float* s, float w, int64_t width);
+
+// out[t, :] = Σ over token t's choices in increasing expert id of weights[t, j] · y[row_of[t, j], :], added
+// by add_scaled_row starting from 0: model/qwen3.cpp's expert loop, bit for bit. y: [tokens * top_k, width];
+// out: [tokens, width].
 void moe_combine(const float* y, int64_t width, const int32_t* ids, const float* weights,
                  const int32_t* row_of, int64_t tokens, int64_t top_k, float* out);
 

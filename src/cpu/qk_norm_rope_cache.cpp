@@ -8,30 +8,34 @@
 
 namespace mxq {
 
-Status qk_norm_rope_cache(const float* qkv, int64_t tokens, int64_t q_heads, int64_t kv_heads,
-                          int64_t head_dim, const float* q_norm, const float* k_norm, float eps,
-                          const int64_t* positions, float theta, const int32_t* slot_mapping,
-                          int64_t num_slots, float* q_out, float* k_cache, float* v_cache) {
-  for (int64_t t = 0; t < tokens; ++t)
-    if (slot_mapping[t] >= num_slots)
+Status qk_norm_rope_cache(const QkNormRopeCacheArgs& a, ThreadPool& pool) {
+  if ((a.k_in == nullptr) != (a.v_in == nullptr))
+    return fail("qk_norm_rope_cache: k_in and v_in come together (separate inputs), got only {}",
+                a.k_in ? "k_in" : "v_in");
+  for (int64_t t = 0; t < a.tokens; ++t)
+    if (a.slot_mapping[t] >= a.num_slots)
       return fail("qk_norm_rope_cache: token {} maps to slot {} outside the cache of {} slots", t,
-                  slot_mapping[t], num_slots);
-  const int64_t qw = q_heads * head_dim, kw = kv_heads * head_dim, width = qw + 2 * kw;
-  std::vector<float> k(static_cast<size_t>(tokens * kw));
-  for (int64_t t = 0; t < tokens; ++t) {
-    std::copy(qkv + t * width, qkv + t * width + qw, q_out + t * qw);
-    std::copy(qkv + t * width + qw, qkv + t * width + qw + kw, k.begin() + t * kw);
+                  a.slot_mapping[t], a.num_slots);
+  const int64_t T = a.tokens, D = a.head_dim, qw = a.q_heads * D, kw = a.kv_heads * D;
+  const bool separate = a.k_in != nullptr;
+  const int64_t q_stride = separate ? qw : qw + 2 * kw;  // floats between two tokens' q rows
+  const auto k_row = [&](int64_t t) { return separate ? a.k_in + t * kw : a.qkv + t * q_stride + qw; };
+  const auto v_row = [&](int64_t t) { return separate ? a.v_in + t * kw : a.qkv + t * q_stride + qw + kw; };
+  std::vector<float> k(static_cast<size_t>(T * kw));
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy_n(a.qkv + t * q_stride, qw, a.q_out + t * qw);
+    std::copy_n(k_row(t), kw, k.begin() + t * kw);
   }
   // self_attn.q_norm / k_norm, then rotary embedding: the CPU forward's order
-  head_rms_norm(q_out, tokens, q_heads, head_dim, q_norm, eps);
-  head_rms_norm(k.data(), tokens, kv_heads, head_dim, k_norm, eps);
-  if (auto st = rope(q_out, tokens, q_heads, head_dim, positions, theta); !st) return st;
-  if (auto st = rope(k.data(), tokens, kv_heads, head_dim, positions, theta); !st) return st;
-  for (int64_t t = 0; t < tokens; ++t) {
-    const int64_t slot = slot_mapping[t];
+  head_rms_norm(a.q_out, T, a.q_heads, D, a.q_norm, a.eps, pool);
+  head_rms_norm(k.data(), T, a.kv_heads, D, a.k_norm, a.eps, pool);
+  if (auto st = rope(a.q_out, T, a.q_heads, D, a.positions, a.theta); !st) return st;
+  if (auto st = rope(k.data(), T, a.kv_heads, D, a.positions, a.theta); !st) return st;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t slot = a.slot_mapping[t];
     if (slot < 0) continue;
-    std::copy(k.begin() + t * kw, k.begin() + (t + 1) * kw, k_cache + slot * kw);
-    std::copy(qkv + t * width + qw + kw, qkv + (t + 1) * width, v_cache + slot * kw);
+    std::copy_n(k.begin() + t * kw, kw, a.k_cache + slot * kw);
+    std::copy_n(v_row(t), kw, a.v_cache + slot * kw);
   }
   return {};
 }

@@ -8,6 +8,7 @@
 #include "cpu/dequantize_row.h"
 #include "cpu/embedding.h"
 #include "cpu/linear.h"
+#include "cpu/moe_route.h"
 #include "cpu/moe_router.h"
 #include "cpu/quantize_act.h"
 #include "cpu/rms_norm.h"
@@ -109,12 +110,9 @@ class CpuBackend final : public Backend {
   }
   void scatter_add_rows(const float* src, int64_t width, const int64_t* rows, const float* scale,
                         int64_t count, float* dst) override {
-    for (int64_t i = 0; i < count; ++i) {
-      float* d = dst + rows[i] * width;
-      const float* s = src + i * width;
-      // note: HF multiplies expert output by the routing weight first, then index_add_s; same rounding here.
-      for (int64_t j = 0; j < width; ++j) d[j] += s[j] * scale[i];
-    }
+    // note: HF multiplies expert output by the routing weight first, then index_add_s; same rounding here.
+    for (int64_t i = 0; i < count; ++i)
+      add_scaled_row(dst + rows[i] * width, src + i * width, scale[i], width);
   }
   void copy(const float* src, int64_t count, float* dst) override {
     std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));

@@ -1,9 +1,10 @@
 // cpu/moe_route against model/qwen3.cpp's expert loop: the grouping lists each expert's routed rows in token
-// order (the loop's `rows`), and moe_combine equals the gather → scatter-add in expert order.
+// order (the loop's `rows`), and moe_combine equals the gather → scatter-add in expert order, bit for bit.
 #include "cpu/moe_route.h"
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "cpu/moe_router.h"
@@ -37,14 +38,14 @@ TEST(MoeRouteTwin, GroupingAndCombineFollowTheExpertLoop) {
       const int32_t entry = sorted[offsets[e] + r];
       ASSERT_EQ(entry / K, rows[r]) << "expert " << e << " row " << r;
       ASSERT_EQ(row_of[entry], offsets[e] + static_cast<int32_t>(r));
-      for (int64_t c = 0; c < H; ++c) want[rows[r] * H + c] += y[(offsets[e] + r) * H + c] * scale[r];
+      add_scaled_row(want.data() + rows[r] * H, y.data() + (offsets[e] + r) * H, scale[r], H);
     }
   }
   EXPECT_EQ(offsets[E], T * K);
   std::vector<float> out(T * H, NAN);
   moe_combine(y.data(), H, ids.data(), w.data(), row_of.data(), T, K, out.data());
-  // note: same terms in the same (expert) order; only FMA contraction may differ between the two loops
-  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-5f) << i;
+  // note: same terms in the same (expert) order through the one row body: equal bits
+  EXPECT_EQ(0, std::memcmp(out.data(), want.data(), out.size() * sizeof(float)));
 }
 
 }  // namespace

@@ -48,9 +48,21 @@ TEST_P(QkNormRopeCache, MatchesCpuTwin) {
       v_ref(kv_elems, NAN);
   const auto qkvf = test::to_f32(qkv), qnf = test::to_f32(qn), knf = test::to_f32(kn);
   const std::vector<int64_t> pos64(pos.begin(), pos.end());
-  ASSERT_TRUE(qk_norm_rope_cache(qkvf.data(), c.tokens, c.q_heads, c.kv_heads, D, qnf.data(), knf.data(), eps,
-                                 pos64.data(), theta, slots.data(), c.num_slots, q_ref.data(), k_ref.data(),
-                                 v_ref.data()));
+  ASSERT_TRUE(qk_norm_rope_cache({.qkv = qkvf.data(),
+                                  .tokens = c.tokens,
+                                  .q_heads = c.q_heads,
+                                  .kv_heads = c.kv_heads,
+                                  .head_dim = D,
+                                  .q_norm = qnf.data(),
+                                  .k_norm = knf.data(),
+                                  .eps = eps,
+                                  .positions = pos64.data(),
+                                  .theta = theta,
+                                  .slot_mapping = slots.data(),
+                                  .num_slots = c.num_slots,
+                                  .q_out = q_ref.data(),
+                                  .k_cache = k_ref.data(),
+                                  .v_cache = v_ref.data()}));
 
   auto dqkv = test::must(test::upload(qkv));
   auto dqn = test::must(test::upload(qn));
