@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 
 #include "base/error.h"
+#include "model/step.h"
 #include "model/weight_store.h"
 
 namespace mxq {
@@ -17,6 +19,15 @@ namespace mxq {
 // backend.
 template <class T>
 using BackendBuffer = std::shared_ptr<T[]>;
+
+// The paged KV pool, in the CUDA engine's layout (cpu/paged_kv.h): per layer, K and V
+// [num_blocks, block_size, kv_heads, head_dim]; and the capacities of the step metadata.
+struct KvShape {
+  int64_t layers = 0, kv_heads = 0, head_dim = 0;
+  int64_t num_blocks = 0, block_size = 0;
+  int64_t max_blocks = 0;                // the block tables' width: blocks per sequence
+  int64_t max_tokens = 0, max_seqs = 0;  // tokens and sequences of one step
+};
 
 class Backend {
  public:
@@ -64,6 +75,30 @@ class Backend {
   virtual void fill_zero(float* dst, int64_t count) = 0;
   // Copies `count` floats of a backend buffer to host memory (logits).
   virtual void to_host(const float* src, int64_t count, float* host_dst) = 0;
+
+  // ---- The step seam (docs/one-forward.md), beside the per-sequence ops above until the one forward lands:
+  // a paged KV pool read through the step's block tables, and ops over the step's *num_tokens rows.
+  // Load time: allocates the KV pool (zero) and the step metadata at the capacities of `s`.
+  virtual Status create_kv(const KvShape& s) = 0;
+  // The metadata the runner fills before each step (on the CPU the ops read it where it is).
+  virtual StepMeta& host_meta() = 0;
+  // Runs `body` as one step of `shape`: the step ops inside it read host_meta() and `shape`. Refuses a shape
+  // or a *num_tokens beyond the capacities.
+  virtual Status run_step(const ForwardShape& shape, const std::function<Status()>& body) = 0;
+  // Copies the first `slots` slots of block src into block dst, K and V of every layer (copy-on-write of a
+  // partial block).
+  virtual Status copy_kv_block(int32_t src, int32_t dst, int32_t slots) = 0;
+  // self_attn.q_norm / k_norm, rotary embedding at the step's positions, q into q_out, k and v into the
+  // layer's pool at the step's slot_mapping (cpu/qk_norm_rope_cache). q [tokens, q_heads * head_dim],
+  // k and v [tokens, kv_heads * head_dim], as the q / k / v projections wrote them.
+  virtual Status qk_norm_rope_cache(int64_t layer, const float* q, const float* k, const float* v,
+                                    int64_t q_heads, const QTensor& q_norm, const QTensor& k_norm, float eps,
+                                    float theta, float* q_out) = 0;
+  // Causal GQA of the step's query chunks (shape.seqs sequences: cu_seqlens, seq_lens, block_tables) over
+  // the layer's pool: eager_attention_forward.
+  virtual Status attention_prefill(int64_t layer, const float* q, int64_t q_heads, float* out) = 0;
+  // The same for decode steps: one query per sequence.
+  virtual Status paged_attention_decode(int64_t layer, const float* q, int64_t q_heads, float* out) = 0;
 };
 
 }  // namespace mxq

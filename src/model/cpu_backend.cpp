@@ -1,15 +1,22 @@
 #include "model/cpu_backend.h"
 
+#include <sys/mman.h>
+
 #include <cassert>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "cpu/attention.h"
+#include "cpu/attention_prefill.h"
 #include "cpu/dequantize_row.h"
 #include "cpu/embedding.h"
 #include "cpu/linear.h"
 #include "cpu/moe_route.h"
 #include "cpu/moe_router.h"
+#include "cpu/paged_attention_decode.h"
+#include "cpu/paged_kv.h"
+#include "cpu/qk_norm_rope_cache.h"
 #include "cpu/quantize_act.h"
 #include "cpu/rms_norm.h"
 #include "cpu/rope.h"
@@ -31,6 +38,40 @@ WeightView weight_view(const QTensor& w, int64_t expert) {
 }
 
 namespace {
+
+// One zeroed anonymous mapping: pages are committed on first write, so a pool sized for `mxq serve`'s whole
+// CPU budget costs what its sequences wrote, as lazily allocated blocks would.
+class MappedFloats {
+ public:
+  MappedFloats() = default;
+  MappedFloats(MappedFloats&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  MappedFloats& operator=(MappedFloats&&) = delete;
+  ~MappedFloats() {
+    if (p_) munmap(p_, bytes_);
+  }
+  static Result<MappedFloats> map(int64_t count) {
+    MappedFloats m;
+    m.bytes_ = static_cast<size_t>(count) * sizeof(float);
+    void* p =
+        mmap(nullptr, m.bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return fail("create_kv: cannot map {} bytes for the KV pool", m.bytes_);
+    m.p_ = static_cast<float*>(p);
+    return m;
+  }
+  float* get() const { return p_; }
+
+ private:
+  float* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The step metadata's host arrays at capacity; StepMeta points into them.
+struct MetaArrays {
+  std::vector<uint64_t> seed, step;
+  std::vector<float> temperature, top_p, min_p;
+  std::vector<int32_t> top_k, ids, positions, slot_mapping, block_tables, seq_lens, cu_seqlens, counts;
+};
 
 class CpuBackend final : public Backend {
  public:
@@ -122,7 +163,115 @@ class CpuBackend final : public Backend {
   }
   void to_host(const float* src, int64_t count, float* host_dst) override { copy(src, count, host_dst); }
 
+  Status create_kv(const KvShape& s) override {
+    if (s.layers <= 0 || s.kv_heads <= 0 || s.head_dim <= 0 || s.num_blocks <= 0 || s.block_size <= 0 ||
+        s.max_blocks <= 0 || s.max_tokens <= 0 || s.max_seqs <= 0)
+      return fail(
+          "create_kv: every KV shape field must be positive (layers {}, kv_heads {}, head_dim {}, "
+          "num_blocks {}, block_size {}, max_blocks {}, max_tokens {}, max_seqs {})",
+          s.layers, s.kv_heads, s.head_dim, s.num_blocks, s.block_size, s.max_blocks, s.max_tokens,
+          s.max_seqs);
+    std::vector<MappedFloats> k, v;
+    const int64_t per_layer = s.num_blocks * s.block_size * s.kv_heads * s.head_dim;
+    for (int64_t l = 0; l < s.layers; ++l) {
+      auto mk = MappedFloats::map(per_layer);
+      if (!mk) return tl::unexpected(mk.error());
+      auto mv = MappedFloats::map(per_layer);
+      if (!mv) return tl::unexpected(mv.error());
+      k.push_back(std::move(*mk));
+      v.push_back(std::move(*mv));
+    }
+    kv_ = s;
+    k_ = std::move(k);
+    v_ = std::move(v);
+    const auto T = static_cast<size_t>(s.max_tokens), S = static_cast<size_t>(s.max_seqs);
+    MetaArrays& a = meta_arrays_;
+    a.seed.assign(S, 0), a.step.assign(S, 0), a.temperature.assign(S, 0), a.top_p.assign(S, 0);
+    a.min_p.assign(S, 0), a.top_k.assign(S, 0), a.ids.assign(T, 0), a.positions.assign(T, 0);
+    a.slot_mapping.assign(T, -1), a.block_tables.assign(S * static_cast<size_t>(s.max_blocks), 0);
+    a.seq_lens.assign(S, 0), a.cu_seqlens.assign(S + 1, 0), a.counts.assign(2, 0);
+    meta_ = {a.seed.data(),         a.step.data(),         a.temperature.data(), a.top_p.data(),
+             a.min_p.data(),        a.top_k.data(),        a.ids.data(),         a.positions.data(),
+             a.slot_mapping.data(), a.block_tables.data(), a.seq_lens.data(),    a.cu_seqlens.data(),
+             a.counts.data(),       a.counts.data() + 1};
+    return {};
+  }
+  StepMeta& host_meta() override { return meta_; }
+
+  Status run_step(const ForwardShape& shape, const std::function<Status()>& body) override {
+    if (k_.empty()) return fail("run_step: no KV pool (create_kv first)");
+    if (shape.seqs < 0 || shape.seqs > kv_.max_seqs || *meta_.num_tokens < 0 ||
+        *meta_.num_tokens > kv_.max_tokens)
+      return fail("run_step: {} tokens of {} sequences, the step holds at most {} tokens of {} sequences",
+                  *meta_.num_tokens, shape.seqs, kv_.max_tokens, kv_.max_seqs);
+    shape_ = shape;
+    auto st = body();
+    shape_ = {};
+    return st;
+  }
+
+  Status copy_kv_block(int32_t src, int32_t dst, int32_t slots) override {
+    if (k_.empty()) return fail("copy_kv_block: no KV pool (create_kv first)");
+    if (src < 0 || src >= kv_.num_blocks || dst < 0 || dst >= kv_.num_blocks || slots < 0 ||
+        slots > kv_.block_size)
+      return fail("copy_kv_block: {} slots of block {} into block {}, the pool has {} blocks of {} slots",
+                  slots, src, dst, kv_.num_blocks, kv_.block_size);
+    const int64_t slot_floats = kv_.kv_heads * kv_.head_dim, block_floats = kv_.block_size * slot_floats;
+    const auto bytes = static_cast<size_t>(slots * slot_floats) * sizeof(float);
+    for (size_t l = 0; l < k_.size(); ++l) {
+      std::memmove(k_[l].get() + dst * block_floats, k_[l].get() + src * block_floats, bytes);
+      std::memmove(v_[l].get() + dst * block_floats, v_[l].get() + src * block_floats, bytes);
+    }
+    return {};
+  }
+
+  Status qk_norm_rope_cache(int64_t layer, const float* q, const float* k, const float* v, int64_t q_heads,
+                            const QTensor& q_norm, const QTensor& k_norm, float eps, float theta,
+                            float* q_out) override {
+    if (auto st = check_layer("qk_norm_rope_cache", layer); !st) return st;
+    const int64_t tokens = *meta_.num_tokens;
+    positions_.assign(meta_.positions, meta_.positions + tokens);  // note: cpu/rope takes int64 positions
+    const float* kn = vector_f32(k_norm, head_norm_);
+    return mxq::qk_norm_rope_cache({.qkv = q,
+                                    .k_in = k,
+                                    .v_in = v,
+                                    .tokens = tokens,
+                                    .q_heads = q_heads,
+                                    .kv_heads = kv_.kv_heads,
+                                    .head_dim = kv_.head_dim,
+                                    .q_norm = vector_f32(q_norm, norm_),
+                                    .k_norm = kn,
+                                    .eps = eps,
+                                    .positions = positions_.data(),
+                                    .theta = theta,
+                                    .slot_mapping = meta_.slot_mapping,
+                                    .num_slots = kv_.num_blocks * kv_.block_size,
+                                    .q_out = q_out,
+                                    .k_cache = k_[layer].get(),
+                                    .v_cache = v_[layer].get()},
+                                   *pool_);
+  }
+  Status attention_prefill(int64_t layer, const float* q, int64_t q_heads, float* out) override {
+    if (auto st = check_layer("attention_prefill", layer); !st) return st;
+    return mxq::attention_prefill(q, meta_.cu_seqlens, meta_.seq_lens, shape_.seqs, q_heads, paged(layer),
+                                  out, *pool_);
+  }
+  Status paged_attention_decode(int64_t layer, const float* q, int64_t q_heads, float* out) override {
+    if (auto st = check_layer("paged_attention_decode", layer); !st) return st;
+    return mxq::paged_attention_decode(q, meta_.seq_lens, shape_.seqs, q_heads, paged(layer), out, *pool_);
+  }
+
  private:
+  Status check_layer(const char* op, int64_t layer) const {
+    if (layer < 0 || layer >= static_cast<int64_t>(k_.size()))
+      return fail("{}: layer {} outside the KV pool of {} layers", op, layer, k_.size());
+    return {};
+  }
+  PagedKvView paged(int64_t layer) const {
+    return {k_[layer].get(), v_[layer].get(), meta_.block_tables, kv_.num_blocks,
+            kv_.block_size,  kv_.max_blocks,  kv_.kv_heads,       kv_.head_dim};
+  }
+
   // Decodes a 1-D weight (norm scale, bias) to f32 into `buf` on every call: the bytes may have been refit.
   // note: hidden-sized vectors, a few per layer; the decode is noise next to one projection.
   static const float* vector_f32(const QTensor& w, std::vector<float>& buf) {
@@ -135,8 +284,14 @@ class CpuBackend final : public Backend {
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool* pool_;
   Format act_quant_;
-  std::vector<float> norm_, bias_, act_;
+  std::vector<float> norm_, bias_, act_, head_norm_;
   std::vector<uint16_t> act_bf16_;
+  KvShape kv_;
+  std::vector<MappedFloats> k_, v_;  // per layer
+  MetaArrays meta_arrays_;
+  StepMeta meta_{};
+  ForwardShape shape_;
+  std::vector<int64_t> positions_;
 };
 
 }  // namespace
