@@ -9,7 +9,7 @@ namespace mxq {
 // Activation buffers for up to `tokens` positions, grown on demand and reused across calls.
 struct Qwen3Model::Scratch {
   int64_t tokens = 0;
-  BackendBuffer<float> residual, normed, q, k, v, attn, hidden, logits;
+  BackendBuffer<float> residual, normed, q, k, v, q_rope, attn, hidden, logits;
   BackendBuffer<float> gate, up, act;              // Qwen3MLP, [tokens, intermediate_size]
   BackendBuffer<float> router_logits, xe, gu, ye;  // MoE: [tokens, E], [tokens, H], [tokens, 2I], [tokens, H]
   std::vector<int32_t> expert_ids;                 // host, [tokens, top_k]
@@ -39,6 +39,7 @@ Status Qwen3Model::ensure_scratch(int64_t tokens) {
   s.normed = b.alloc_f32(tokens * h);
   s.hidden = b.alloc_f32(tokens * h);
   s.q = b.alloc_f32(tokens * q);
+  s.q_rope = b.alloc_f32(tokens * q);
   s.attn = b.alloc_f32(tokens * q);
   s.k = b.alloc_f32(tokens * kv);
   s.v = b.alloc_f32(tokens * kv);
@@ -76,6 +77,78 @@ Status Qwen3Model::forward(std::span<const int32_t> ids, SequenceKv& kv, float* 
 
   // model.embed_tokens
   if (auto st = b.embedding(ids.data(), n, *w_.embed_tokens, s.residual.get()); !st) return st;
+  auto st = layers(n, [&](size_t i) -> Status {
+    // self_attn.q_norm / k_norm (per head, before RoPE)
+    b.head_rms_norm(s.q.get(), n, NH, D, *w_.layers[i].q_norm, eps);
+    b.head_rms_norm(s.k.get(), n, KVH, D, *w_.layers[i].k_norm, eps);
+    // rotary_emb + apply_rotary_pos_emb
+    if (auto st = b.rope(s.q.get(), n, NH, D, s.positions.data(), theta); !st) return st;
+    if (auto st = b.rope(s.k.get(), n, KVH, D, s.positions.data(), theta); !st) return st;
+    // past_key_values.update: append this step's K/V at positions kv.length ..
+    b.copy(s.k.get(), n * KVH * D, kv.k[i] + kv.length * KVH * D);
+    b.copy(s.v.get(), n * KVH * D, kv.v[i] + kv.length * KVH * D);
+    // eager_attention_forward (causal, GQA via repeat_kv, scaling head_dim^-0.5)
+    return b.attention(s.q.get(), n, NH, kv.k[i], kv.v[i], kv.length + n, KVH, D, s.attn.get());
+  });
+  if (!st) return st;
+  kv.length += n;
+
+  // lm_head, on the last position only (generation needs no other logits)
+  if (auto st = b.linear(s.normed.get() + (n - 1) * H, 1, *w_.lm_head, -1, nullptr, s.logits.get()); !st)
+    return st;
+  b.to_host(s.logits.get(), c.vocab_size, logits_host);
+  return {};
+}
+
+Status Qwen3Model::step(const ForwardShape& shape, float* logits_host) {
+  const ModelConfig& c = config_;
+  Backend& b = *backend_;
+  const StepMeta& m = b.host_meta();
+  const int64_t n = *m.num_tokens;
+  if (n <= 0) return fail("step: no tokens to run");
+  if (!shape.decode && static_cast<int64_t>(shape.sample_token_rows.size()) != shape.sample_rows)
+    return fail("step: {} sampling rows, {} token rows named", shape.sample_rows,
+                shape.sample_token_rows.size());
+  if (shape.decode && shape.sample_rows != n)
+    return fail("step: a decode step samples every row ({}), not {}", n, shape.sample_rows);
+  if (auto st = ensure_scratch(n); !st) return st;
+  Scratch& s = *scratch_;
+  const int64_t H = c.hidden_size, NH = c.num_attention_heads;
+  const float eps = static_cast<float>(c.rms_norm_eps), theta = static_cast<float>(c.rope.theta);
+  return b.run_step(shape, [&]() -> Status {
+    // model.embed_tokens
+    if (auto st = b.embedding(m.ids, n, *w_.embed_tokens, s.residual.get()); !st) return st;
+    auto st = layers(n, [&](size_t i) -> Status {
+      const Qwen3LayerWeights& l = w_.layers[i];
+      // q_norm / k_norm, rotary_emb, past_key_values.update (into the pool at the step's slots)
+      const int64_t layer = static_cast<int64_t>(i);
+      if (auto st = b.qk_norm_rope_cache(layer, s.q.get(), s.k.get(), s.v.get(), NH, *l.q_norm, *l.k_norm,
+                                         eps, theta, s.q_rope.get());
+          !st)
+        return st;
+      // eager_attention_forward over each sequence's blocks
+      return shape.decode ? b.paged_attention_decode(layer, s.q_rope.get(), NH, s.attn.get())
+                          : b.attention_prefill(layer, s.q_rope.get(), NH, s.attn.get());
+    });
+    if (!st) return st;
+    // lm_head on the sampling rows. note: one row at a time; the CPU linear sums a row alike at any M
+    for (int32_t r = 0; r < shape.sample_rows; ++r) {
+      const int64_t row = shape.decode ? r : shape.sample_token_rows[r];
+      if (row < 0 || row >= n) return fail("step: sampling row {} names token row {} of {}", r, row, n);
+      if (auto st = b.linear(s.normed.get() + row * H, 1, *w_.lm_head, -1, nullptr, s.logits.get()); !st)
+        return st;
+      b.to_host(s.logits.get(), c.vocab_size, logits_host + r * c.vocab_size);
+    }
+    return {};
+  });
+}
+
+Status Qwen3Model::layers(int64_t n, const std::function<Status(size_t)>& attend) {
+  const ModelConfig& c = config_;
+  Backend& b = *backend_;
+  Scratch& s = *scratch_;
+  const int64_t H = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
   // layers[0].input_layernorm (each later input_layernorm is fused with the residual add below)
   b.rms_norm(s.residual.get(), n, H, *w_.layers[0].input_layernorm, eps, s.normed.get());
 
@@ -85,18 +158,7 @@ Status Qwen3Model::forward(std::span<const int32_t> ids, SequenceKv& kv, float* 
     if (auto st = b.linear(s.normed.get(), n, *l.q_proj, -1, l.q_bias, s.q.get()); !st) return st;
     if (auto st = b.linear(s.normed.get(), n, *l.k_proj, -1, l.k_bias, s.k.get()); !st) return st;
     if (auto st = b.linear(s.normed.get(), n, *l.v_proj, -1, l.v_bias, s.v.get()); !st) return st;
-    // self_attn.q_norm / k_norm (per head, before RoPE)
-    b.head_rms_norm(s.q.get(), n, NH, D, *l.q_norm, eps);
-    b.head_rms_norm(s.k.get(), n, KVH, D, *l.k_norm, eps);
-    // rotary_emb + apply_rotary_pos_emb
-    if (auto st = b.rope(s.q.get(), n, NH, D, s.positions.data(), theta); !st) return st;
-    if (auto st = b.rope(s.k.get(), n, KVH, D, s.positions.data(), theta); !st) return st;
-    // past_key_values.update: append this step's K/V at positions kv.length ..
-    b.copy(s.k.get(), n * KVH * D, kv.k[i] + kv.length * KVH * D);
-    b.copy(s.v.get(), n * KVH * D, kv.v[i] + kv.length * KVH * D);
-    // eager_attention_forward (causal, GQA via repeat_kv, scaling head_dim^-0.5)
-    if (auto st = b.attention(s.q.get(), n, NH, kv.k[i], kv.v[i], kv.length + n, KVH, D, s.attn.get()); !st)
-      return st;
+    if (auto st = attend(i); !st) return st;
     // self_attn.o_proj
     if (auto st = b.linear(s.attn.get(), n, *l.o_proj, -1, l.o_bias, s.hidden.get()); !st) return st;
     // residual add, post_attention_layernorm
@@ -109,12 +171,6 @@ Status Qwen3Model::forward(std::span<const int32_t> ids, SequenceKv& kv, float* 
     const QTensor& next_norm = i + 1 < w_.layers.size() ? *w_.layers[i + 1].input_layernorm : *w_.norm;
     b.add_rms_norm(s.hidden.get(), s.residual.get(), n, H, next_norm, eps, s.normed.get());
   }
-  kv.length += n;
-
-  // lm_head, on the last position only (generation needs no other logits)
-  if (auto st = b.linear(s.normed.get() + (n - 1) * H, 1, *w_.lm_head, -1, nullptr, s.logits.get()); !st)
-    return st;
-  b.to_host(s.logits.get(), c.vocab_size, logits_host);
   return {};
 }
 

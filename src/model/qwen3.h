@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -34,6 +35,12 @@ class Qwen3Model {
   // batch, an id outside the vocabulary, or a cache without room for the tokens (naming the limit).
   Status forward(std::span<const int32_t> ids, SequenceKv& kv, float* logits_host);
 
+  // One batched, paged step (docs/one-forward.md): the tokens, positions, slots and block tables the runner
+  // wrote into backend().host_meta(), over the KV pool of backend().create_kv. Writes the logits of the
+  // step's sampling rows to logits_host [shape.sample_rows, vocab_size]: every row of a decode step, else the
+  // rows shape.sample_token_rows names. Each sequence gets the bits forward() gives it alone.
+  Status step(const ForwardShape& shape, float* logits_host);
+
   const ModelConfig& config() const { return config_; }
   Backend& backend() const { return *backend_; }
 
@@ -42,6 +49,9 @@ class Qwen3Model {
 
   Qwen3Model(const ModelConfig& config, Backend& backend) : config_(config), backend_(&backend) {}
   Status ensure_scratch(int64_t tokens);
+  // Every decoder layer over the n rows of s.normed / s.residual; `attend(layer)` turns s.q, s.k, s.v into
+  // s.attn (the per-sequence or the paged attention), the rest is shared.
+  Status layers(int64_t n, const std::function<Status(size_t)>& attend);
   Status mlp(const Qwen3LayerWeights& layer, int64_t tokens, const float* x, float* out);
   Status sparse_moe_block(const Qwen3LayerWeights& layer, int64_t tokens, const float* x, float* out);
 

@@ -4,44 +4,16 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "cpu/softmax.h"
 #include "engine/kv_cache.h"
+#include "golden_cases.h"
 #include "model/cpu_backend.h"
 #include "model/load_model.h"
 #include "model/qwen3.h"
 
 namespace mxq {
 namespace {
-
-const std::string kGolden = MXQ_SOURCE_DIR "/tests/golden/";
-
-const nlohmann::json& golden() {
-  static const nlohmann::json j = [] {
-    std::ifstream in(kGolden + "model/cases.json");
-    return nlohmann::json::parse(in);
-  }();
-  return j;
-}
-
-struct GoldenCase {
-  std::string name, checkpoint, quantization;
-  size_t index;
-};
-void PrintTo(const GoldenCase& c, std::ostream* os) {
-  *os << c.name << " (" << c.checkpoint << (c.quantization.empty() ? "" : " --quantization " + c.quantization)
-      << ")";
-}
-
-std::vector<GoldenCase> golden_cases() {
-  std::vector<GoldenCase> out;
-  const auto& cases = golden()["cases"];
-  for (size_t i = 0; i < cases.size(); ++i)
-    out.push_back({cases[i]["name"], cases[i]["checkpoint"], cases[i]["quantization"], i});
-  return out;
-}
 
 // note: both sides compute in f32 on identical weights (the oracle dequantizes the same bytes), so the
 // weight format does not enter the error: what is left is f32 summation order, measured at <= 1e-6 of the
