@@ -190,7 +190,7 @@ int run_serve(ServeOptions o) {
       return bad(fmt::format("--kv-cache-memory-bytes {}: holds {} blocks of {} tokens, one sequence of "
                              "--max-model-len {} needs {}",
                              budget, ec.num_blocks, ec.block_size, len, (len + ec.block_size - 1) / ec.block_size));
-    auto e = Engine::create(*qwen, tp, ec, make_per_sequence_runner(*qwen));
+    auto e = Engine::create(*qwen, tp, ec, make_cpu_runner(*qwen));
     if (!e) return bad(e.error().message);
     engine.emplace(std::move(*e));
   }

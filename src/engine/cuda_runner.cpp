@@ -7,6 +7,7 @@
 #include "cpu/sampling.h"
 #include "cuda/common/check.h"
 #include "cuda/ops/sample.h"
+#include "engine/step_builder.h"
 
 namespace mxq::cuda {
 
@@ -100,58 +101,13 @@ Result<std::vector<SampledToken>> CudaRunner::run(const StepPlan& plan, const Sc
   const int64_t token_cap = std::max<int64_t>(o.max_num_batched_tokens, o.max_num_seqs);
   if (S < 1 || S > o.max_num_seqs || T < 1 || T > token_cap)
     return fail("step of {} sequences / {} tokens, capacity {} / {}", S, T, o.max_num_seqs, token_cap);
-  const bool decode = std::all_of(plan.chunks.begin(), plan.chunks.end(),
-                                  [](const ScheduledChunk& c) { return c.count == 1 && c.samples; });
+  const bool decode = is_decode_plan(plan);
   const int32_t seqs = decode ? bucket(S) : S;
-  const int64_t rows = decode ? seqs : T;
-  const int32_t bs = o.block_size, B = m.max_blocks_per_seq();
-
-  // The step's metadata, in the pinned block.
-  std::vector<int32_t> sample_rows;
-  int32_t t = 0, j = 0;
-  h.cu_seqlens[0] = 0;
-  for (int32_t i = 0; i < S; ++i) {
-    const ScheduledChunk& c = plan.chunks[i];
-    const SequenceState* s = scheduler.find(c.id);
-    if (!s) return fail("request {}: not in the scheduler", c.id);
-    if (static_cast<int64_t>(s->blocks.size()) > B ||
-        c.start + c.count > static_cast<int64_t>(s->blocks.size()) * bs)
-      return fail("request {}: {} blocks for {} positions (at most {} blocks of {})", c.id, s->blocks.size(),
-                  c.start + c.count, B, bs);
-    // note: c.start may be past 0 in a sequence's first chunk (a prefix cache hit): positions before it are
-    // in blocks other sequences may share, read through the table below and never written.
-    for (int64_t p = c.start; p < c.start + c.count; ++p, ++t) {
-      h.ids[t] = s->tokens[p];
-      h.positions[t] = static_cast<int32_t>(p);
-      h.slot_mapping[t] = s->blocks[p / bs] * bs + static_cast<int32_t>(p % bs);
-    }
-    std::copy(s->blocks.begin(), s->blocks.end(), h.block_tables + static_cast<int64_t>(i) * B);
-    h.seq_lens[i] = static_cast<int32_t>(c.start + c.count);
-    h.cu_seqlens[i + 1] = t;
-    if (!c.samples) continue;
-    if (j >= static_cast<int32_t>(specs.size())) return fail("request {}: no sampling spec", c.id);
-    const SampleSpec& sp = specs[j];
-    h.temperature[j] = sp.params->temperature;
-    h.top_k[j] = static_cast<int32_t>(std::clamp<int64_t>(sp.params->top_k, -1, INT32_MAX));
-    h.top_p[j] = sp.params->top_p;
-    h.min_p[j] = sp.params->min_p;
-    h.seed[j] = sp.seed;
-    h.step[j] = static_cast<uint64_t>(sp.index);
-    sample_rows.push_back(t - 1);
-    ++j;
-  }
-  // Padding rows of a decode bucket: no KV write, no attention, nothing sampled.
-  for (int64_t r = t; r < rows; ++r) {
-    h.ids[r] = 0;
-    h.positions[r] = 0;
-    h.slot_mapping[r] = -1;
-  }
-  for (int32_t i = S; i < seqs; ++i) {
-    h.seq_lens[i] = 0;
-    h.cu_seqlens[i + 1] = t;
-  }
-  *h.num_tokens = t;
-  *h.num_seqs = j;
+  auto layout = build_step(plan, scheduler, specs, seqs, m.max_blocks_per_seq(), o.block_size, h);
+  if (!layout) return tl::unexpected(layout.error());
+  const int64_t rows = layout->rows;
+  const int32_t j = *h.num_seqs;
+  std::vector<int32_t>& sample_rows = layout->sample_rows;
   if (auto st = m.upload_meta(seqs); !st) return tl::unexpected(st.error());
   // Copy-on-write of partial blocks, eagerly on the model's stream before the forward or the graph replay
   // (a graph never holds a copy: its blocks change every time).

@@ -44,6 +44,11 @@ class ModelRunner {
 // and a sequence whose chunk starts past its contiguous cache fills it from its block table first.
 std::unique_ptr<ModelRunner> make_per_sequence_runner(Qwen3Model& model);
 
+// Each plan as one batched, paged step (Qwen3Model::step) over a KV pool in the CUDA engine's layout, read
+// through the plan's block tables (prefix-cache hits included, nothing copied but the plan's block copies);
+// samples on the host. Each request gets the bits the per-sequence runner gives it.
+std::unique_ptr<ModelRunner> make_cpu_runner(Qwen3Model& model);
+
 struct EngineConfig {
   SchedulerConfig scheduler{.max_model_len = 0};  // max_model_len 0: the model's max_position_embeddings
   int32_t block_size = 16;

@@ -85,7 +85,7 @@ Result<Generation> Generator::generate(std::span<const int32_t> prompt, const Ge
   // request exactly (as a batch of one would run on the server).
   EngineConfig cfg;
   cfg.scheduler = {.max_num_seqs = 1, .max_num_batched_tokens = n, .max_model_len = n + p.max_new_tokens};
-  auto engine = Engine::create(*model_, tokenizer_, cfg, make_per_sequence_runner(*model_));
+  auto engine = Engine::create(*model_, tokenizer_, cfg, make_cpu_runner(*model_));
   if (!engine) return tl::unexpected(engine.error());
   return generate_one(*engine, prompt, p, on_text);
 }

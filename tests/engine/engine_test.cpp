@@ -38,9 +38,11 @@ std::vector<Req> random_requests(uint64_t seed, int count) {
 
 // Runs `reqs` through one engine, adding request i at step i % 3 == 0 intervals; returns every request's
 // tokens in order of id.
-std::vector<std::vector<SampledToken>> run_engine(const std::vector<Req>& reqs, EngineConfig cfg) {
+std::vector<std::vector<SampledToken>> run_engine(const std::vector<Req>& reqs, EngineConfig cfg,
+                                                  bool paged = false, EngineCounters* counters = nullptr) {
   Qwen3Model& model = *TinyModel::get().model;
-  auto engine = Engine::create(model, nullptr, cfg, make_per_sequence_runner(model));
+  auto engine =
+      Engine::create(model, nullptr, cfg, paged ? make_cpu_runner(model) : make_per_sequence_runner(model));
   EXPECT_TRUE(engine) << engine.error().message;
   std::vector<std::vector<SampledToken>> got(reqs.size());
   std::vector<bool> done(reqs.size());
@@ -59,6 +61,7 @@ std::vector<std::vector<SampledToken>> run_engine(const std::vector<Req>& reqs, 
     }
   }
   EXPECT_TRUE(engine->idle());
+  if (counters) *counters = engine->counters();
   EXPECT_EQ(engine->pool().free_blocks(), engine->pool().num_blocks());
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_TRUE(done[i]) << "request " << i;
   return got;
@@ -95,6 +98,43 @@ TEST(Engine, ChunkedPrefillAndPreemptionGiveTheSameTokens) {
   tight.num_blocks = 8;
   const auto got = run_engine(reqs, tight);
   for (size_t i = 0; i < reqs.size(); ++i) expect_same(got[i], want[i], i);
+}
+
+// The paged runner (one batched step over the block tables) against the per-sequence runner: the same bits
+// for every request, with prefix-cache hits and copied partial blocks (a shared 9-token prefix over blocks of
+// 4), split prompts and preemptions.
+TEST(Engine, PagedRunnerEqualsPerSequenceRunner) {
+  auto reqs = random_requests(3, 12);
+  for (size_t i = 0; i < reqs.size(); i += 2)
+    reqs[i].prompt.insert(reqs[i].prompt.begin(), {11, 12, 13, 14, 15, 16, 17, 18, 19});
+  EngineConfig tight;
+  tight.scheduler = {.max_num_seqs = 4, .max_num_batched_tokens = 7, .max_model_len = 64};
+  tight.block_size = 4;
+  tight.num_blocks = 12;
+  EngineConfig roomy;
+  roomy.scheduler = {.max_num_seqs = 16, .max_num_batched_tokens = 256, .max_model_len = 64};
+  roomy.block_size = 4;
+  for (const EngineConfig* c : {&tight, &roomy}) {
+    const EngineConfig& cfg = *c;
+    EngineCounters n;
+    const auto want = run_engine(reqs, cfg), got = run_engine(reqs, cfg, true, &n);
+    EXPECT_GT(n.prefix_hits, 0);
+    if (c == &tight) {
+      EXPECT_GT(n.preemptions, 0);
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_EQ(got[i].size(), want[i].size()) << "request " << i;
+      for (size_t t = 0; t < got[i].size(); ++t) {
+        EXPECT_EQ(got[i][t].id, want[i][t].id) << "request " << i << " token " << t;
+        EXPECT_EQ(got[i][t].logprob, want[i][t].logprob) << "request " << i << " token " << t;
+        ASSERT_EQ(got[i][t].top_logprobs.size(), want[i][t].top_logprobs.size());
+        for (size_t k = 0; k < got[i][t].top_logprobs.size(); ++k) {
+          EXPECT_EQ(got[i][t].top_logprobs[k].id, want[i][t].top_logprobs[k].id);
+          EXPECT_EQ(got[i][t].top_logprobs[k].logprob, want[i][t].top_logprobs[k].logprob);
+        }
+      }
+    }
+  }
 }
 
 TEST(Engine, AbortFreesBlocksAndRefusesUnknownIds) {
