@@ -335,8 +335,12 @@ def bench_trainer(a, rows, dev="cuda", linears=LINEARS_8B, copy_bytes=1 << 32):
         sd_b[n] = torch.where(hit, t * 1.01, t)
 
     def sync_ms(fn, reps):
-        times = []
+        times, out = [], None
         for _ in range(reps):
+            # note: the last rep's result is dropped first, as a trainer drops a step's delta once it is sent:
+            # held, its pinned host blocks cannot be reused and the next diff allocates new ones (cudaHostAlloc,
+            # about 50 ms for 43 MB; bench/study/diff_profile.py measured 10.7 ms with reuse, 62 ms without)
+            out = None
             sync()
             t0 = time.perf_counter()
             out = fn()
