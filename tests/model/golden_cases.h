@@ -2,6 +2,9 @@
 // scheme, each with its runs (prompt, greedy continuation, logits), for the model tests that walk them.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -36,6 +39,13 @@ inline std::vector<GoldenCase> golden_cases() {
   for (size_t i = 0; i < cases.size(); ++i)
     out.push_back({cases[i]["name"], cases[i]["checkpoint"], cases[i]["quantization"], i});
   return out;
+}
+
+// A gtest parameter name for a case: its name with '-' as '_'.
+inline std::string golden_case_name(const ::testing::TestParamInfo<GoldenCase>& i) {
+  std::string n = i.param.name;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
 }
 
 }  // namespace mxq

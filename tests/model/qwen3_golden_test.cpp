@@ -81,12 +81,7 @@ TEST_P(Qwen3Golden, GreedyIdsAndLogitsMatchTransformers) {
   RecordProperty("worst_relative_logit_error", fmt::format("{:.3g}", worst));
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, Qwen3Golden, ::testing::ValuesIn(golden_cases()),
-                         [](const ::testing::TestParamInfo<GoldenCase>& i) {
-                           std::string n = i.param.name;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Cases, Qwen3Golden, ::testing::ValuesIn(golden_cases()), golden_case_name);
 
 }  // namespace
 }  // namespace mxq

@@ -148,12 +148,7 @@ TEST_P(Qwen3Step, EqualsPerSequenceForward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, Qwen3Step, ::testing::ValuesIn(golden_cases()),
-                         [](const ::testing::TestParamInfo<GoldenCase>& i) {
-                           std::string n = i.param.name;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Cases, Qwen3Step, ::testing::ValuesIn(golden_cases()), golden_case_name);
 
 }  // namespace
 }  // namespace mxq
