@@ -33,6 +33,12 @@ class CpuRunner final : public ModelRunner {
                           .max_seqs = sc.max_num_seqs};
       if (auto st = b.create_kv(shape); !st) return tl::unexpected(st.error());
       kv_ready_ = true;
+      kv_generation_ = b.kv_generation();
+    } else if (b.kv_generation() != kv_generation_) {
+      // note: one KV pool per backend: a second engine's runner on the same model replaced this one's
+      return fail(
+          "this engine's KV pool was replaced by another engine on the same backend; run one engine "
+          "per model at a time");
     }
     const int32_t S = static_cast<int32_t>(plan.chunks.size());
     auto layout = build_step(plan, scheduler, specs, S, max_blocks_, pool.block_size(), b.host_meta());
@@ -65,6 +71,7 @@ class CpuRunner final : public ModelRunner {
  private:
   Qwen3Model* model_;
   bool kv_ready_ = false;
+  uint64_t kv_generation_ = 0;
   int32_t max_blocks_ = 0;
   std::vector<float> logits_;
 };

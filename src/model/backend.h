@@ -78,8 +78,10 @@ class Backend {
 
   // ---- The step seam (docs/one-forward.md), beside the per-sequence ops above until the one forward lands:
   // a paged KV pool read through the step's block tables, and ops over the step's *num_tokens rows.
-  // Load time: allocates the KV pool (zero) and the step metadata at the capacities of `s`.
+  // Load time: allocates the KV pool (zero) and the step metadata at the capacities of `s`, replacing any
+  // earlier pool; kv_generation() counts the pools created, so a runner can tell its pool was replaced.
   virtual Status create_kv(const KvShape& s) = 0;
+  virtual uint64_t kv_generation() const = 0;
   // The metadata the runner fills before each step (on the CPU the ops read it where it is).
   virtual StepMeta& host_meta() = 0;
   // Runs `body` as one step of `shape`: the step ops inside it read host_meta() and `shape`. Refuses a shape

@@ -182,6 +182,7 @@ class CpuBackend final : public Backend {
       v.push_back(std::move(*mv));
     }
     kv_ = s;
+    ++kv_generation_;
     k_ = std::move(k);
     v_ = std::move(v);
     const auto T = static_cast<size_t>(s.max_tokens), S = static_cast<size_t>(s.max_seqs);
@@ -196,6 +197,7 @@ class CpuBackend final : public Backend {
              a.counts.data(),       a.counts.data() + 1};
     return {};
   }
+  uint64_t kv_generation() const override { return kv_generation_; }
   StepMeta& host_meta() override { return meta_; }
 
   Status run_step(const ForwardShape& shape, const std::function<Status()>& body) override {
@@ -287,6 +289,7 @@ class CpuBackend final : public Backend {
   std::vector<float> norm_, bias_, act_, head_norm_;
   std::vector<uint16_t> act_bf16_;
   KvShape kv_;
+  uint64_t kv_generation_ = 0;
   std::vector<MappedFloats> k_, v_;  // per layer
   MetaArrays meta_arrays_;
   StepMeta meta_{};

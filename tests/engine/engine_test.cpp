@@ -137,6 +137,25 @@ TEST(Engine, PagedRunnerEqualsPerSequenceRunner) {
   }
 }
 
+// Two paged engines on one model share its backend's one KV pool: the older one refuses to step on the
+// newer one's pool, by name, instead of reading K/V it did not write.
+TEST(Engine, PagedRunnerRefusesAReplacedPool) {
+  Qwen3Model& model = *TinyModel::get().model;
+  GenerateParams p;
+  p.max_new_tokens = 4;
+  auto a = Engine::create(model, nullptr, {}, make_cpu_runner(model));
+  auto b = Engine::create(model, nullptr, {}, make_cpu_runner(model));
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->add(1, std::vector<int32_t>{5, 6, 7}, p));
+  ASSERT_TRUE(b->add(1, std::vector<int32_t>{8, 9}, p));
+  ASSERT_TRUE(a->step());
+  ASSERT_TRUE(b->step());
+  auto st = a->step();
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.error().message.find("KV pool was replaced by another engine"), std::string::npos)
+      << st.error().message;
+}
+
 TEST(Engine, AbortFreesBlocksAndRefusesUnknownIds) {
   Qwen3Model& model = *TinyModel::get().model;
   auto engine = Engine::create(model, nullptr, {}, make_per_sequence_runner(model));
