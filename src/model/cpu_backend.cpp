@@ -207,8 +207,11 @@ class CpuBackend final : public Backend {
       return fail("run_step: {} tokens of {} sequences, the step holds at most {} tokens of {} sequences",
                   *meta_.num_tokens, shape.seqs, kv_.max_tokens, kv_.max_seqs);
     shape_ = shape;
+    // note: cpu/rope takes int64 positions: widened once per step, not once per layer
+    positions_.assign(meta_.positions, meta_.positions + *meta_.num_tokens);
     auto st = body();
     shape_ = {};
+    positions_.clear();
     return st;
   }
 
@@ -232,7 +235,8 @@ class CpuBackend final : public Backend {
                             float* q_out) override {
     if (auto st = check_layer("qk_norm_rope_cache", layer); !st) return st;
     const int64_t tokens = *meta_.num_tokens;
-    positions_.assign(meta_.positions, meta_.positions + tokens);  // note: cpu/rope takes int64 positions
+    if (static_cast<int64_t>(positions_.size()) != tokens)
+      return fail("qk_norm_rope_cache: a step op, called outside run_step");
     const float* kn = vector_f32(k_norm, head_norm_);
     return mxq::qk_norm_rope_cache({.qkv = q,
                                     .k_in = k,

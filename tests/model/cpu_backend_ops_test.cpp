@@ -189,6 +189,10 @@ TEST(CpuBackendOps, RefusesByName) {
   });
   ASSERT_FALSE(st);
   EXPECT_NE(st.error().message.find("token 0 maps to slot 96"), std::string::npos) << st.error().message;
+  st = f.b->qk_norm_rope_cache(0, x.data(), x.data(), x.data(), kQHeads, f.q_norm, f.k_norm, kEps, kTheta,
+                               y.data());
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.error().message.find("outside run_step"), std::string::npos) << st.error().message;
   st = f.b->attention_prefill(1, x.data(), kQHeads, y.data());
   ASSERT_FALSE(st);
   EXPECT_NE(st.error().message.find("layer 1 outside the KV pool of 1 layers"), std::string::npos)
