@@ -19,7 +19,7 @@
 #include "bench/bench.h"
 #include "cli/commands.h"
 #include "engine/default_model.h"
-#include "engine/kv_cache.h"
+#include "engine/sequence.h"
 #include "model/cpu_backend.h"
 #include "model/load_model.h"
 #include "model/qwen3.h"
@@ -175,9 +175,6 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
   if (!m) return bad(m.error().message);
   auto act = parse_activation_quant(o.activation_quant, m->linear_format, m->activations);
   if (!act) return bad(act.error().message);
-  auto backend = make_cpu_backend(1, *act);
-  auto qwen = Qwen3Model::create(m->config, m->store, *backend);
-  if (!qwen) return bad(qwen.error().message);
   const ModelConfig& c = m->config;
   const int64_t len = std::max(o.pp, o.depth + 1) + o.tg + 1;
   if (len > c.max_position_embeddings)
@@ -203,7 +200,7 @@ int run_decode_cuda(const DecodeOptions& o, const std::string& dir, LoadOptions 
     ro.model.gpu_memory_utilization = o.gpu_memory_utilization;
     ro.model.act_quant = *act;
     ro.enforce_eager = o.enforce_eager;
-    auto e = cuda::make_cuda_engine(*qwen, nullptr, m->store, ro);
+    auto e = cuda::make_cuda_engine(c, nullptr, m->store, ro);
     if (!e) return bad(e.error().message);
     Engine& engine = e->engine;
     auto prompt = [&](int64_t n) {
@@ -324,25 +321,24 @@ int run_decode(const DecodeOptions& o) {
   std::vector<float> logits(static_cast<size_t>(c.vocab_size));
   double pp_s = 1e300, tg_s = 1e300;
   for (int r = 0; r < o.reps; ++r) {
-    auto kv = KvCache::create(*backend, c, o.pp);
-    if (!kv) return bad(kv.error().message);
+    auto seq = Sequence::create(*qwen, o.pp);
+    if (!seq) return bad(seq.error().message);
     const double t0 = now_s();
-    if (auto st = qwen->forward(prompt, kv->sequence(), logits.data()); !st) return bad(st.error().message);
+    if (auto st = seq->append(prompt, logits.data()); !st) return bad(st.error().message);
     pp_s = std::min(pp_s, now_s() - t0);
   }
   for (int r = 0; r < o.reps; ++r) {
-    auto kv = KvCache::create(*backend, c, o.depth + o.tg);
-    if (!kv) return bad(kv.error().message);
+    auto seq = Sequence::create(*qwen, o.depth + o.tg);
+    if (!seq) return bad(seq.error().message);
     if (o.depth > 0) {
       std::vector<int32_t> ctx(static_cast<size_t>(o.depth));
       for (auto& t : ctx) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab_size));
-      if (auto st = qwen->forward(ctx, kv->sequence(), logits.data()); !st) return bad(st.error().message);
+      if (auto st = seq->append(ctx, logits.data()); !st) return bad(st.error().message);
     }
     int32_t id = prompt[0];
     const double t0 = now_s();
     for (int64_t i = 0; i < o.tg; ++i) {
-      if (auto st = qwen->forward(std::span(&id, 1), kv->sequence(), logits.data()); !st)
-        return bad(st.error().message);
+      if (auto st = seq->append(std::span(&id, 1), logits.data()); !st) return bad(st.error().message);
       id = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
     tg_s = std::min(tg_s, now_s() - t0);

@@ -254,8 +254,8 @@ int run_generate(const GenerateOptions& o) {
   if (!act) return bad(act.error());
   if (auto notice = activation_mode_notice(dir, model->activations, *act); !notice.empty())
     fmt::print(stderr, "{}\n", notice);
-  // note: on CUDA this CPU model only describes the checkpoint to the engine's request checks; the weights
-  // live on the device and the CUDA runner runs them.
+  // note: the CPU engine's model; on CUDA the weights live on the device and the CUDA runner runs them, and
+  // this one (bound to the store, nothing copied) stays unused.
   auto backend = make_cpu_backend(o.threads, *act);
   auto qwen = Qwen3Model::create(model->config, model->store, *backend);
   if (!qwen) return bad(qwen.error());
@@ -303,7 +303,7 @@ int run_generate(const GenerateOptions& o) {
     ro.model.gpu_memory_utilization = o.gpu_memory_utilization;
     ro.model.act_quant = *act;
     ro.enforce_eager = o.enforce_eager;
-    auto e = cuda::make_cuda_engine(*qwen, tok ? &*tok : nullptr, model->store, ro);
+    auto e = cuda::make_cuda_engine(model->config, tok ? &*tok : nullptr, model->store, ro);
     if (!e) return bad(e.error());
     cuda_engine.emplace(std::move(*e));
   }

@@ -141,12 +141,10 @@ int run_serve(ServeOptions o) {
   if (!act) return bad(act.error().message);
   if (auto notice = activation_mode_notice(dir, model->activations, *act); !notice.empty())
     fmt::print(stderr, "{}\n", notice);
-  auto backend = make_cpu_backend(o.threads, *act);
-  auto qwen = Qwen3Model::create(model->config, model->store, *backend);
-  if (!qwen) return bad(qwen.error().message);
-
   const Tokenizer* tp = tok ? &*tok : nullptr;
   std::optional<Engine> engine;
+  std::unique_ptr<Backend> backend;  // the CPU engine's
+  std::optional<Qwen3Model> qwen;
 #if MXQ_HAVE_CUDA
   std::optional<cuda::CudaEngine> cuda_engine;
   if (on_cuda) {
@@ -165,20 +163,24 @@ int run_serve(ServeOptions o) {
     std::vector<std::string_view> names;
     for (const auto& [name, t] : model->store.tensors()) names.push_back(name);
     if (auto s = model->store.refresh_checksums(names); !s) return bad(s.error().message);
-    auto e = cuda::make_cuda_engine(*qwen, tp, model->store, ro);
+    auto e = cuda::make_cuda_engine(model->config, tp, model->store, ro);
     if (!e) return bad(e.error().message);
     cuda_engine.emplace(std::move(*e));
   }
 #endif
   if (!on_cuda) {
+    backend = make_cpu_backend(o.threads, *act);
+    auto q = Qwen3Model::create(model->config, model->store, *backend);
+    if (!q) return bad(q.error().message);
+    qwen.emplace(std::move(*q));
     EngineConfig ec;
     ec.scheduler = {.max_num_seqs = o.max_num_seqs,
                     .max_num_batched_tokens = o.max_num_batched_tokens,
                     .max_model_len = o.max_model_len};
     ec.enable_prefix_caching = !o.no_prefix_caching;
-    // note: the CPU runner's block store grows with the blocks it touches and cached blocks are reused last,
-    // so the pool is sized by a memory budget (f32 K and V of every layer), as vLLM's CPU backend sizes its
-    // cache; each running sequence also holds a contiguous copy of its own K/V.
+    // note: the CPU runner's pool commits the pages its blocks touch and cached blocks are reused last, so
+    // the pool is sized by a memory budget (f32 K and V of every layer), as vLLM's CPU backend sizes its
+    // cache.
     const ModelConfig& mc = model->config;
     const int64_t block_bytes = int64_t{ec.block_size} * mc.num_hidden_layers * 2 * mc.num_key_value_heads *
                                 mc.head_dim * static_cast<int64_t>(sizeof(float));
@@ -190,7 +192,7 @@ int run_serve(ServeOptions o) {
       return bad(fmt::format("--kv-cache-memory-bytes {}: holds {} blocks of {} tokens, one sequence of "
                              "--max-model-len {} needs {}",
                              budget, ec.num_blocks, ec.block_size, len, (len + ec.block_size - 1) / ec.block_size));
-    auto e = Engine::create(*qwen, tp, ec, make_cpu_runner(*qwen));
+    auto e = Engine::create(model->config, tp, ec, make_cpu_runner(*qwen));
     if (!e) return bad(e.error().message);
     engine.emplace(std::move(*e));
   }

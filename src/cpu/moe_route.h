@@ -19,8 +19,8 @@ Status moe_route(const float* logits, int64_t tokens, int64_t experts, int64_t t
                  int32_t* ids, float* weights, int32_t* counts, int32_t* offsets, int32_t* sorted_rows,
                  int32_t* row_of, int32_t* active = nullptr);
 
-// d[j] += s[j] * w for j < width: HF's routing-weight multiply, then its index_add_. The one body of every CPU
-// combine (moe_combine and the backend's scatter_add_rows), so the compiler contracts it the same way in both.
+// d[j] += s[j] * w for j < width: HF's routing-weight multiply, then its index_add_. The one body of every
+// CPU combine, so the compiler contracts it the same way wherever a combine runs.
 void add_scaled_row(float* d, const float* s, float w, int64_t width);
 
 // out[t, :] = Σ over token t's choices in increasing expert id of weights[t, j] · y[row_of[t, j], :], added

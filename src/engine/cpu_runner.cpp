@@ -1,7 +1,7 @@
 // The paged CPU runner: each plan as one batched step of Qwen3Model::step over a KV pool laid out as the
 // CUDA engine's (Backend::create_kv, sized from the scheduler's pool on the first step), through the shared
 // step builder; samples each sampling row on the host with its request's generator, in plan order, so a
-// request draws what the per-sequence runner draws.
+// request draws what it draws alone.
 #include <algorithm>
 
 #include "engine/engine.h"
@@ -21,7 +21,7 @@ class CpuRunner final : public ModelRunner {
     const ModelConfig& c = model_->config();
     const SchedulerConfig& sc = scheduler.config();
     const BlockPool& pool = scheduler.pool();
-    if (!kv_ready_) {
+    if (!kv_) {
       max_blocks_ = static_cast<int32_t>((sc.max_model_len + pool.block_size() - 1) / pool.block_size());
       const KvShape shape{.layers = c.num_hidden_layers,
                           .kv_heads = c.num_key_value_heads,
@@ -31,27 +31,22 @@ class CpuRunner final : public ModelRunner {
                           .max_blocks = max_blocks_,
                           .max_tokens = std::max<int64_t>(sc.max_num_batched_tokens, sc.max_num_seqs),
                           .max_seqs = sc.max_num_seqs};
-      if (auto st = b.create_kv(shape); !st) return tl::unexpected(st.error());
-      kv_ready_ = true;
-      kv_generation_ = b.kv_generation();
-    } else if (b.kv_generation() != kv_generation_) {
-      // note: one KV pool per backend: a second engine's runner on the same model replaced this one's
-      return fail(
-          "this engine's KV pool was replaced by another engine on the same backend; run one engine "
-          "per model at a time");
+      auto kv = b.create_kv(shape);
+      if (!kv) return tl::unexpected(kv.error());
+      kv_ = std::move(*kv);
     }
     const int32_t S = static_cast<int32_t>(plan.chunks.size());
-    auto layout = build_step(plan, scheduler, specs, S, max_blocks_, pool.block_size(), b.host_meta());
+    auto layout = build_step(plan, scheduler, specs, S, max_blocks_, pool.block_size(), kv_->host_meta());
     if (!layout) return tl::unexpected(layout.error());
     // Copy-on-write of partial blocks before the step reads them.
     for (const BlockCopy& cp : plan.copies)
-      if (auto st = b.copy_kv_block(cp.src, cp.dst, cp.slots); !st) return tl::unexpected(st.error());
+      if (auto st = kv_->copy_block(cp.src, cp.dst, cp.slots); !st) return tl::unexpected(st.error());
     const int32_t rows = static_cast<int32_t>(layout->sample_rows.size());
     ForwardShape shape;
     shape.rows = layout->rows, shape.seqs = S, shape.decode = layout->decode, shape.sample_rows = rows;
     if (!layout->decode) shape.sample_token_rows = layout->sample_rows;
     logits_.resize(static_cast<size_t>(rows) * static_cast<size_t>(c.vocab_size));
-    if (auto st = model_->step(shape, logits_.data()); !st) return tl::unexpected(st.error());
+    if (auto st = model_->step(*kv_, shape, logits_.data()); !st) return tl::unexpected(st.error());
     std::vector<SampledToken> out;
     int32_t r = 0;
     for (const ScheduledChunk& ch : plan.chunks) {
@@ -70,8 +65,7 @@ class CpuRunner final : public ModelRunner {
 
  private:
   Qwen3Model* model_;
-  bool kv_ready_ = false;
-  uint64_t kv_generation_ = 0;
+  std::unique_ptr<KvPool> kv_;  // this runner's own, so engines may share a model
   int32_t max_blocks_ = 0;
   std::vector<float> logits_;
 };

@@ -156,9 +156,9 @@ Result<std::vector<SampledToken>> CudaRunner::run(const StepPlan& plan, const Sc
   return tokens;
 }
 
-Result<CudaEngine> make_cuda_engine(Qwen3Model& model, const Tokenizer* tokenizer, const WeightStore& store,
-                                    const CudaRunnerOptions& options) {
-  auto runner = CudaRunner::create(model.config(), store, options);
+Result<CudaEngine> make_cuda_engine(const ModelConfig& model, const Tokenizer* tokenizer,
+                                    const WeightStore& store, const CudaRunnerOptions& options) {
+  auto runner = CudaRunner::create(model, store, options);
   if (!runner) return tl::unexpected(runner.error());
   CudaRunner* raw = runner->get();
   const EngineConfig cfg = raw->engine_config();

@@ -63,12 +63,12 @@ class CudaRunner final : public ModelRunner {
 };
 
 // The engine on the GPU: a runner from `options` and an Engine whose pool has the runner's KV blocks.
-// `model` describes the checkpoint to the engine's request checks (config, vocabulary); it is never run.
+// `model` is the checkpoint's config.
 struct CudaEngine {
   Engine engine;
   CudaRunner* runner;  // owned by the engine
 };
-Result<CudaEngine> make_cuda_engine(Qwen3Model& model, const Tokenizer* tokenizer, const WeightStore& store,
-                                    const CudaRunnerOptions& options);
+Result<CudaEngine> make_cuda_engine(const ModelConfig& model, const Tokenizer* tokenizer,
+                                    const WeightStore& store, const CudaRunnerOptions& options);
 
 }  // namespace mxq::cuda

@@ -2,9 +2,6 @@
 
 #include <algorithm>
 
-#include "engine/cpu_block_store.h"
-#include "engine/kv_cache.h"
-
 namespace mxq {
 namespace {
 
@@ -21,73 +18,12 @@ size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
   return hold;
 }
 
-class PerSequenceRunner final : public ModelRunner {
- public:
-  explicit PerSequenceRunner(Qwen3Model& model)
-      : model_(&model), logits_(static_cast<size_t>(model.config().vocab_size)) {}
-
-  Result<std::vector<SampledToken>> run(const StepPlan& plan, const Scheduler& scheduler,
-                                        std::span<const SampleSpec> specs) override {
-    std::vector<SampledToken> out;
-    size_t next = 0;
-    const BlockPool& pool = scheduler.pool();
-    if (scheduler.prefix_caching() && !blocks_)
-      blocks_.emplace(model_->backend(), model_->config(), pool.num_blocks(), pool.block_size());
-    // Copy-on-write of partial blocks first: the chunks below read them into their contiguous caches.
-    if (!plan.copies.empty() && !blocks_)
-      return fail("step with {} KV block copies, but prefix caching is off", plan.copies.size());
-    for (const BlockCopy& cp : plan.copies)
-      if (auto st = blocks_->copy(cp.src, cp.dst, cp.slots); !st) return tl::unexpected(st.error());
-    for (const ScheduledChunk& c : plan.chunks) {
-      const SequenceState& s = *scheduler.find(c.id);
-      auto it = caches_.find(c.id);
-      if (it == caches_.end()) {
-        // note: sized for the whole request at once, so the buffers never move while it runs.
-        auto kv = KvCache::create(model_->backend(), model_->config(), s.prompt_len + s.max_new_tokens);
-        if (!kv) return fail_in(fmt::format("request {}", c.id), kv.error());
-        it = caches_.emplace(c.id, std::move(*kv)).first;
-      }
-      SequenceKv& kv = it->second.sequence();
-      // The positions before the chunk that this cache lacks were computed into shared blocks (a prefix
-      // cache hit, possibly by another sequence).
-      if (blocks_ && kv.length < c.start)
-        if (auto st = blocks_->read(s.blocks, c.start, kv); !st)
-          return fail_in(fmt::format("request {}", c.id), st.error());
-      if (kv.length != c.start)
-        return fail("request {}: the cache holds {} positions, the plan starts at {}", c.id, kv.length,
-                    c.start);
-      std::span<const int32_t> ids(s.tokens.data() + c.start, static_cast<size_t>(c.count));
-      if (auto st = model_->forward(ids, kv, logits_.data()); !st)
-        return fail_in(fmt::format("request {}", c.id), st.error());
-      if (blocks_) blocks_->write(kv, s.blocks, c.start, c.start + c.count);
-      if (!c.samples) continue;
-      const SampleSpec& spec = specs[next++];
-      auto tok = sample(logits_.data(), model_->config().vocab_size, *spec.params, *spec.rng);
-      if (!tok) return fail_in(fmt::format("request {}: sampling step {}", c.id, spec.index), tok.error());
-      out.push_back(std::move(*tok));
-    }
-    return out;
-  }
-
-  void drop(uint64_t id) override { caches_.erase(id); }
-
- private:
-  Qwen3Model* model_;
-  std::vector<float> logits_;
-  std::map<uint64_t, KvCache> caches_;
-  std::optional<CpuBlockStore> blocks_;  // prefix caching on: K/V of every pool block written so far
-};
-
 }  // namespace
 
-std::unique_ptr<ModelRunner> make_per_sequence_runner(Qwen3Model& model) {
-  return std::make_unique<PerSequenceRunner>(model);
-}
-
-Result<Engine> Engine::create(Qwen3Model& model, const Tokenizer* tokenizer, EngineConfig config,
+Result<Engine> Engine::create(const ModelConfig& model, const Tokenizer* tokenizer, EngineConfig config,
                               std::unique_ptr<ModelRunner> runner) {
   SchedulerConfig& sc = config.scheduler;
-  const int64_t context = model.config().max_position_embeddings;
+  const int64_t context = model.max_position_embeddings;
   if (sc.max_model_len == 0) sc.max_model_len = context;
   if (sc.max_model_len < 1 || sc.max_model_len > context)
     return fail("max_model_len: {}, expected 1..{} (max_position_embeddings)", sc.max_model_len, context);
@@ -100,7 +36,7 @@ Result<Engine> Engine::create(Qwen3Model& model, const Tokenizer* tokenizer, Eng
   if (config.num_blocks < 1 || config.num_blocks > INT32_MAX)
     return fail("num_blocks: {}, expected 1..{}", config.num_blocks, INT32_MAX);
   Engine e;
-  e.model_ = &model;
+  e.model_ = model;
   e.tokenizer_ = tokenizer;
   e.pool_ = std::make_unique<BlockPool>(static_cast<int32_t>(config.num_blocks), config.block_size);
   e.scheduler_ = std::make_unique<Scheduler>(sc, *e.pool_, config.enable_prefix_caching);
@@ -109,12 +45,12 @@ Result<Engine> Engine::create(Qwen3Model& model, const Tokenizer* tokenizer, Eng
 }
 
 Status Engine::add(uint64_t id, std::span<const int32_t> prompt, const GenerateParams& params) {
-  if (auto st = Generator(*model_, tokenizer_).check_request(prompt, params); !st)
+  if (auto st = check_request(model_, tokenizer_, prompt, params); !st)
     return fail_in(fmt::format("request {}", id), st.error());
   if (auto st = scheduler_->add(id, prompt, params.max_new_tokens); !st) return st;
   Request r{params, params.stop_token_ids, std::mt19937_64(params.seed), {}, {}, 0, 0};
   if (!params.ignore_eos)
-    for (int64_t e : model_->config().eos_token_ids) r.stop_ids.push_back(static_cast<int32_t>(e));
+    for (int64_t e : model_.eos_token_ids) r.stop_ids.push_back(static_cast<int32_t>(e));
   if (tokenizer_) r.stream.emplace(*tokenizer_, params.skip_special_tokens);
   requests_.emplace(id, std::move(r));
   return {};

@@ -22,10 +22,10 @@
 
 namespace mxq {
 
-// Runs scheduler plans on a backend. The CPU runner keeps one contiguous KV cache per sequence (and a copy of
-// it per pool block, for blocks shared through the prefix cache); a paged CUDA runner reads the plan's block
-// tables. A chunk may start past 0 in a sequence it has never seen: its first positions sit in cached blocks,
-// or in a block the plan's copies fill (copy-on-write of a partial block, see BlockCopy).
+// Runs scheduler plans on a backend, over a paged KV pool read through the plan's block tables (the
+// scheduler's BlockPool names the blocks, the runner holds their K/V). A chunk may start past 0 in a sequence
+// it has never seen: its first positions sit in cached blocks, or in a block the plan's copies fill
+// (copy-on-write of a partial block, see BlockCopy).
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -38,15 +38,10 @@ class ModelRunner {
   virtual void drop(uint64_t id) = 0;
 };
 
-// One contiguous KvCache per sequence, each chunk through Qwen3Model::forward on the model's backend, one
-// sequence after another; samples on the host. With prefix caching on, every computed position is also
-// copied into the sequence's pool blocks (engine/cpu_block_store.h), the plan's block copies run on those,
-// and a sequence whose chunk starts past its contiguous cache fills it from its block table first.
-std::unique_ptr<ModelRunner> make_per_sequence_runner(Qwen3Model& model);
-
 // Each plan as one batched, paged step (Qwen3Model::step) over a KV pool in the CUDA engine's layout, read
 // through the plan's block tables (prefix-cache hits included, nothing copied but the plan's block copies);
-// samples on the host. Each request gets the bits the per-sequence runner gives it.
+// samples on the host. Each request gets the bits it gets alone. The runner owns its pool, so several
+// engines may share one model (not at once: steps of one model's engines must not overlap in time).
 std::unique_ptr<ModelRunner> make_cpu_runner(Qwen3Model& model);
 
 struct EngineConfig {
@@ -77,8 +72,9 @@ struct RequestOutput {
 
 class Engine {
  public:
-  // `model`, `tokenizer` (may be null) and the runner's backend must outlive the engine.
-  static Result<Engine> create(Qwen3Model& model, const Tokenizer* tokenizer, EngineConfig config,
+  // `model` is the checkpoint's config (request checks, EOS); `tokenizer` (may be null) and the runner's
+  // model must outlive the engine.
+  static Result<Engine> create(const ModelConfig& model, const Tokenizer* tokenizer, EngineConfig config,
                                std::unique_ptr<ModelRunner> runner);
 
   // Queues a request; refuses what Generator::check_request refuses, and what the scheduler refuses (ids in
@@ -114,7 +110,7 @@ class Engine {
   bool accept(Request& r, const SampledToken& tok, RequestOutput& out);
   void retire(uint64_t id);
 
-  Qwen3Model* model_ = nullptr;
+  ModelConfig model_;
   const Tokenizer* tokenizer_ = nullptr;
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<Scheduler> scheduler_;

@@ -24,7 +24,11 @@ std::string_view finish_reason_name(FinishReason r) {
 }
 
 Status Generator::check_request(std::span<const int32_t> prompt, const GenerateParams& p) const {
-  const ModelConfig& c = model_->config();
+  return mxq::check_request(model_->config(), tokenizer_, prompt, p);
+}
+
+Status check_request(const ModelConfig& c, const Tokenizer* tokenizer, std::span<const int32_t> prompt,
+                     const GenerateParams& p) {
   if (prompt.empty()) return fail("prompt: empty, expected at least one token");
   for (size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= c.vocab_size)
@@ -44,7 +48,7 @@ Status Generator::check_request(std::span<const int32_t> prompt, const GenerateP
   if (auto st = check_sampling_params(p.sampling, c.vocab_size); !st) return st;
   for (const std::string& s : p.stop)
     if (s.empty()) return fail("stop: an empty stop string");
-  if (!p.stop.empty() && !tokenizer_) return fail("stop: stop strings need a tokenizer, the model has none");
+  if (!p.stop.empty() && !tokenizer) return fail("stop: stop strings need a tokenizer, the model has none");
   return {};
 }
 
@@ -85,7 +89,7 @@ Result<Generation> Generator::generate(std::span<const int32_t> prompt, const Ge
   // request exactly (as a batch of one would run on the server).
   EngineConfig cfg;
   cfg.scheduler = {.max_num_seqs = 1, .max_num_batched_tokens = n, .max_model_len = n + p.max_new_tokens};
-  auto engine = Engine::create(*model_, tokenizer_, cfg, make_cpu_runner(*model_));
+  auto engine = Engine::create(model_->config(), tokenizer_, cfg, make_cpu_runner(*model_));
   if (!engine) return tl::unexpected(engine.error());
   return generate_one(*engine, prompt, p, on_text);
 }

@@ -52,12 +52,17 @@ class Generator {
   Result<Generation> generate(std::span<const int32_t> prompt, const GenerateParams& params,
                               const TextCallback& on_text = {});
 
-  // The same checks generate() runs before its first forward.
+  // The same checks generate() runs before its first forward (check_request below).
   Status check_request(std::span<const int32_t> prompt, const GenerateParams& params) const;
 
  private:
   Qwen3Model* model_;
   const Tokenizer* tokenizer_;
 };
+
+// Refuses, naming the field and its limit, what Generator::generate and Engine::add refuse for a model of
+// `config` (tokenizer may be null).
+Status check_request(const ModelConfig& config, const Tokenizer* tokenizer, std::span<const int32_t> prompt,
+                     const GenerateParams& params);
 
 }  // namespace mxq

@@ -13,6 +13,13 @@ bool is_decode_plan(const StepPlan& plan) {
 Result<StepLayout> build_step(const StepPlan& plan, const Scheduler& scheduler,
                               std::span<const SampleSpec> specs, int32_t seqs, int32_t max_blocks,
                               int32_t block_size, StepMeta& h) {
+  return build_step(
+      plan, [&](uint64_t id) { return scheduler.find(id); }, specs, seqs, max_blocks, block_size, h);
+}
+
+Result<StepLayout> build_step(const StepPlan& plan, const std::function<const SequenceState*(uint64_t)>& find,
+                              std::span<const SampleSpec> specs, int32_t seqs, int32_t max_blocks,
+                              int32_t block_size, StepMeta& h) {
   const int32_t S = static_cast<int32_t>(plan.chunks.size());
   StepLayout out;
   out.decode = is_decode_plan(plan);
@@ -23,7 +30,7 @@ Result<StepLayout> build_step(const StepPlan& plan, const Scheduler& scheduler,
   h.cu_seqlens[0] = 0;
   for (int32_t i = 0; i < S; ++i) {
     const ScheduledChunk& c = plan.chunks[i];
-    const SequenceState* s = scheduler.find(c.id);
+    const SequenceState* s = find(c.id);
     if (!s) return fail("request {}: not in the scheduler", c.id);
     if (static_cast<int64_t>(s->blocks.size()) > B ||
         c.start + c.count > static_cast<int64_t>(s->blocks.size()) * bs)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -28,6 +29,10 @@ bool is_decode_plan(const StepPlan& plan);
 // padding sequences no length). Refuses a request the scheduler does not hold, a sequence with more blocks
 // than max_blocks or too few for its positions, and a sampling chunk without a spec.
 Result<StepLayout> build_step(const StepPlan& plan, const Scheduler& scheduler,
+                              std::span<const SampleSpec> specs, int32_t seqs, int32_t max_blocks,
+                              int32_t block_size, StepMeta& h);
+// The same over sequences found by `find` (null: not held), for a runner without a scheduler (Sequence).
+Result<StepLayout> build_step(const StepPlan& plan, const std::function<const SequenceState*(uint64_t)>& find,
                               std::span<const SampleSpec> specs, int32_t seqs, int32_t max_blocks,
                               int32_t block_size, StepMeta& h);
 

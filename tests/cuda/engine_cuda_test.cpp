@@ -25,7 +25,7 @@
 #include "cuda/common/pdl.h"
 #include "cuda/linear/linear.h"
 #include "engine/cuda_runner.h"
-#include "engine/kv_cache.h"
+#include "engine/sequence.h"
 #include "format/codec.h"
 #include "gpu_test_util.h"
 #include "io/safetensors_writer.h"
@@ -292,7 +292,7 @@ TEST_P(EngineCuda, LogitsMatchCpuModel) {
     m = all_experts.get();
   }
   const int64_t V = m->cpu.config.vocab_size;
-  auto e = make_cuda_engine(*m->qwen, nullptr, m->gpu.store, small_options(false, m->act));
+  auto e = make_cuda_engine(m->qwen->config(), nullptr, m->gpu.store, small_options(false, m->act));
   ASSERT_TRUE(e) << e.error().message;
   double worst = 0;
   int compared = 0, steps = 0;
@@ -318,10 +318,10 @@ TEST_P(EngineCuda, LogitsMatchCpuModel) {
     p.sampling.temperature = 0;
     p.ignore_eos = true;
     ASSERT_TRUE(e->engine.add(0, prompt, p));
-    auto kv = KvCache::create(*m->backend, m->cpu.config, len + p.max_new_tokens);
-    ASSERT_TRUE(kv) << kv.error().message;
+    auto seq = Sequence::create(*m->qwen, len + p.max_new_tokens);
+    ASSERT_TRUE(seq) << seq.error().message;
     std::vector<float> want(static_cast<size_t>(V));
-    ASSERT_TRUE(m->qwen->forward(prompt, kv->sequence(), want.data()));
+    ASSERT_TRUE(seq->append(prompt, want.data()));
     while (!e->engine.idle()) {
       auto out = e->engine.step();
       ASSERT_TRUE(out) << out.error().message;
@@ -347,7 +347,7 @@ TEST_P(EngineCuda, LogitsMatchCpuModel) {
       ++steps;
       if ((*out)[0].finished) break;
       const int32_t next[1] = {tok};
-      ASSERT_TRUE(m->qwen->forward(next, kv->sequence(), want.data()));
+      ASSERT_TRUE(seq->append(next, want.data()));
     }
   }
   // note: W8A8 prompt steps have ~16x the logit error, so fewer CPU margins exceed twice it (dense FP8-B128
@@ -404,13 +404,13 @@ TEST_P(EngineCuda, BatchEqualsOneAtATime) {
   reqs[1].params.seed = rng();
   std::vector<std::vector<SampledToken>> alone;
   for (const Request& r : reqs) {
-    auto e = make_cuda_engine(*m->qwen, nullptr, m->gpu.store, opts);
+    auto e = make_cuda_engine(m->qwen->config(), nullptr, m->gpu.store, opts);
     ASSERT_TRUE(e) << e.error().message;
     auto out = run_engine(*e, {r});
     ASSERT_TRUE(out) << out.error().message;
     alone.push_back((*out)[0]);
   }
-  auto e = make_cuda_engine(*m->qwen, nullptr, m->gpu.store, opts);
+  auto e = make_cuda_engine(m->qwen->config(), nullptr, m->gpu.store, opts);
   ASSERT_TRUE(e) << e.error().message;
   auto batch = run_engine(*e, reqs);
   ASSERT_TRUE(batch) << batch.error().message;
@@ -445,8 +445,8 @@ TEST_P(EngineCuda, GraphReplayEqualsEager) {
     r.params.seed = rng();
     reqs.push_back(r);
   }
-  auto eager = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(true, m_->act));
-  auto graph = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(false, m_->act));
+  auto eager = make_cuda_engine(m_->qwen->config(), nullptr, m_->gpu.store, small_options(true, m_->act));
+  auto graph = make_cuda_engine(m_->qwen->config(), nullptr, m_->gpu.store, small_options(false, m_->act));
   ASSERT_TRUE(eager && graph);
   auto a = run_engine(*eager, reqs);
   auto b = run_engine(*graph, reqs);
@@ -474,11 +474,11 @@ TEST_P(EngineCuda, PdlEqualsPlainLaunch) {
     reqs.push_back(r);
   }
   cuda::set_pdl(false);
-  auto plain = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(true, m_->act));
+  auto plain = make_cuda_engine(m_->qwen->config(), nullptr, m_->gpu.store, small_options(true, m_->act));
   ASSERT_TRUE(plain);
   auto a = run_engine(*plain, reqs);
   cuda::set_pdl(true);
-  auto pdl = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(false, m_->act));
+  auto pdl = make_cuda_engine(m_->qwen->config(), nullptr, m_->gpu.store, small_options(false, m_->act));
   ASSERT_TRUE(pdl);
   auto b = run_engine(*pdl, reqs);
   ASSERT_TRUE(a && b);
@@ -500,7 +500,7 @@ TEST_P(EngineCuda, RefitThenReplayEqualsFreshLoad) {
   r.params.ignore_eos = true;
   r.params.sampling.temperature = 0;
 
-  auto e = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, small_options(false, m_->act));
+  auto e = make_cuda_engine(m_->qwen->config(), nullptr, m_->gpu.store, small_options(false, m_->act));
   ASSERT_TRUE(e) << e.error().message;
   auto before = run_engine(*e, {r});
   ASSERT_TRUE(before) << before.error().message;
@@ -518,7 +518,8 @@ TEST_P(EngineCuda, RefitThenReplayEqualsFreshLoad) {
   EXPECT_EQ(e->runner->graphs_captured(), captured);
   EXPECT_GT(e->runner->graph_replays(), replays);
 
-  auto fresh = make_cuda_engine(*(*t)->qwen, nullptr, (*t)->gpu.store, small_options(false, (*t)->act));
+  auto fresh =
+      make_cuda_engine((*t)->qwen->config(), nullptr, (*t)->gpu.store, small_options(false, (*t)->act));
   ASSERT_TRUE(fresh) << fresh.error().message;
   auto want = run_engine(*fresh, {r});
   ASSERT_TRUE(want) << want.error().message;
@@ -561,7 +562,7 @@ TEST_P(EngineCuda, PrefixCopiesEqualCachingOff) {
     CudaRunnerOptions o = small_options(false, m_->act);
     o.model.max_num_batched_tokens = 1024;
     o.enable_prefix_caching = caching;
-    auto e = make_cuda_engine(*m_->qwen, nullptr, m_->gpu.store, o);
+    auto e = make_cuda_engine(m_->qwen->config(), nullptr, m_->gpu.store, o);
     ASSERT_TRUE(e) << e.error().message;
     auto out = run_engine(*e, reqs);
     ASSERT_TRUE(out) << out.error().message;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <random>
 
 #include "tiny_model.h"
@@ -39,10 +40,9 @@ std::vector<Req> random_requests(uint64_t seed, int count) {
 // Runs `reqs` through one engine, adding request i at step i % 3 == 0 intervals; returns every request's
 // tokens in order of id.
 std::vector<std::vector<SampledToken>> run_engine(const std::vector<Req>& reqs, EngineConfig cfg,
-                                                  bool paged = false, EngineCounters* counters = nullptr) {
+                                                  EngineCounters* counters = nullptr) {
   Qwen3Model& model = *TinyModel::get().model;
-  auto engine =
-      Engine::create(model, nullptr, cfg, paged ? make_cpu_runner(model) : make_per_sequence_runner(model));
+  auto engine = Engine::create(model.config(), nullptr, cfg, make_cpu_runner(model));
   EXPECT_TRUE(engine) << engine.error().message;
   std::vector<std::vector<SampledToken>> got(reqs.size());
   std::vector<bool> done(reqs.size());
@@ -100,13 +100,33 @@ TEST(Engine, ChunkedPrefillAndPreemptionGiveTheSameTokens) {
   for (size_t i = 0; i < reqs.size(); ++i) expect_same(got[i], want[i], i);
 }
 
-// The paged runner (one batched step over the block tables) against the per-sequence runner: the same bits
-// for every request, with prefix-cache hits and copied partial blocks (a shared 9-token prefix over blocks of
-// 4), split prompts and preemptions.
-TEST(Engine, PagedRunnerEqualsPerSequenceRunner) {
+void expect_same_bits(const std::vector<SampledToken>& got, const std::vector<SampledToken>& want, size_t i) {
+  ASSERT_EQ(got.size(), want.size()) << "request " << i;
+  for (size_t t = 0; t < got.size(); ++t) {
+    EXPECT_EQ(got[t].id, want[t].id) << "request " << i << " token " << t;
+    EXPECT_EQ(std::bit_cast<uint32_t>(got[t].logprob), std::bit_cast<uint32_t>(want[t].logprob))
+        << "request " << i << " token " << t;
+    ASSERT_EQ(got[t].top_logprobs.size(), want[t].top_logprobs.size());
+    for (size_t k = 0; k < got[t].top_logprobs.size(); ++k) {
+      EXPECT_EQ(got[t].top_logprobs[k].id, want[t].top_logprobs[k].id);
+      EXPECT_EQ(std::bit_cast<uint32_t>(got[t].top_logprobs[k].logprob),
+                std::bit_cast<uint32_t>(want[t].top_logprobs[k].logprob));
+    }
+  }
+}
+
+// A request in a batch against the same request alone (Generator: one request, one engine, its prompt in one
+// chunk), bit for bit: ids, logprobs and top logprobs, with prefix-cache hits and copied partial blocks (a
+// shared 9-token prefix over blocks of 4), split prompts and preemptions, each asserted by the counters.
+// (Until the one runner landed this compared the paged runner with a per-sequence one over contiguous
+// caches, on the same requests.)
+TEST(Engine, BatchedEqualsAloneBitwise) {
   auto reqs = random_requests(3, 12);
   for (size_t i = 0; i < reqs.size(); i += 2)
     reqs[i].prompt.insert(reqs[i].prompt.begin(), {11, 12, 13, 14, 15, 16, 17, 18, 19});
+  Generator gen(*TinyModel::get().model, nullptr);
+  std::vector<std::vector<SampledToken>> alone;
+  for (const Req& r : reqs) alone.push_back(gen.generate(r.prompt, r.params)->tokens);
   EngineConfig tight;
   tight.scheduler = {.max_num_seqs = 4, .max_num_batched_tokens = 7, .max_model_len = 64};
   tight.block_size = 4;
@@ -115,50 +135,47 @@ TEST(Engine, PagedRunnerEqualsPerSequenceRunner) {
   roomy.scheduler = {.max_num_seqs = 16, .max_num_batched_tokens = 256, .max_model_len = 64};
   roomy.block_size = 4;
   for (const EngineConfig* c : {&tight, &roomy}) {
-    const EngineConfig& cfg = *c;
     EngineCounters n;
-    const auto want = run_engine(reqs, cfg), got = run_engine(reqs, cfg, true, &n);
+    const auto got = run_engine(reqs, *c, &n);
     EXPECT_GT(n.prefix_hits, 0);
     if (c == &tight) {
       EXPECT_GT(n.preemptions, 0);
     }
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      ASSERT_EQ(got[i].size(), want[i].size()) << "request " << i;
-      for (size_t t = 0; t < got[i].size(); ++t) {
-        EXPECT_EQ(got[i][t].id, want[i][t].id) << "request " << i << " token " << t;
-        EXPECT_EQ(got[i][t].logprob, want[i][t].logprob) << "request " << i << " token " << t;
-        ASSERT_EQ(got[i][t].top_logprobs.size(), want[i][t].top_logprobs.size());
-        for (size_t k = 0; k < got[i][t].top_logprobs.size(); ++k) {
-          EXPECT_EQ(got[i][t].top_logprobs[k].id, want[i][t].top_logprobs[k].id);
-          EXPECT_EQ(got[i][t].top_logprobs[k].logprob, want[i][t].top_logprobs[k].logprob);
-        }
-      }
-    }
+    for (size_t i = 0; i < reqs.size(); ++i) expect_same_bits(got[i], alone[i], i);
   }
 }
 
-// Two paged engines on one model share its backend's one KV pool: the older one refuses to step on the
-// newer one's pool, by name, instead of reading K/V it did not write.
-TEST(Engine, PagedRunnerRefusesAReplacedPool) {
+// Engines on one model each run over their own KV pool: steps of two engines interleaved give each request
+// the bits it gets alone.
+TEST(Engine, EnginesOnOneModelKeepTheirOwnPools) {
   Qwen3Model& model = *TinyModel::get().model;
   GenerateParams p;
-  p.max_new_tokens = 4;
-  auto a = Engine::create(model, nullptr, {}, make_cpu_runner(model));
-  auto b = Engine::create(model, nullptr, {}, make_cpu_runner(model));
+  p.max_new_tokens = 6;
+  p.ignore_eos = true;
+  p.sampling.num_logprobs = 1;
+  const std::vector<int32_t> pa{5, 6, 7}, pb{8, 9, 10, 11, 12};
+  Generator gen(model, nullptr);
+  const auto want_a = gen.generate(pa, p)->tokens, want_b = gen.generate(pb, p)->tokens;
+  auto a = Engine::create(model.config(), nullptr, {}, make_cpu_runner(model));
+  auto b = Engine::create(model.config(), nullptr, {}, make_cpu_runner(model));
   ASSERT_TRUE(a && b);
-  ASSERT_TRUE(a->add(1, std::vector<int32_t>{5, 6, 7}, p));
-  ASSERT_TRUE(b->add(1, std::vector<int32_t>{8, 9}, p));
-  ASSERT_TRUE(a->step());
-  ASSERT_TRUE(b->step());
-  auto st = a->step();
-  ASSERT_FALSE(st);
-  EXPECT_NE(st.error().message.find("KV pool was replaced by another engine"), std::string::npos)
-      << st.error().message;
+  ASSERT_TRUE(a->add(1, pa, p));
+  ASSERT_TRUE(b->add(1, pb, p));
+  std::vector<SampledToken> got_a, got_b;
+  while (!a->idle() || !b->idle())
+    for (auto* e : {&*a, &*b}) {
+      auto outs = e->step();
+      ASSERT_TRUE(outs) << outs.error().message;
+      std::vector<SampledToken>& got = e == &*a ? got_a : got_b;
+      for (auto& o : *outs) got.insert(got.end(), o.tokens.begin(), o.tokens.end());
+    }
+  expect_same_bits(got_a, want_a, 0);
+  expect_same_bits(got_b, want_b, 1);
 }
 
 TEST(Engine, AbortFreesBlocksAndRefusesUnknownIds) {
   Qwen3Model& model = *TinyModel::get().model;
-  auto engine = Engine::create(model, nullptr, {}, make_per_sequence_runner(model));
+  auto engine = Engine::create(model.config(), nullptr, {}, make_cpu_runner(model));
   ASSERT_TRUE(engine);
   GenerateParams p;
   p.max_new_tokens = 30;
@@ -182,12 +199,12 @@ TEST(Engine, RefusesBadConfigByName) {
   Qwen3Model& model = *TinyModel::get().model;
   EngineConfig c;
   c.scheduler.max_model_len = 65;
-  auto e = Engine::create(model, nullptr, c, make_per_sequence_runner(model));
+  auto e = Engine::create(model.config(), nullptr, c, make_cpu_runner(model));
   ASSERT_FALSE(e);
   EXPECT_NE(e.error().message.find("max_model_len: 65, expected 1..64"), std::string::npos);
   c = {};
   c.scheduler.max_num_seqs = 0;
-  e = Engine::create(model, nullptr, c, make_per_sequence_runner(model));
+  e = Engine::create(model.config(), nullptr, c, make_cpu_runner(model));
   ASSERT_FALSE(e);
   EXPECT_NE(e.error().message.find("max_num_seqs"), std::string::npos);
 }

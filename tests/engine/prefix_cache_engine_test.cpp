@@ -14,9 +14,8 @@
 #include <random>
 #include <string>
 
-#include "engine/cpu_block_store.h"
 #include "engine/engine.h"
-#include "engine/kv_cache.h"
+#include "engine/sequence.h"
 #include "tiny_model.h"
 
 namespace mxq {
@@ -33,10 +32,10 @@ struct PlanLog {
   std::map<uint64_t, std::vector<std::vector<bool>>> maps;  // request -> per sampled token
 };
 
-// The per-sequence runner, filling a PlanLog.
+// The CPU runner, filling a PlanLog.
 class RecordingRunner final : public ModelRunner {
  public:
-  RecordingRunner(Qwen3Model& model, PlanLog* log) : inner_(make_per_sequence_runner(model)), log_(log) {}
+  RecordingRunner(Qwen3Model& model, PlanLog* log) : inner_(make_cpu_runner(model)), log_(log) {}
   Result<std::vector<SampledToken>> run(const StepPlan& plan, const Scheduler& scheduler,
                                         std::span<const SampleSpec> specs) override {
     log_->plans.push_back(plan);
@@ -160,7 +159,8 @@ EngineRun run_case(const Case& c, const std::vector<Req>& reqs, bool caching) {
   cfg.block_size = c.block_size;
   cfg.num_blocks = c.num_blocks;
   cfg.enable_prefix_caching = caching;
-  auto engine = Engine::create(model, nullptr, cfg, std::make_unique<RecordingRunner>(model, &out.log));
+  auto engine =
+      Engine::create(model.config(), nullptr, cfg, std::make_unique<RecordingRunner>(model, &out.log));
   EXPECT_TRUE(engine) << engine.error().message;
   out.tokens.resize(reqs.size());
   out.cached.assign(reqs.size(), -1);
@@ -467,7 +467,8 @@ TEST_P(EnginePrefixCacheCost, EightSamplesPrefillThePromptOnce) {
     EngineConfig cfg;
     cfg.scheduler = {.max_num_seqs = 16, .max_num_batched_tokens = 2048, .max_model_len = 256};
     cfg.enable_prefix_caching = caching;
-    auto engine = Engine::create(model, nullptr, cfg, std::make_unique<RecordingRunner>(model, &log));
+    auto engine =
+        Engine::create(model.config(), nullptr, cfg, std::make_unique<RecordingRunner>(model, &log));
     EXPECT_TRUE(engine);
     for (int i = 0; i < n; ++i) {
       GenerateParams p;
@@ -525,7 +526,7 @@ TEST(EnginePrefixCacheAbort, CopiesOutliveTheirProducer) {
     cfg.scheduler = {.max_num_seqs = 8, .max_num_batched_tokens = 64, .max_model_len = 64};
     cfg.block_size = 4;
     cfg.enable_prefix_caching = caching;
-    auto engine = Engine::create(model, nullptr, cfg, make_per_sequence_runner(model));
+    auto engine = Engine::create(model.config(), nullptr, cfg, make_cpu_runner(model));
     EXPECT_TRUE(engine);
     GenerateParams p;
     p.max_new_tokens = 10;
@@ -558,43 +559,61 @@ TEST(EnginePrefixCacheAbort, CopiesOutliveTheirProducer) {
   }
 }
 
-// The CPU runner's block copy: the leading slots of a block, K and V of every layer, into a block that is
-// allocated on first use; a source never written and ids outside the pool are refused by name.
-TEST(EnginePrefixCopy, CpuBlockStoreCopiesLeadingSlots) {
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The CPU runner's block copy (KvPool::copy_block): a prompt's step writes block 2 (the bits the prompt gets
+// alone), then its 3 leading slots go into block 1, K and V of every layer, and nothing past them; ids
+// outside the pool are refused by name.
+TEST(EnginePrefixCopy, CpuPoolCopiesLeadingSlots) {
   TinyModel& tiny = TinyModel::get();
   const ModelConfig& mc = tiny.model->config();
   const int64_t row = mc.num_key_value_heads * mc.head_dim;
-  CpuBlockStore store(*tiny.backend, mc, 4, 4);
-  auto src = KvCache::create(*tiny.backend, mc, 4);
-  ASSERT_TRUE(src);
-  SequenceKv& kv = src->sequence();
-  for (int64_t l = 0; l < mc.num_hidden_layers; ++l)
+  const std::vector<int32_t> prompt = random_prompt(4);
+  std::vector<float> logits(static_cast<size_t>(mc.vocab_size));
+  auto alone = Sequence::create(*tiny.model, 4, 4);
+  ASSERT_TRUE(alone && alone->append(prompt, logits.data()));
+  auto kv = tiny.backend->create_kv({.layers = mc.num_hidden_layers,
+                                     .kv_heads = mc.num_key_value_heads,
+                                     .head_dim = mc.head_dim,
+                                     .num_blocks = 4,
+                                     .block_size = 4,
+                                     .max_blocks = 4,
+                                     .max_tokens = 4,
+                                     .max_seqs = 1});
+  ASSERT_TRUE(kv) << kv.error().message;
+  KvPool& pool = **kv;
+  StepMeta& m = pool.host_meta();
+  for (int32_t i = 0; i < 4; ++i) m.ids[i] = prompt[i], m.positions[i] = i, m.slot_mapping[i] = 8 + i;
+  m.block_tables[0] = 2, m.seq_lens[0] = 4, m.cu_seqlens[0] = 0, m.cu_seqlens[1] = 4;
+  *m.num_tokens = 4, *m.num_seqs = 1;
+  ForwardShape shape;
+  const int32_t last[] = {3};
+  shape.rows = 4, shape.seqs = 1, shape.sample_rows = 1, shape.sample_token_rows = last;
+  ASSERT_TRUE(tiny.model->step(pool, shape, logits.data()));
+  ASSERT_TRUE(pool.copy_block(2, 1, 3));
+  const int32_t block2[] = {8, 9, 10, 11}, block1[] = {4, 5, 6, 7};
+  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
+    std::vector<float> want_k, want_v, k2(4 * row), v2(4 * row), k1(4 * row), v1(4 * row);
+    ASSERT_TRUE(alone->read_kv(l, want_k, want_v));
+    ASSERT_TRUE(pool.read_slots(l, block2, k2.data(), v2.data()));
+    ASSERT_TRUE(pool.read_slots(l, block1, k1.data(), v1.data()));
+    EXPECT_TRUE(same_bits(k2, want_k) && same_bits(v2, want_v)) << "layer " << l;
     for (int64_t i = 0; i < 4 * row; ++i) {
-      kv.k[static_cast<size_t>(l)][i] = static_cast<float>(l * 1000 + i);
-      kv.v[static_cast<size_t>(l)][i] = -static_cast<float>(l * 1000 + i);
+      const float copied_k = i < 3 * row ? k2[i] : 0.0f;  // slot 3: not copied, still zero
+      const float copied_v = i < 3 * row ? v2[i] : 0.0f;
+      ASSERT_EQ(std::bit_cast<uint32_t>(k1[i]), std::bit_cast<uint32_t>(copied_k))
+          << "layer " << l << ", " << i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(v1[i]), std::bit_cast<uint32_t>(copied_v))
+          << "layer " << l << ", " << i;
     }
-  kv.length = 4;
-  const std::vector<int32_t> table{2};
-  store.write(kv, table, 0, 4);
-  ASSERT_TRUE(store.copy(2, 1, 3));
-  EXPECT_EQ(store.bytes(), 2 * mc.num_hidden_layers * 2 * 4 * row * 4);
-  auto dst = KvCache::create(*tiny.backend, mc, 4);
-  ASSERT_TRUE(dst);
-  ASSERT_TRUE(store.read(std::vector<int32_t>{1}, 4, dst->sequence()));
-  for (int64_t l = 0; l < mc.num_hidden_layers; ++l)
-    for (int64_t i = 0; i < 4 * row; ++i) {
-      const float want_k = i < 3 * row ? kv.k[static_cast<size_t>(l)][i] : 0.0f;  // slot 3: not copied
-      const float want_v = i < 3 * row ? kv.v[static_cast<size_t>(l)][i] : 0.0f;
-      ASSERT_EQ(dst->sequence().k[static_cast<size_t>(l)][i], want_k) << "layer " << l << " float " << i;
-      ASSERT_EQ(dst->sequence().v[static_cast<size_t>(l)][i], want_v) << "layer " << l << " float " << i;
-    }
-  auto never = store.copy(0, 3, 2);
-  ASSERT_FALSE(never);
-  EXPECT_NE(never.error().message.find("block 0 was never written"), std::string::npos);
-  auto outside = store.copy(2, 4, 1);
+  }
+  auto outside = pool.copy_block(2, 4, 1);
   ASSERT_FALSE(outside);
-  EXPECT_NE(outside.error().message.find("the pool has 4 blocks of 4"), std::string::npos);
-  EXPECT_FALSE(store.copy(2, 3, 5));
+  EXPECT_NE(outside.error().message.find("the pool has 4 blocks of 4 slots"), std::string::npos)
+      << outside.error().message;
+  EXPECT_FALSE(pool.copy_block(2, 3, 5));
 }
 
 // K/V of each position and the last logits, computed with the prompt split into the given chunks.
@@ -604,27 +623,24 @@ struct ChunkRun {
 ChunkRun run_chunks(const std::vector<int32_t>& prompt, const std::vector<int64_t>& chunks) {
   Qwen3Model& model = *TinyModel::get().model;
   const ModelConfig& mc = model.config();
-  auto kv = KvCache::create(model.backend(), mc, static_cast<int64_t>(prompt.size()));
-  EXPECT_TRUE(kv);
+  auto seq = Sequence::create(model, static_cast<int64_t>(prompt.size()));
+  EXPECT_TRUE(seq);
   ChunkRun r;
   r.logits.resize(static_cast<size_t>(mc.vocab_size));
   int64_t at = 0;
   for (int64_t n : chunks) {
-    EXPECT_TRUE(model.forward(
-        std::span<const int32_t>(prompt).subspan(static_cast<size_t>(at), static_cast<size_t>(n)),
-        kv->sequence(), r.logits.data()));
+    EXPECT_TRUE(
+        seq->append(std::span<const int32_t>(prompt).subspan(static_cast<size_t>(at), static_cast<size_t>(n)),
+                    r.logits.data()));
     at += n;
   }
-  const int64_t row = mc.num_key_value_heads * mc.head_dim, len = static_cast<int64_t>(prompt.size());
   for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
-    r.k.insert(r.k.end(), kv->sequence().k[l], kv->sequence().k[l] + len * row);
-    r.v.insert(r.v.end(), kv->sequence().v[l], kv->sequence().v[l] + len * row);
+    std::vector<float> k, v;
+    EXPECT_TRUE(seq->read_kv(l, k, v));
+    r.k.insert(r.k.end(), k.begin(), k.end());
+    r.v.insert(r.v.end(), v.begin(), v.end());
   }
   return r;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 class EngineChunkInvariance : public ::testing::TestWithParam<std::vector<int64_t>> {};

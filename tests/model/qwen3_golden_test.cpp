@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "cpu/softmax.h"
-#include "engine/kv_cache.h"
+#include "engine/sequence.h"
 #include "golden_cases.h"
 #include "model/cpu_backend.h"
 #include "model/load_model.h"
@@ -54,10 +54,10 @@ TEST_P(Qwen3Golden, GreedyIdsAndLogitsMatchTransformers) {
     const std::vector<int32_t> prompt = run["prompt"];
     const std::vector<int32_t> greedy = run["greedy"];
     const std::vector<double> margins = run["margins"];
-    auto kv = KvCache::create(*backend, model->config, static_cast<int64_t>(prompt.size() + greedy.size()));
-    ASSERT_TRUE(kv) << kv.error().message;
+    auto seq = Sequence::create(*qwen, static_cast<int64_t>(prompt.size() + greedy.size()));
+    ASSERT_TRUE(seq) << seq.error().message;
     std::vector<float> logits(static_cast<size_t>(vocab));
-    ASSERT_TRUE(qwen->forward(prompt, kv->sequence(), logits.data()));
+    ASSERT_TRUE(seq->append(prompt, logits.data()));
     double scale = 1;
     const double prompt_err = max_abs_diff(logits, run["prompt_logits"], &scale);
     worst = std::max(worst, prompt_err / scale);
@@ -71,7 +71,7 @@ TEST_P(Qwen3Golden, GreedyIdsAndLogitsMatchTransformers) {
         ++compared;
       }
       const int32_t next[1] = {greedy[i]};
-      ASSERT_TRUE(qwen->forward(next, kv->sequence(), logits.data()));
+      ASSERT_TRUE(seq->append(next, logits.data()));
     }
     EXPECT_GE(compared, static_cast<int>(greedy.size()) - 2) << "too many near-ties to be a test";
     const double final_err = max_abs_diff(logits, run["final_logits"], &scale);

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "engine/kv_cache.h"
+#include "engine/sequence.h"
 #include "model/cpu_backend.h"
 #include "model/load_model.h"
 #include "model/qwen3.h"
@@ -19,11 +19,12 @@ void PrintTo(const RefitCase& c, std::ostream* os) {
   *os << c.checkpoint << (c.quantization.empty() ? "" : " as " + c.quantization) << ": " << c.tensor;
 }
 
-std::vector<float> last_logits(Qwen3Model& model, Backend& backend, const ModelConfig& cfg) {
+std::vector<float> last_logits(Qwen3Model& model) {
+  const ModelConfig& cfg = model.config();
   const std::vector<int32_t> prompt = {1, 17, 42, 99};
-  auto kv = KvCache::create(backend, cfg, 4);
+  auto seq = Sequence::create(model, 4);
   std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
-  EXPECT_TRUE(model.forward(prompt, kv->sequence(), logits.data()));
+  EXPECT_TRUE(seq && seq->append(prompt, logits.data()));
   return logits;
 }
 
@@ -43,17 +44,17 @@ TEST_P(Qwen3Refit, ForwardSeesEveryApplyAndRestoresBitExactly) {
   const uint8_t* where = t.values.data();
   const std::vector<uint8_t> a_values(t.values.begin(), t.values.end()),
       a_scales(t.scales.begin(), t.scales.end());
-  const std::vector<float> a = last_logits(*model, *backend, m->config);
+  const std::vector<float> a = last_logits(*model);
 
   // B: every value byte of the tensor rotated by one position (same multiset of codes, so no NaN appears).
   std::vector<uint8_t> b_values(a_values.size());
   std::rotate_copy(a_values.begin(), a_values.begin() + 1, a_values.end(), b_values.begin());
   ASSERT_TRUE(m->store.apply_tensor(c.tensor, b_values, a_scales));
-  const std::vector<float> b = last_logits(*model, *backend, m->config);
+  const std::vector<float> b = last_logits(*model);
   EXPECT_NE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "the forward ignored the update";
 
   ASSERT_TRUE(m->store.apply_tensor(c.tensor, a_values, a_scales));
-  const std::vector<float> again = last_logits(*model, *backend, m->config);
+  const std::vector<float> again = last_logits(*model);
   EXPECT_EQ(std::memcmp(a.data(), again.data(), a.size() * sizeof(float)), 0)
       << "A -> B -> A is not bit-exact";
   EXPECT_EQ(t.values.data(), where) << "live buffers moved";

@@ -1,14 +1,16 @@
-// Qwen3Model::step (batched, paged) against Qwen3Model::forward (one sequence, contiguous cache) on every
-// golden case, bit for bit: three sequences of the case's runs share each step, cut into chunks with and
-// without a sampling row, one prompt split in two, a one-token chunk beside prompts, then decode steps of
-// all three; the MX cases also in the W8A8 mode. The block tables interleave the sequences' blocks.
+// Qwen3Model::step batched against each sequence alone (engine/sequence.h: one sequence, its own pool, one
+// step per chunk) on every golden case, bit for bit: three sequences of the case's runs share each step, cut
+// into chunks with and without a sampling row, one prompt split in two, a one-token chunk beside prompts,
+// then decode steps of all three; the MX cases also in the W8A8 mode. The block tables interleave the
+// sequences' blocks. (Until the one forward landed, "alone" was the per-sequence forward over a contiguous
+// cache, held bitwise equal to this batched step on the same cases.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "engine/sequence.h"
 #include "golden_cases.h"
 #include "model/cpu_backend.h"
 #include "model/load_model.h"
@@ -50,16 +52,16 @@ struct Outcome {
   std::vector<float> logits;
 };
 
-// forward(): each sequence alone, chunk by chunk in step order.
-std::vector<Outcome> per_sequence(Qwen3Model& m, Backend& b, const std::vector<std::vector<Chunk>>& steps) {
+// Each sequence alone, chunk by chunk in step order.
+std::vector<Outcome> per_sequence(Qwen3Model& m, const std::vector<std::vector<Chunk>>& steps) {
   const int64_t vocab = m.config().vocab_size;
-  std::vector<KvCache> kv;
-  for (int s = 0; s < kSeqs; ++s) kv.push_back(*KvCache::create(b, m.config(), 64));
+  std::vector<Sequence> seqs;
+  for (int s = 0; s < kSeqs; ++s) seqs.push_back(*Sequence::create(m, 64, kBlockSize));
   std::vector<Outcome> out;
   for (const auto& step : steps)
     for (const Chunk& c : step) {
       std::vector<float> logits(static_cast<size_t>(vocab));
-      EXPECT_TRUE(m.forward(c.ids, kv[c.seq].sequence(), logits.data()));
+      EXPECT_TRUE(seqs[c.seq].append(c.ids, logits.data()));
       if (c.sample) out.push_back({c.seq, std::move(logits)});
     }
   return out;
@@ -69,18 +71,19 @@ std::vector<Outcome> per_sequence(Qwen3Model& m, Backend& b, const std::vector<s
 std::vector<Outcome> batched(Qwen3Model& m, Backend& b, const std::vector<std::vector<Chunk>>& steps) {
   const ModelConfig& c = m.config();
   const int64_t max_blocks = 64 / kBlockSize, vocab = c.vocab_size;
-  EXPECT_TRUE(b.create_kv({.layers = c.num_hidden_layers,
-                           .kv_heads = c.num_key_value_heads,
-                           .head_dim = c.head_dim,
-                           .num_blocks = kSeqs * max_blocks,
-                           .block_size = kBlockSize,
-                           .max_blocks = max_blocks,
-                           .max_tokens = 64,
-                           .max_seqs = kSeqs}));
+  auto kv = b.create_kv({.layers = c.num_hidden_layers,
+                         .kv_heads = c.num_key_value_heads,
+                         .head_dim = c.head_dim,
+                         .num_blocks = kSeqs * max_blocks,
+                         .block_size = kBlockSize,
+                         .max_blocks = max_blocks,
+                         .max_tokens = 64,
+                         .max_seqs = kSeqs});
+  EXPECT_TRUE(kv) << kv.error().message;
   std::vector<int64_t> fed(kSeqs, 0);
   std::vector<Outcome> out;
   for (const auto& step : steps) {
-    StepMeta& meta = b.host_meta();
+    StepMeta& meta = (*kv)->host_meta();
     int32_t t = 0, s = 0;
     std::vector<int32_t> sample_rows;
     meta.cu_seqlens[0] = 0;
@@ -107,7 +110,7 @@ std::vector<Outcome> batched(Qwen3Model& m, Backend& b, const std::vector<std::v
     shape.sample_rows = static_cast<int32_t>(sample_rows.size());
     if (!shape.decode) shape.sample_token_rows = sample_rows;
     std::vector<float> logits(sample_rows.size() * static_cast<size_t>(vocab));
-    auto st = m.step(shape, logits.data());
+    auto st = m.step(**kv, shape, logits.data());
     EXPECT_TRUE(st) << st.error().message;
     size_t r = 0;
     for (const Chunk& ch : step)
@@ -121,7 +124,7 @@ std::vector<Outcome> batched(Qwen3Model& m, Backend& b, const std::vector<std::v
 
 class Qwen3Step : public ::testing::TestWithParam<GoldenCase> {};
 
-TEST_P(Qwen3Step, EqualsPerSequenceForward) {
+TEST_P(Qwen3Step, BatchedEqualsEachSequenceAlone) {
   const GoldenCase& gcase = GetParam();
   LoadOptions opt;
   if (!gcase.quantization.empty()) opt.quantization = *parse_format(gcase.quantization);
@@ -136,7 +139,7 @@ TEST_P(Qwen3Step, EqualsPerSequenceForward) {
     auto alone = Qwen3Model::create(model->config, model->store, *b1);
     auto together = Qwen3Model::create(model->config, model->store, *b2);
     ASSERT_TRUE(alone && together);
-    const auto want = per_sequence(*alone, *b1, steps), got = batched(*together, *b2, steps);
+    const auto want = per_sequence(*alone, steps), got = batched(*together, *b2, steps);
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_EQ(got[i].seq, want[i].seq);

@@ -7,7 +7,7 @@
 
 #include "../io/temp_dir.h"
 #include "applier_test_model.h"
-#include "engine/kv_cache.h"
+#include "engine/sequence.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "model/cpu_backend.h"
@@ -54,9 +54,9 @@ std::vector<float> logits_of(LoadedModel& m) {
   auto model = Qwen3Model::create(m.config, m.store, *backend);
   EXPECT_TRUE(model);
   const std::vector<int32_t> prompt = {1, 17, 42, 99};
-  auto kv = KvCache::create(*backend, m.config, 4);
+  auto seq = Sequence::create(*model, 4);
   std::vector<float> logits(static_cast<size_t>(m.config.vocab_size));
-  EXPECT_TRUE(model->forward(prompt, kv->sequence(), logits.data()));
+  EXPECT_TRUE(seq && seq->append(prompt, logits.data()));
   return logits;
 }
 

@@ -19,7 +19,7 @@ using std::chrono::milliseconds;
 class FailingRunner final : public ModelRunner {
  public:
   FailingRunner(Qwen3Model& model, int fail_at, milliseconds step)
-      : inner_(make_per_sequence_runner(model)), fail_at_(fail_at), step_(step) {}
+      : inner_(make_cpu_runner(model)), fail_at_(fail_at), step_(step) {}
   Result<std::vector<SampledToken>> run(const StepPlan& plan, const Scheduler& s,
                                         std::span<const SampleSpec> specs) override {
     std::this_thread::sleep_for(step_);
@@ -36,9 +36,9 @@ class FailingRunner final : public ModelRunner {
 
 struct Fixture {
   explicit Fixture(int fail_at = 1 << 30, milliseconds step = milliseconds(0))
-      : engine(std::move(*Engine::create(*test::TinyModel::get().model, nullptr, {},
-                                         std::make_unique<FailingRunner>(*test::TinyModel::get().model, fail_at,
-                                                                         step)))),
+      : engine(std::move(
+            *Engine::create(test::TinyModel::get().model->config(), nullptr, {},
+                            std::make_unique<FailingRunner>(*test::TinyModel::get().model, fail_at, step)))),
         metrics("tiny"),
         loop(engine, metrics) {
     loop.start();
@@ -85,7 +85,7 @@ Drained drain_channel(RequestChannel& c, size_t samples = 1) {
 
 TEST(EngineLoop, OutputsEqualTheEngineAlone) {
   Qwen3Model& model = *test::TinyModel::get().model;
-  auto alone = Engine::create(model, nullptr, {}, make_per_sequence_runner(model));
+  auto alone = Engine::create(model.config(), nullptr, {}, make_cpu_runner(model));
   ASSERT_TRUE(alone);
   auto want = generate_one(*alone, job(12).prompt, job(12).params);
   ASSERT_TRUE(want);

@@ -28,7 +28,7 @@ struct OwnModel {
     model.emplace(*Qwen3Model::create(loaded.config, loaded.store, *backend));
   }
   std::vector<int32_t> greedy() {
-    auto e = Engine::create(*model, nullptr, {}, make_per_sequence_runner(*model));
+    auto e = Engine::create(model->config(), nullptr, {}, make_cpu_runner(*model));
     GenerateParams p;
     p.max_new_tokens = 12;
     p.ignore_eos = true;
@@ -237,7 +237,7 @@ TEST(WeightUpdater, VersionsAreDecimalUnsignedIntegers) {
 class SlowRunner final : public ModelRunner {
  public:
   SlowRunner(Qwen3Model& model, milliseconds step, std::atomic<bool>& in_step)
-      : inner_(make_per_sequence_runner(model)), step_(step), in_step_(&in_step) {}
+      : inner_(make_cpu_runner(model)), step_(step), in_step_(&in_step) {}
   Result<std::vector<SampledToken>> run(const StepPlan& plan, const Scheduler& s,
                                         std::span<const SampleSpec> specs) override {
     *in_step_ = true;
@@ -257,7 +257,7 @@ class SlowRunner final : public ModelRunner {
 struct LoopFixture {
   explicit LoopFixture(milliseconds step = milliseconds(5))
       : engine(std::move(
-            *Engine::create(*test::TinyModel::get().model, nullptr, {},
+            *Engine::create(test::TinyModel::get().model->config(), nullptr, {},
                             std::make_unique<SlowRunner>(*test::TinyModel::get().model, step, in_step)))),
         metrics("tiny"),
         loop(engine, metrics) {
@@ -304,7 +304,7 @@ Read read(RequestChannel& c, size_t max_events = SIZE_MAX, milliseconds wait = m
 
 std::vector<int32_t> alone(int64_t max_new) {
   Qwen3Model& model = *test::TinyModel::get().model;
-  auto e = Engine::create(model, nullptr, {}, make_per_sequence_runner(model));
+  auto e = Engine::create(model.config(), nullptr, {}, make_cpu_runner(model));
   auto g = generate_one(*e, job(max_new).prompt, job(max_new).params);
   return g ? g->token_ids : std::vector<int32_t>{};
 }
