@@ -82,9 +82,10 @@ Status Qwen3Model::step(KvPool& kv, const ForwardShape& shape, float* logits_hos
   if (!shape.decode && static_cast<int64_t>(shape.sample_token_rows.size()) != shape.sample_rows)
     return fail("step: {} sampling rows, {} token rows named", shape.sample_rows,
                 shape.sample_token_rows.size());
-  if (shape.decode && shape.sample_rows != n)
-    return fail("step: a decode step samples every row ({}), not {}", n, shape.sample_rows);
-  if (auto st = ensure_scratch(n, shape.sample_rows); !st) return st;
+  // note: a decode step samples every row, padding rows of a CUDA graph bucket included (rows >= n there)
+  if (shape.decode && shape.sample_rows != shape.rows)
+    return fail("step: a decode step samples every row ({}), not {}", shape.rows, shape.sample_rows);
+  if (auto st = ensure_scratch(std::max(n, shape.rows), shape.sample_rows); !st) return st;
   Scratch& s = *scratch_;
   const float eps = static_cast<float>(c.rms_norm_eps), theta = static_cast<float>(c.rope.theta);
   return b.run_step(kv, shape, [&]() -> Status {
