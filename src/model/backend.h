@@ -27,6 +27,11 @@ struct KvShape {
   int64_t max_tokens = 0, max_seqs = 0;  // tokens and sequences of one step
 };
 
+// The refusals every backend's pool shares, by name: a shape field that is not positive, slot ids past
+// int32; a block copy outside the pool.
+Status check_kv_shape(const KvShape& s);
+Status check_block_copy(const KvShape& s, int32_t src, int32_t dst, int32_t slots);
+
 // A paged KV pool and the step metadata at its capacities (Backend::create_kv).
 class KvPool {
  public:

@@ -76,13 +76,7 @@ struct MetaArrays {
 class CpuKvPool final : public KvPool {
  public:
   static Result<std::unique_ptr<CpuKvPool>> create(const KvShape& s) {
-    if (s.layers <= 0 || s.kv_heads <= 0 || s.head_dim <= 0 || s.num_blocks <= 0 || s.block_size <= 0 ||
-        s.max_blocks <= 0 || s.max_tokens <= 0 || s.max_seqs <= 0)
-      return fail(
-          "create_kv: every KV shape field must be positive (layers {}, kv_heads {}, head_dim {}, "
-          "num_blocks {}, block_size {}, max_blocks {}, max_tokens {}, max_seqs {})",
-          s.layers, s.kv_heads, s.head_dim, s.num_blocks, s.block_size, s.max_blocks, s.max_tokens,
-          s.max_seqs);
+    if (auto st = check_kv_shape(s); !st) return tl::unexpected(st.error());
     std::unique_ptr<CpuKvPool> p(new CpuKvPool());
     const int64_t per_layer = s.num_blocks * s.block_size * s.kv_heads * s.head_dim;
     for (int64_t l = 0; l < s.layers; ++l) {
@@ -112,9 +106,7 @@ class CpuKvPool final : public KvPool {
 
   Status copy_block(int32_t src, int32_t dst, int32_t slots) override {
     const KvShape& s = shape_;
-    if (src < 0 || src >= s.num_blocks || dst < 0 || dst >= s.num_blocks || slots < 0 || slots > s.block_size)
-      return fail("copy_kv_block: {} slots of block {} into block {}, the pool has {} blocks of {} slots",
-                  slots, src, dst, s.num_blocks, s.block_size);
+    if (auto st = check_block_copy(s, src, dst, slots); !st) return st;
     const int64_t block_floats = s.block_size * row();
     const auto bytes = static_cast<size_t>(slots * row()) * sizeof(float);
     for (size_t l = 0; l < k_.size(); ++l) {

@@ -65,12 +65,7 @@ Result<DeviceBuffer> zeroed(size_t bytes, cudaStream_t stream) {
 class CudaKvPool final : public KvPool {
  public:
   static Result<std::unique_ptr<CudaKvPool>> create(const KvShape& s, cudaStream_t stream) {
-    if (s.layers <= 0 || s.kv_heads <= 0 || s.head_dim <= 0 || s.num_blocks <= 0 || s.block_size <= 0 ||
-        s.max_blocks <= 0 || s.max_tokens <= 0 || s.max_seqs <= 0)
-      return fail("create_kv: every KV shape field must be positive (layers {}, kv_heads {}, head_dim {})",
-                  s.layers, s.kv_heads, s.head_dim);
-    if (s.num_blocks > INT32_MAX / s.block_size)
-      return fail("create_kv: {} slots exceed int32", s.num_blocks * s.block_size);
+    if (auto st = check_kv_shape(s); !st) return tl::unexpected(st.error());
     std::unique_ptr<CudaKvPool> p(new CudaKvPool());
     p->shape_ = s;
     p->stream_ = stream;
@@ -127,9 +122,7 @@ class CudaKvPool final : public KvPool {
 
   Status copy_block(int32_t src, int32_t dst, int32_t slots) override {
     const KvShape& s = shape_;
-    if (src < 0 || src >= s.num_blocks || dst < 0 || dst >= s.num_blocks || slots < 0 || slots > s.block_size)
-      return fail("copy_kv_block: {} slots of block {} into block {}, the pool has {} blocks of {} slots",
-                  slots, src, dst, s.num_blocks, s.block_size);
+    if (auto st = check_block_copy(s, src, dst, slots); !st) return st;
     if (src == dst || slots == 0) return {};
     const int64_t row = s.kv_heads * s.head_dim, block = s.block_size * row;
     for (int64_t l = 0; l < 2 * s.layers; ++l) {
