@@ -142,9 +142,11 @@ int run_serve(ServeOptions o) {
   if (auto notice = activation_mode_notice(dir, model->activations, *act); !notice.empty())
     fmt::print(stderr, "{}\n", notice);
   const Tokenizer* tp = tok ? &*tok : nullptr;
-  std::optional<Engine> engine;
-  std::unique_ptr<Backend> backend;  // the CPU engine's
+  // note: the CPU engine's backend and model before the engine, so the engine (its runner holds the model) goes
+  // first
+  std::unique_ptr<Backend> backend;
   std::optional<Qwen3Model> qwen;
+  std::optional<Engine> engine;
 #if MXQ_HAVE_CUDA
   std::optional<cuda::CudaEngine> cuda_engine;
   if (on_cuda) {
