@@ -41,11 +41,8 @@ class CpuRunner final : public ModelRunner {
     // Copy-on-write of partial blocks before the step reads them.
     for (const BlockCopy& cp : plan.copies)
       if (auto st = kv_->copy_block(cp.src, cp.dst, cp.slots); !st) return tl::unexpected(st.error());
-    const int32_t rows = static_cast<int32_t>(layout->sample_rows.size());
-    ForwardShape shape;
-    shape.rows = layout->rows, shape.seqs = S, shape.decode = layout->decode, shape.sample_rows = rows;
-    if (!layout->decode) shape.sample_token_rows = layout->sample_rows;
-    logits_.resize(static_cast<size_t>(rows) * static_cast<size_t>(c.vocab_size));
+    const ForwardShape shape = forward_shape(*layout);
+    logits_.resize(static_cast<size_t>(shape.sample_rows) * static_cast<size_t>(c.vocab_size));
     if (auto st = model_->step(*kv_, shape, logits_.data()); !st) return tl::unexpected(st.error());
     std::vector<SampledToken> out;
     int32_t r = 0;

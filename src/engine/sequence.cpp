@@ -53,10 +53,7 @@ Status Sequence::append(std::span<const int32_t> ids, float* last_logits) {
     state_.tokens.resize(static_cast<size_t>(start));
     return tl::unexpected(layout.error());
   }
-  ForwardShape shape;
-  shape.rows = layout->rows, shape.seqs = 1, shape.decode = layout->decode, shape.sample_rows = 1;
-  if (!layout->decode) shape.sample_token_rows = layout->sample_rows;
-  if (auto st = model_->step(*kv_, shape, last_logits); !st) {
+  if (auto st = model_->step(*kv_, forward_shape(*layout), last_logits); !st) {
     // note: positions past `start` may hold this chunk's K/V now; they are rewritten before any read
     state_.tokens.resize(static_cast<size_t>(start));
     return st;

@@ -10,6 +10,14 @@ bool is_decode_plan(const StepPlan& plan) {
                      [](const ScheduledChunk& c) { return c.count == 1 && c.samples; });
 }
 
+ForwardShape forward_shape(const StepLayout& l) {
+  ForwardShape s;
+  s.rows = l.rows, s.seqs = l.seqs, s.decode = l.decode;
+  s.sample_rows = l.decode ? l.seqs : static_cast<int32_t>(l.sample_rows.size());
+  if (!l.decode) s.sample_token_rows = l.sample_rows;
+  return s;
+}
+
 Result<StepLayout> build_step(const StepPlan& plan, const Scheduler& scheduler,
                               std::span<const SampleSpec> specs, int32_t seqs, int32_t max_blocks,
                               int32_t block_size, StepMeta& h) {

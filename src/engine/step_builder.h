@@ -22,6 +22,10 @@ struct StepLayout {
   std::vector<int32_t> sample_rows;  // the token row of each sampling row
 };
 
+// The forward's shape of a built step: a decode step samples every row (padding included), a mixed step
+// the rows `layout.sample_rows` names (the span points into `layout`, which must outlive the shape).
+ForwardShape forward_shape(const StepLayout& layout);
+
 // Whether `plan` is a decode step (one token per chunk, every chunk sampling).
 bool is_decode_plan(const StepPlan& plan);
 
